@@ -1,0 +1,190 @@
+//! AVX2 + FMA + F16C dot products (x86-64). Chosen at run time by `SimdLevel::detect`; each
+//! function computes exactly what its scalar twin in `quant.rs` computes, in a different float
+//! summation order (tested against it with an explicit tolerance in `cpu::tests`).
+
+#![cfg(target_arch = "x86_64")]
+
+use std::arch::x86_64::*;
+
+use super::quant::BlockQ8;
+use crate::gguf::QK;
+
+#[inline]
+#[target_feature(enable = "avx2")]
+fn load16(b: &[u8]) -> __m128i {
+    assert!(b.len() >= 16);
+    // SAFETY: the assert guarantees 16 readable bytes; loadu has no alignment requirement.
+    unsafe { _mm_loadu_si128(b.as_ptr() as *const __m128i) }
+}
+
+#[inline]
+#[target_feature(enable = "avx2")]
+fn load32(b: &[u8]) -> __m256i {
+    assert!(b.len() >= 32);
+    // SAFETY: the assert guarantees 32 readable bytes; loadu has no alignment requirement.
+    unsafe { _mm256_loadu_si256(b.as_ptr() as *const __m256i) }
+}
+
+#[inline]
+#[target_feature(enable = "avx2")]
+fn load_qs(x: &BlockQ8) -> __m256i {
+    // SAFETY: `qs` is [i8; 32]: 32 readable bytes, i8 and u8 share layout.
+    unsafe { _mm256_loadu_si256(x.qs.as_ptr() as *const __m256i) }
+}
+
+#[inline]
+#[target_feature(enable = "avx")]
+fn load8f(x: &[f32]) -> __m256 {
+    assert!(x.len() >= 8);
+    // SAFETY: the assert guarantees 8 readable floats; loadu has no alignment requirement.
+    unsafe { _mm256_loadu_ps(x.as_ptr()) }
+}
+
+#[inline]
+#[target_feature(enable = "avx")]
+fn load8f_bytes(b: &[u8]) -> __m256 {
+    assert!(b.len() >= 32);
+    // SAFETY: the assert guarantees 32 readable bytes (8 little-endian f32); unaligned load.
+    unsafe { _mm256_loadu_ps(b.as_ptr() as *const f32) }
+}
+
+/// Two adjacent little-endian f16 at `b[0..4]` as f32 (lanes 0 and 1).
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+fn f16x2(b: &[u8]) -> (f32, f32) {
+    let v = _mm_cvtph_ps(_mm_cvtsi32_si128(i32::from_le_bytes([b[0], b[1], b[2], b[3]])));
+    (_mm_cvtss_f32(v), _mm_cvtss_f32(_mm_shuffle_ps(v, v, 1)))
+}
+
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+fn f16x1(b: &[u8]) -> f32 {
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(u16::from_le_bytes([b[0], b[1]]) as i32)))
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+pub fn hsum(v: __m256) -> f32 {
+    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    let s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+    _mm_cvtss_f32(s)
+}
+
+/// Unpacks 16 bytes of nibbles into 32 u8: low nibbles first (elements 0..16), high after.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn nibbles(qs: &[u8]) -> __m256i {
+    let q = load16(qs);
+    let m = _mm_set1_epi8(0x0F);
+    let lo = _mm_and_si128(q, m);
+    let hi = _mm_and_si128(_mm_srli_epi16(q, 4), m);
+    _mm256_set_m128i(hi, lo)
+}
+
+/// Sum of u8 × i8 products of 32 lanes as 8 f32 partial sums.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn mul_sum_u8_i8(u: __m256i, s: __m256i) -> __m256 {
+    let p16 = _mm256_maddubs_epi16(u, s);
+    _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, _mm256_set1_epi16(1)))
+}
+
+/// Sum of i8 × i8 products of 32 lanes (sign trick: |a| × sign(a)·b).
+#[inline]
+#[target_feature(enable = "avx2")]
+fn mul_sum_i8_i8(a: __m256i, b: __m256i) -> __m256 {
+    mul_sum_u8_i8(_mm256_sign_epi8(a, a), _mm256_sign_epi8(b, a))
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub fn dot_q4_0(w: &[u8], x: &[BlockQ8]) -> f32 {
+    let mut acc = _mm256_setzero_ps();
+    for (wb, xb) in w.chunks_exact(2 + QK / 2).zip(x) {
+        let d = f16x1(wb) * xb.d;
+        let q = _mm256_sub_epi8(nibbles(&wb[2..]), _mm256_set1_epi8(8));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), mul_sum_i8_i8(q, load_qs(xb)), acc);
+    }
+    hsum(acc)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub fn dot_q4_1(w: &[u8], x: &[BlockQ8]) -> f32 {
+    let mut acc = _mm256_setzero_ps();
+    let mut summ = 0f32;
+    for (wb, xb) in w.chunks_exact(4 + QK / 2).zip(x) {
+        let (d, m) = f16x2(wb);
+        let p = mul_sum_u8_i8(nibbles(&wb[4..]), load_qs(xb));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d * xb.d), p, acc);
+        summ += m * xb.s;
+    }
+    hsum(acc) + summ
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub fn dot_q8_0(w: &[u8], x: &[BlockQ8]) -> f32 {
+    let mut acc = _mm256_setzero_ps();
+    for (wb, xb) in w.chunks_exact(2 + QK).zip(x) {
+        let d = f16x1(wb) * xb.d;
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), mul_sum_i8_i8(load32(&wb[2..]), load_qs(xb)), acc);
+    }
+    hsum(acc)
+}
+
+/// F32 weights (little-endian bytes) · f32 activations; `x.len()` a multiple of 8 handled in
+/// vector lanes, the tail in scalar.
+#[target_feature(enable = "avx2,fma")]
+pub fn dot_f32(w: &[u8], x: &[f32]) -> f32 {
+    let n8 = x.len() / 8 * 8;
+    let mut acc = _mm256_setzero_ps();
+    for i in (0..n8).step_by(8) {
+        acc = _mm256_fmadd_ps(load8f_bytes(&w[4 * i..]), load8f(&x[i..]), acc);
+    }
+    let mut s = hsum(acc);
+    for i in n8..x.len() {
+        s += f32::from_le_bytes([w[4 * i], w[4 * i + 1], w[4 * i + 2], w[4 * i + 3]]) * x[i];
+    }
+    s
+}
+
+/// F16 weights · f32 activations.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub fn dot_f16(w: &[u8], x: &[f32]) -> f32 {
+    let n8 = x.len() / 8 * 8;
+    let mut acc = _mm256_setzero_ps();
+    for i in (0..n8).step_by(8) {
+        let h = _mm256_cvtph_ps(load16(&w[2 * i..]));
+        acc = _mm256_fmadd_ps(h, load8f(&x[i..]), acc);
+    }
+    let mut s = hsum(acc);
+    for i in n8..x.len() {
+        s += f16x1(&w[2 * i..]) * x[i];
+    }
+    s
+}
+
+/// f32 · f16 row (attention scores): q has `head_dim` elements, a multiple of 8.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub fn dot_f32_f16(q: &[f32], k: &[half::f16]) -> f32 {
+    let mut acc = _mm256_setzero_ps();
+    for (qc, kc) in q.chunks_exact(8).zip(k.chunks_exact(8)) {
+        // SAFETY: `kc` is 8 f16 = 16 readable bytes; loadu has no alignment requirement.
+        let kh = unsafe { _mm_loadu_si128(kc.as_ptr() as *const __m128i) };
+        acc = _mm256_fmadd_ps(load8f(qc), _mm256_cvtph_ps(kh), acc);
+    }
+    hsum(acc)
+}
+
+/// out += e * v for one row of f16 values (attention value pass).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub fn axpy_f16(out: &mut [f32], e: f32, v: &[half::f16]) {
+    let ev = _mm256_set1_ps(e);
+    for (oc, vc) in out.chunks_exact_mut(8).zip(v.chunks_exact(8)) {
+        // SAFETY: `vc` is 8 f16 = 16 readable bytes; `oc` is 8 writable floats.
+        unsafe {
+            let vh = _mm256_cvtph_ps(_mm_loadu_si128(vc.as_ptr() as *const __m128i));
+            let o = _mm256_fmadd_ps(ev, vh, _mm256_loadu_ps(oc.as_ptr()));
+            _mm256_storeu_ps(oc.as_mut_ptr(), o);
+        }
+    }
+}

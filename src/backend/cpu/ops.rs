@@ -1,0 +1,202 @@
+//! Scalar reference kernels for everything but matmul: norms, RoPE, activations, attention.
+//! Each works on one token / one head so the parallel driver can split work without changing
+//! the per-token arithmetic (batch invariance).
+
+use half::f16;
+
+/// out = x / sqrt(mean(x^2) + eps) * w, for one token.
+pub fn rmsnorm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    let ss: f32 = x.iter().map(|v| v * v).sum::<f32>() / x.len() as f32;
+    let scale = 1.0 / (ss + eps).sqrt();
+    for ((o, v), g) in out.iter_mut().zip(x).zip(w) {
+        *o = v * scale * g;
+    }
+}
+
+/// out = (x - mean) / sqrt(var + eps) * w + b, for one token.
+pub fn layernorm(x: &[f32], w: &[f32], b: &[f32], eps: f32, out: &mut [f32]) {
+    let n = x.len() as f32;
+    let mean = x.iter().sum::<f32>() / n;
+    let var = x.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / n;
+    let inv = 1.0 / (var + eps).sqrt();
+    for (((o, v), g), bb) in out.iter_mut().zip(x).zip(w).zip(b) {
+        *o = (v - mean) * inv * g + bb;
+    }
+}
+
+/// Rotates adjacent pairs (x[2i], x[2i+1]) of one head by the angles in `cs` = [(cos, sin); hd/2].
+pub fn rope_head(x: &mut [f32], cs: &[f32]) {
+    for (p, c) in x.chunks_exact_mut(2).zip(cs.chunks_exact(2)) {
+        let (x0, x1) = (p[0], p[1]);
+        p[0] = x0 * c[0] - x1 * c[1];
+        p[1] = x0 * c[1] + x1 * c[0];
+    }
+}
+
+/// (cos, sin) table for positions 0..n_pos: `[n_pos, head_dim/2, 2]`, angles
+/// pos * base^(-2i/rope_dims) (GGML computes them the same way, in f32).
+pub fn rope_table(n_pos: usize, head_dim: usize, rope_dims: usize, base: f32) -> Vec<f32> {
+    let mut t = Vec::with_capacity(n_pos * head_dim);
+    let theta_scale = base.powf(-2.0 / rope_dims as f32);
+    for pos in 0..n_pos {
+        let mut theta = pos as f32;
+        for i in 0..head_dim / 2 {
+            if 2 * i < rope_dims {
+                t.push(theta.cos());
+                t.push(theta.sin());
+                theta *= theta_scale;
+            } else {
+                t.push(1.0);
+                t.push(0.0);
+            }
+        }
+    }
+    t
+}
+
+#[inline]
+pub fn silu(x: f32) -> f32 {
+    x / (1.0 + (-x).exp())
+}
+
+/// erf with |error| < 1.2e-7 (Numerical Recipes' erfc Chebyshev fit), computed in f64.
+pub fn erf(x: f32) -> f32 {
+    let x = x as f64;
+    let z = x.abs();
+    let t = 1.0 / (1.0 + 0.5 * z);
+    let r = t
+        * (-z * z - 1.26551223
+            + t * (1.00002368
+                + t * (0.37409196
+                    + t * (0.09678418
+                        + t * (-0.18628806
+                            + t * (0.27886807 + t * (-1.13520398 + t * (1.48851587 + t * (-0.82215223 + t * 0.17087277)))))))))
+            .exp();
+    (if x >= 0.0 { 1.0 - r } else { r - 1.0 }) as f32
+}
+
+#[inline]
+pub fn gelu(x: f32) -> f32 {
+    0.5 * x * (1.0 + erf(x * std::f32::consts::FRAC_1_SQRT_2))
+}
+
+/// Keys per tile of the attention scan. Tiles start at absolute key positions 0, T, 2T, ...,
+/// so a query's arithmetic never depends on what else is in the batch.
+pub const ATT_TILE: usize = 128;
+
+/// One query head against keys 0..n_keys of one KV head (rows of `head_dim` f16 values):
+/// softmax(q·k * scale)-weighted sum of values, written to `out`. Tiled online softmax: no
+/// allocation, fixed key order.
+pub fn attend_head(q: &[f32], keys: &[f16], values: &[f16], n_keys: usize, scale: f32, out: &mut [f32]) {
+    attend_head_with(
+        q,
+        keys,
+        values,
+        n_keys,
+        scale,
+        out,
+        |q, k| q.iter().zip(k).map(|(a, b)| a * b.to_f32()).fold(0.0, |s, p| s + p),
+        |o, e, v| o.iter_mut().zip(v).for_each(|(o, v)| *o += e * v.to_f32()),
+    )
+}
+
+/// The attention scan with the row kernels passed in (`dot(q, k)` and `out += e * v`), so SIMD
+/// levels share the tiling, the order of keys and the softmax arithmetic.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+pub fn attend_head_with(
+    q: &[f32],
+    keys: &[f16],
+    values: &[f16],
+    n_keys: usize,
+    scale: f32,
+    out: &mut [f32],
+    dot: impl Fn(&[f32], &[f16]) -> f32,
+    axpy: impl Fn(&mut [f32], f32, &[f16]),
+) {
+    let hd = q.len();
+    let mut scores = [0f32; ATT_TILE];
+    let mut m = f32::NEG_INFINITY;
+    let mut l = 0f32;
+    out.fill(0.0);
+    let mut start = 0;
+    while start < n_keys {
+        let end = (start + ATT_TILE).min(n_keys);
+        let mut tile_max = f32::NEG_INFINITY;
+        for (j, s) in (start..end).zip(scores.iter_mut()) {
+            *s = dot(q, &keys[j * hd..(j + 1) * hd]) * scale;
+            tile_max = tile_max.max(*s);
+        }
+        let m_new = m.max(tile_max);
+        let corr = (m - m_new).exp();
+        l *= corr;
+        for o in out.iter_mut() {
+            *o *= corr;
+        }
+        for (j, s) in (start..end).zip(scores.iter()) {
+            let e = (s - m_new).exp();
+            l += e;
+            axpy(out, e, &values[j * hd..(j + 1) * hd]);
+        }
+        m = m_new;
+        start = end;
+    }
+    let inv = if l > 0.0 { 1.0 / l } else { 0.0 };
+    for o in out.iter_mut() {
+        *o *= inv;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn erf_known_values() {
+        for (x, e) in [(0.0f32, 0.0f32), (0.5, 0.520_499_9), (1.0, 0.842_700_8), (-2.0, -0.995_322_3), (3.0, 0.999_977_9)] {
+            assert!((erf(x) - e).abs() < 2e-7, "erf({x}) = {} want {e}", erf(x));
+        }
+    }
+
+    #[test]
+    fn attention_matches_naive_softmax() {
+        let hd = 8;
+        let n = 300; // spans three tiles
+        let q: Vec<f32> = (0..hd).map(|i| (i as f32 * 0.3).sin()).collect();
+        let keys: Vec<f16> = (0..n * hd).map(|i| f16::from_f32((i as f32 * 0.17).cos())).collect();
+        let vals: Vec<f16> = (0..n * hd).map(|i| f16::from_f32((i as f32 * 0.07).sin())).collect();
+        let mut out = vec![0f32; hd];
+        attend_head(&q, &keys, &vals, n, 0.5, &mut out);
+        let s: Vec<f64> = (0..n)
+            .map(|j| (0..hd).map(|d| q[d] as f64 * keys[j * hd + d].to_f64()).sum::<f64>() * 0.5)
+            .collect();
+        let mx = s.iter().cloned().fold(f64::MIN, f64::max);
+        let z: f64 = s.iter().map(|v| (v - mx).exp()).sum();
+        for d in 0..hd {
+            let want: f64 = (0..n).map(|j| (s[j] - mx).exp() / z * vals[j * hd + d].to_f64()).sum();
+            assert!((out[d] as f64 - want).abs() < 1e-5, "dim {d}: {} vs {want}", out[d]);
+        }
+    }
+
+    #[test]
+    fn rope_rotates_pairs() {
+        let t = rope_table(4, 4, 4, 10000.0);
+        let mut x = [1.0f32, 0.0, 1.0, 0.0];
+        rope_head(&mut x, &t[3 * 4..4 * 4]);
+        assert!((x[0] - 3f32.cos()).abs() < 1e-6 && (x[1] - 3f32.sin()).abs() < 1e-6);
+        let th = 3.0 * 10000f32.powf(-0.5);
+        assert!((x[2] - th.cos()).abs() < 1e-6 && (x[3] - th.sin()).abs() < 1e-6);
+    }
+
+    #[test]
+    fn norms() {
+        let x = [1.0f32, 2.0, 3.0, 4.0];
+        let mut o = [0f32; 4];
+        rmsnorm(&x, &[1.0; 4], 0.0, &mut o);
+        let r = (30.0f32 / 4.0).sqrt();
+        assert!((o[3] - 4.0 / r).abs() < 1e-6);
+        layernorm(&x, &[2.0; 4], &[1.0; 4], 0.0, &mut o);
+        let sd = 1.25f32.sqrt();
+        assert!((o[0] - (-1.5 / sd * 2.0 + 1.0)).abs() < 1e-5);
+    }
+}

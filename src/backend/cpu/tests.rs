@@ -1,0 +1,123 @@
+//! Every SIMD kernel against the scalar reference, and batch invariance of the kernels
+//! (a token's result is bitwise the same alone or inside a batch, whatever the thread count).
+
+use half::f16;
+
+use super::testutil::{rand_f32, rand_row};
+use super::{CpuBackend, SimdLevel};
+use crate::backend::{AttentionArgs, Backend, WeightView};
+use crate::gguf::GgmlType;
+
+const TYPES: [GgmlType; 8] = [
+    GgmlType::F32,
+    GgmlType::F16,
+    GgmlType::BF16,
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q8_0,
+    GgmlType::Q4K,
+    GgmlType::Q6K,
+];
+
+fn matrix(ty: GgmlType, rows: usize, cols: usize) -> Vec<u8> {
+    (0..rows).flat_map(|r| rand_row(ty, cols, 100 + r as u64)).collect()
+}
+
+/// Every kernel level this machine can run, the reference first.
+fn backends(threads: usize) -> Vec<CpuBackend> {
+    let mut v = vec![CpuBackend::with_simd(threads, SimdLevel::Scalar).expect("pool")];
+    if SimdLevel::detect() != SimdLevel::Scalar {
+        v.push(CpuBackend::with_simd(threads, SimdLevel::detect()).expect("pool"));
+    }
+    v
+}
+
+#[test]
+fn simd_matmul_matches_reference() {
+    let (rows, cols, n_tok) = (37, 512, 3);
+    let x = rand_f32(1, n_tok * cols);
+    for ty in TYPES {
+        let data = matrix(ty, rows, cols);
+        let w = WeightView::new(ty, rows, cols, &data).expect("view");
+        let outs: Vec<Vec<f32>> = backends(2)
+            .iter()
+            .map(|b| {
+                let mut o = vec![0f32; n_tok * rows];
+                b.matmul(w, &x, n_tok, &mut o);
+                o
+            })
+            .collect();
+        for o in &outs[1..] {
+            for (i, (a, r)) in o.iter().zip(&outs[0]).enumerate() {
+                // Same integer block products; only float summation order differs.
+                let tol = 1e-4 * (1.0 + r.abs());
+                assert!((a - r).abs() <= tol, "{ty:?} [{i}]: simd {a} vs reference {r}");
+            }
+        }
+    }
+}
+
+#[test]
+fn matmul_is_batch_and_thread_invariant() {
+    let (rows, cols) = (29, 256);
+    let x = rand_f32(2, 7 * cols);
+    for ty in TYPES {
+        let data = matrix(ty, rows, cols);
+        let w = WeightView::new(ty, rows, cols, &data).expect("view");
+        for b1 in backends(1) {
+            let b3 = CpuBackend::with_simd(3, b1.simd()).expect("pool");
+            let mut batch = vec![0f32; 7 * rows];
+            b3.matmul(w, &x, 7, &mut batch);
+            for t in 0..7 {
+                let mut one = vec![0f32; rows];
+                b1.matmul(w, &x[t * cols..(t + 1) * cols], 1, &mut one);
+                assert!(
+                    one.iter().zip(&batch[t * rows..]).all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{ty:?} {:?}: token {t} differs alone vs in a batch",
+                    b1.simd()
+                );
+            }
+        }
+    }
+}
+
+fn kv(n: usize, seed: u64) -> Vec<f16> {
+    rand_f32(seed, n).into_iter().map(f16::from_f32).collect()
+}
+
+#[test]
+fn attention_simd_matches_reference_and_is_batch_invariant() {
+    let (n_head, n_kv, hd, cap) = (4, 2, 64, 300);
+    let k = kv(n_kv * cap * hd, 3);
+    let v = kv(n_kv * cap * hd, 4);
+    let positions: Vec<u32> = (290..300).collect();
+    let q = rand_f32(5, positions.len() * n_head * hd);
+    let run = |b: &CpuBackend, q: &[f32], pos: &[u32]| {
+        let mut out = vec![0f32; q.len()];
+        b.attention(AttentionArgs {
+            q,
+            k_cache: &k,
+            v_cache: &v,
+            capacity: cap,
+            positions: pos,
+            n_head,
+            n_kv_head: n_kv,
+            head_dim: hd,
+            out: &mut out,
+        });
+        out
+    };
+    let all = backends(2);
+    let reference = run(&all[0], &q, &positions);
+    for b in &all {
+        let batch = run(b, &q, &positions);
+        for (a, r) in batch.iter().zip(&reference) {
+            assert!((a - r).abs() <= 1e-5, "{:?}: {a} vs {r}", b.simd());
+        }
+        let w = n_head * hd;
+        for (t, p) in positions.iter().enumerate() {
+            let one = run(b, &q[t * w..(t + 1) * w], &[*p]);
+            assert!(one.iter().zip(&batch[t * w..]).all(|(a, c)| a.to_bits() == c.to_bits()), "token {t}");
+        }
+    }
+}

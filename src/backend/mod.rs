@@ -1,0 +1,113 @@
+//! Compute backends. The forward pass (`engine::model`) talks to one narrow trait,
+//! [`Backend`]: the handful of kernels a Llama/BERT layer needs, on host-visible f32
+//! activations and read-only weight views. Capability queries ([`Backend::supports`]) say what a
+//! backend can run; nothing panics for an unsupported op.
+//!
+//! * `cpu` — scalar reference kernels (kept forever, the ground truth for every other kernel)
+//!   plus SIMD variants chosen at run time.
+//! * `hardware` — detection of CPU features and GPUs, and the execution tier derived from them.
+//!
+//! Batch invariance: every kernel computes a token's output with the same reduction order
+//! whether it is alone or in a batch, so logits and KV are bitwise identical across decode,
+//! prefill and reuse (tests in `tests/batch_invariance.rs`).
+
+pub mod cpu;
+pub mod hardware;
+
+use crate::gguf::GgmlType;
+
+/// Operations of the forward pass, for capability queries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Op {
+    MatMul,
+    RmsNorm,
+    LayerNorm,
+    Rope,
+    Attention,
+    SiluMul,
+    Gelu,
+    Add,
+    Embed,
+}
+
+/// A weight matrix in GGML layout: `rows` rows of `cols` elements, each row whole blocks of `ty`.
+/// `y = W x` maps `cols` inputs to `rows` outputs.
+#[derive(Debug, Clone, Copy)]
+pub struct WeightView<'a> {
+    pub ty: GgmlType,
+    pub rows: usize,
+    pub cols: usize,
+    /// [rows, row_bytes(cols)]
+    pub data: &'a [u8],
+}
+
+impl<'a> WeightView<'a> {
+    /// Checks that `data` holds exactly `rows` rows of `cols` elements of `ty`.
+    pub fn new(ty: GgmlType, rows: usize, cols: usize, data: &'a [u8]) -> Option<Self> {
+        let rb = ty.row_bytes(cols)?;
+        (rb.checked_mul(rows)? == data.len()).then_some(WeightView { ty, rows, cols, data })
+    }
+
+    pub fn row_bytes(&self) -> usize {
+        self.data.len() / self.rows.max(1)
+    }
+
+    pub fn row(&self, r: usize) -> &'a [u8] {
+        let rb = self.row_bytes();
+        &self.data[r * rb..(r + 1) * rb]
+    }
+}
+
+/// Attention over one sequence's KV cache for one layer.
+/// Keys and values are f16, laid out per KV head: `[n_kv_head, capacity, head_dim]`.
+pub struct AttentionArgs<'a> {
+    /// [n_tok, n_head * head_dim] queries (RoPE applied)
+    pub q: &'a [f32],
+    /// [n_kv_head, capacity, head_dim]
+    pub k_cache: &'a [half::f16],
+    /// [n_kv_head, capacity, head_dim]
+    pub v_cache: &'a [half::f16],
+    pub capacity: usize,
+    /// position of each query token; it attends to keys 0..=pos
+    pub positions: &'a [u32],
+    pub n_head: usize,
+    pub n_kv_head: usize,
+    pub head_dim: usize,
+    /// [n_tok, n_head * head_dim]
+    pub out: &'a mut [f32],
+}
+
+/// The kernels a transformer forward pass needs. All activations are row-major `[n_tok, dim]`.
+pub trait Backend: Send + Sync {
+    /// Human-readable name, e.g. "cpu-avx2 (2 threads)".
+    fn name(&self) -> String;
+
+    /// Whether this backend can run `op` on weights / data of type `ty`.
+    fn supports(&self, op: Op, ty: GgmlType) -> bool;
+
+    /// `out[t, r] = sum_c W[r, c] * x[t, c]` for `n_tok` tokens.
+    /// x: [n_tok, w.cols], out: [n_tok, w.rows]
+    fn matmul(&self, w: WeightView<'_>, x: &[f32], n_tok: usize, out: &mut [f32]);
+
+    /// RMSNorm per token: out = x / sqrt(mean(x^2) + eps) * weight. x, out: [n_tok, dim]
+    fn rmsnorm(&self, x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]);
+
+    /// LayerNorm per token (BERT): out = (x - mean) / sqrt(var + eps) * weight + bias.
+    fn layernorm(&self, x: &[f32], weight: &[f32], bias: &[f32], eps: f32, out: &mut [f32]);
+
+    /// Rotary embedding on adjacent pairs (GGML "normal" mode) of every head, in place.
+    /// x: [n_tok, n_head * head_dim]; `cos_sin[pos]` holds head_dim/2 (cos, sin) pairs.
+    fn rope(&self, x: &mut [f32], positions: &[u32], n_head: usize, head_dim: usize, cos_sin: &[f32]);
+
+    /// Causal attention for a batch of query tokens of one sequence (keys in position order).
+    fn attention(&self, args: AttentionArgs<'_>);
+
+    /// gate = silu(gate) * up, elementwise.
+    fn silu_mul(&self, gate: &mut [f32], up: &[f32]);
+
+    /// x = gelu(x) (erf form), elementwise.
+    fn gelu(&self, x: &mut [f32]);
+
+    /// x += y, elementwise.
+    fn add(&self, x: &mut [f32], y: &[f32]);
+}
