@@ -223,6 +223,11 @@ impl GgufFile {
         Ok(TensorView { info, bytes })
     }
 
+    /// Bytes of the data of `info` (a tensor of this file; bounds were checked at open).
+    pub fn data(&self, info: &TensorInfo) -> &[u8] {
+        &self.mmap[info.offset as usize..(info.offset + info.n_bytes) as usize]
+    }
+
     /// The tensor, checked to have exactly `dims` (GGML order).
     pub fn tensor_with_shape(&self, name: &str, dims: &[u64]) -> Result<TensorView<'_>, GgufError> {
         let t = self.tensor(name)?;

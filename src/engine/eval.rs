@@ -1,0 +1,51 @@
+//! Model quality measurements: perplexity by llama.cpp's method, so numbers compare directly.
+
+use super::model::{Logits, Model, ModelError, RunState};
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Perplexity {
+    pub ppl: f64,
+    pub n_chunks: usize,
+    pub scored_tokens: usize,
+    /// Mean negative log-likelihood per scored token.
+    pub nll: f64,
+}
+
+/// llama.cpp's perplexity: split `tokens` into chunks of `n_ctx` (the remainder dropped), run each
+/// chunk from an empty KV cache, score the second half of each chunk (logits at positions
+/// n_ctx/2 .. n_ctx-2 predict the next token). `progress(done, total)` is called per chunk.
+pub fn perplexity(
+    model: &Model,
+    state: &mut RunState,
+    tokens: &[u32],
+    n_ctx: usize,
+    mut progress: impl FnMut(usize, usize),
+) -> Result<Perplexity, ModelError> {
+    let n_chunks = tokens.len() / n_ctx;
+    let first = n_ctx / 2;
+    let (mut nll, mut count) = (0f64, 0usize);
+    for c in 0..n_chunks {
+        let chunk = &tokens[c * n_ctx..(c + 1) * n_ctx];
+        let mut kv = model.new_kv(n_ctx);
+        // Feed in pieces that fit the run state; score the logits of each piece right away.
+        let mut start = 0;
+        while start < n_ctx {
+            let end = (start + state.max_tokens).min(n_ctx);
+            let want = if end > first { Logits::All } else { Logits::None };
+            model.forward(state, &mut [super::SeqBatch { kv: &mut kv, tokens: &chunk[start..end], logits: want }])?;
+            if want == Logits::All {
+                for pos in start.max(first)..end.min(n_ctx - 1) {
+                    let logits = model.logits(state, pos - start);
+                    let max = logits.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
+                    let z: f64 = logits.iter().map(|&l| (l as f64 - max).exp()).sum();
+                    nll += -(logits[chunk[pos + 1] as usize] as f64 - max - z.ln());
+                    count += 1;
+                }
+            }
+            start = end;
+        }
+        progress(c + 1, n_chunks);
+    }
+    let mean = nll / count.max(1) as f64;
+    Ok(Perplexity { ppl: mean.exp(), n_chunks, scored_tokens: count, nll: mean })
+}

@@ -1,0 +1,80 @@
+//! Per-sequence KV cache: f16 keys and values, contiguous per (layer, KV head) so attention
+//! scans positions in order with unit stride. Capacity is fixed at creation (prompt + budget);
+//! nothing grows during decode.
+
+use half::f16;
+
+use super::config::LlamaConfig;
+
+pub struct KvCache {
+    /// [n_layer, n_head_kv, capacity, head_dim]
+    pub k: Vec<f16>,
+    /// [n_layer, n_head_kv, capacity, head_dim]
+    pub v: Vec<f16>,
+    pub capacity: usize,
+    /// Positions 0..len hold valid keys and values.
+    len: usize,
+    n_head_kv: usize,
+    head_dim: usize,
+}
+
+impl KvCache {
+    pub fn new(c: &LlamaConfig, capacity: usize) -> KvCache {
+        let n = c.n_layer * c.n_head_kv * capacity * c.head_dim;
+        KvCache {
+            k: vec![f16::ZERO; n],
+            v: vec![f16::ZERO; n],
+            capacity,
+            len: 0,
+            n_head_kv: c.n_head_kv,
+            head_dim: c.head_dim,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Forgets positions `len..` (e.g. a rejected draft); the next token is written at `len`.
+    pub fn truncate(&mut self, len: usize) {
+        self.len = self.len.min(len);
+    }
+
+    pub(crate) fn advance(&mut self, n: usize) {
+        debug_assert!(self.len + n <= self.capacity);
+        self.len += n;
+    }
+
+    fn layer_range(&self, layer: usize) -> std::ops::Range<usize> {
+        let per_layer = self.n_head_kv * self.capacity * self.head_dim;
+        layer * per_layer..(layer + 1) * per_layer
+    }
+
+    /// Keys and values of one layer: ([n_head_kv, capacity, head_dim], same).
+    pub fn layer(&self, layer: usize) -> (&[f16], &[f16]) {
+        let r = self.layer_range(layer);
+        (&self.k[r.clone()], &self.v[r])
+    }
+
+    /// Stores rows `k`, `v` ([n_tok, n_head_kv * head_dim]) at positions `start..start+n_tok`.
+    pub fn store(&mut self, layer: usize, start: usize, k: &[f32], v: &[f32]) {
+        let (hd, cap) = (self.head_dim, self.capacity);
+        let r = self.layer_range(layer);
+        let row = self.n_head_kv * hd;
+        for (src, dst) in [(k, &mut self.k), (v, &mut self.v)] {
+            let dst = &mut dst[r.clone()];
+            for (t, tok) in src.chunks_exact(row).enumerate() {
+                for (h, head) in tok.chunks_exact(hd).enumerate() {
+                    let at = (h * cap + start + t) * hd;
+                    for (d, s) in dst[at..at + hd].iter_mut().zip(head) {
+                        *d = f16::from_f32(*s);
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,21 @@
+//! The inference engine: a Llama-family model from GGUF, run through a [`crate::backend::Backend`].
+//!
+//! * `config` — hyper-parameters from GGUF metadata
+//! * `weights` — zero-copy weight views, shape-checked at load
+//! * `kv` — per-sequence KV cache
+//! * `model` — the forward pass over a batch of sequences
+//! * `sampler` — greedy / temperature / top-k / top-p sampling, seeded
+//! * `generate` — prefill + decode loop on token ids, with timings
+//! * `eval` — perplexity (llama.cpp's method)
+
+pub mod config;
+pub mod eval;
+pub mod generate;
+pub mod kv;
+pub mod model;
+pub mod sampler;
+pub mod weights;
+
+pub use config::LlamaConfig;
+pub use kv::KvCache;
+pub use model::{Logits, Model, ModelError, RunState, SeqBatch};

@@ -1,0 +1,240 @@
+//! The Llama forward pass: token embedding, `n_layer` × (RMSNorm, grouped-query attention with
+//! RoPE, RMSNorm, SwiGLU), final norm, output projection. Weights are views into the GGUF map
+//! ([`Weights`]); activations live in a preallocated [`RunState`]; each sequence has its own
+//! [`KvCache`]. One call can carry tokens of several sequences (continuous batching): matmuls run
+//! over all of them at once, attention per sequence.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use crate::backend::{AttentionArgs, Backend};
+use crate::gguf::{dequantize_row, GgufError, GgufFile};
+
+use super::config::LlamaConfig;
+use super::kv::KvCache;
+use super::weights::Weights;
+
+pub struct Model {
+    pub config: LlamaConfig,
+    pub gguf: GgufFile,
+    pub weights: Weights,
+    backend: Arc<dyn Backend>,
+    /// [n_ctx_train, head_dim / 2, 2] (cos, sin) per position
+    rope: Vec<f32>,
+}
+
+/// Which logits a sequence wants from a forward call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Logits {
+    None,
+    /// Only after the last token (generation).
+    Last,
+    /// After every token (scoring, draft verification).
+    All,
+}
+
+/// New tokens of one sequence for a forward call; they take positions `kv.len()..`.
+pub struct SeqBatch<'a> {
+    pub kv: &'a mut KvCache,
+    pub tokens: &'a [u32],
+    pub logits: Logits,
+}
+
+/// Activation buffers for up to `max_tokens` tokens per call, allocated once.
+pub struct RunState {
+    pub max_tokens: usize,
+    /// [max_tokens, n_embd] residual stream
+    x: Vec<f32>,
+    /// [max_tokens, n_embd] normalized input of the current block
+    xn: Vec<f32>,
+    /// [max_tokens, n_head * head_dim]
+    q: Vec<f32>,
+    /// [max_tokens, n_head_kv * head_dim]
+    k: Vec<f32>,
+    /// [max_tokens, n_head_kv * head_dim]
+    v: Vec<f32>,
+    /// [max_tokens, n_head * head_dim] attention output
+    att: Vec<f32>,
+    /// [max_tokens, n_embd] block output before the residual add
+    proj: Vec<f32>,
+    /// [max_tokens, n_ff]
+    gate: Vec<f32>,
+    /// [max_tokens, n_ff]
+    up: Vec<f32>,
+    /// [max_tokens] position of each token
+    pos: Vec<u32>,
+    /// [max_tokens, vocab] logits of the rows that asked for them, in batch order
+    pub logits: Vec<f32>,
+    /// Number of valid rows in `logits` after the last call.
+    pub n_logits: usize,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    #[error(transparent)]
+    Gguf(#[from] GgufError),
+    #[error("batch of {got} tokens exceeds the run state's {max}")]
+    BatchTooLarge { got: usize, max: usize },
+    #[error("sequence would reach position {needed}, KV capacity is {capacity}")]
+    ContextFull { needed: usize, capacity: usize },
+    #[error("token id {id} outside the vocabulary of {vocab}")]
+    BadToken { id: u32, vocab: usize },
+    #[error("weight type {ty} is not supported by backend {backend}")]
+    Unsupported { ty: &'static str, backend: String },
+}
+
+impl Model {
+    /// Loads a GGUF Llama model: parses metadata, locates and checks every tensor (no data read).
+    pub fn load(path: impl AsRef<Path>, backend: Arc<dyn Backend>) -> Result<Model, ModelError> {
+        let gguf = GgufFile::open(path)?;
+        let config = LlamaConfig::from_gguf(&gguf)?;
+        let weights = Weights::load(&gguf, &config)?;
+        for l in &weights.layers {
+            for m in [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down] {
+                if !backend.supports(crate::backend::Op::MatMul, m.ty()) {
+                    return Err(ModelError::Unsupported { ty: m.ty().name(), backend: backend.name() });
+                }
+            }
+        }
+        let rope = crate::backend::cpu::ops::rope_table(config.n_ctx_train, config.head_dim, config.rope_dims, config.rope_base);
+        Ok(Model { config, gguf, weights, backend, rope })
+    }
+
+    pub fn backend(&self) -> &Arc<dyn Backend> {
+        &self.backend
+    }
+
+    pub fn new_state(&self, max_tokens: usize) -> RunState {
+        let c = &self.config;
+        let max_tokens = max_tokens.max(1);
+        let z = |n: usize| vec![0f32; max_tokens * n];
+        RunState {
+            max_tokens,
+            x: z(c.n_embd),
+            xn: z(c.n_embd),
+            q: z(c.n_head * c.head_dim),
+            k: z(c.kv_dim()),
+            v: z(c.kv_dim()),
+            att: z(c.n_head * c.head_dim),
+            proj: z(c.n_embd),
+            gate: z(c.n_ff),
+            up: z(c.n_ff),
+            pos: vec![0; max_tokens],
+            logits: z(c.vocab_size),
+            n_logits: 0,
+        }
+    }
+
+    /// A KV cache for a sequence of up to `capacity` tokens (clamped to the trained context).
+    pub fn new_kv(&self, capacity: usize) -> KvCache {
+        KvCache::new(&self.config, capacity.min(self.config.n_ctx_train))
+    }
+
+    /// Runs the new tokens of every sequence through the model, appends their keys and values to
+    /// each sequence's cache, and leaves the requested logits in `state.logits` (rows in batch
+    /// order). The total number of tokens must fit the run state.
+    pub fn forward(&self, state: &mut RunState, seqs: &mut [SeqBatch<'_>]) -> Result<(), ModelError> {
+        let c = &self.config;
+        let n: usize = seqs.iter().map(|s| s.tokens.len()).sum();
+        if n > state.max_tokens {
+            return Err(ModelError::BatchTooLarge { got: n, max: state.max_tokens });
+        }
+        for s in seqs.iter() {
+            let needed = s.kv.len() + s.tokens.len();
+            if needed > s.kv.capacity {
+                return Err(ModelError::ContextFull { needed, capacity: s.kv.capacity });
+            }
+            if let Some(&id) = s.tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
+                return Err(ModelError::BadToken { id, vocab: c.vocab_size });
+            }
+        }
+        let b = &*self.backend;
+        let g = &self.gguf;
+        let (e, qd, kvd, ff) = (c.n_embd, c.n_head * c.head_dim, c.kv_dim(), c.n_ff);
+
+        // Token embeddings and positions.
+        let emb = self.weights.token_embd.view(g);
+        let mut t = 0;
+        for s in seqs.iter() {
+            for (i, &tok) in s.tokens.iter().enumerate() {
+                dequantize_row(emb.ty, emb.row(tok as usize), &mut state.x[t * e..(t + 1) * e]);
+                state.pos[t] = (s.kv.len() + i) as u32;
+                t += 1;
+            }
+        }
+        let pos = &state.pos[..n];
+
+        for (li, lw) in self.weights.layers.iter().enumerate() {
+            b.rmsnorm(&state.x[..n * e], &lw.attn_norm, c.rms_eps, &mut state.xn[..n * e]);
+            let xn = &state.xn[..n * e];
+            b.matmul(lw.wq.view(g), xn, n, &mut state.q[..n * qd]);
+            b.matmul(lw.wk.view(g), xn, n, &mut state.k[..n * kvd]);
+            b.matmul(lw.wv.view(g), xn, n, &mut state.v[..n * kvd]);
+            b.rope(&mut state.q[..n * qd], pos, c.n_head, c.head_dim, &self.rope);
+            b.rope(&mut state.k[..n * kvd], pos, c.n_head_kv, c.head_dim, &self.rope);
+
+            let mut t0 = 0;
+            for s in seqs.iter_mut() {
+                let m = s.tokens.len();
+                let start = s.kv.len();
+                s.kv.store(li, start, &state.k[t0 * kvd..(t0 + m) * kvd], &state.v[t0 * kvd..(t0 + m) * kvd]);
+                let (kc, vc) = s.kv.layer(li);
+                b.attention(AttentionArgs {
+                    q: &state.q[t0 * qd..(t0 + m) * qd],
+                    k_cache: kc,
+                    v_cache: vc,
+                    capacity: s.kv.capacity,
+                    positions: &pos[t0..t0 + m],
+                    n_head: c.n_head,
+                    n_kv_head: c.n_head_kv,
+                    head_dim: c.head_dim,
+                    out: &mut state.att[t0 * qd..(t0 + m) * qd],
+                });
+                t0 += m;
+            }
+            b.matmul(lw.wo.view(g), &state.att[..n * qd], n, &mut state.proj[..n * e]);
+            b.add(&mut state.x[..n * e], &state.proj[..n * e]);
+
+            b.rmsnorm(&state.x[..n * e], &lw.ffn_norm, c.rms_eps, &mut state.xn[..n * e]);
+            b.matmul(lw.w_gate.view(g), &state.xn[..n * e], n, &mut state.gate[..n * ff]);
+            b.matmul(lw.w_up.view(g), &state.xn[..n * e], n, &mut state.up[..n * ff]);
+            b.silu_mul(&mut state.gate[..n * ff], &state.up[..n * ff]);
+            b.matmul(lw.w_down.view(g), &state.gate[..n * ff], n, &mut state.proj[..n * e]);
+            b.add(&mut state.x[..n * e], &state.proj[..n * e]);
+        }
+        for s in seqs.iter_mut() {
+            s.kv.advance(s.tokens.len());
+        }
+
+        // Gather the rows that want logits, normalize them, project to the vocabulary.
+        let mut rows = 0;
+        let mut t0 = 0;
+        for s in seqs.iter() {
+            let m = s.tokens.len();
+            let wanted = match s.logits {
+                Logits::None => 0..0,
+                Logits::Last => m.saturating_sub(1)..m,
+                Logits::All => 0..m,
+            };
+            for i in wanted {
+                let src = (t0 + i) * e;
+                let (x, xn) = (&state.x[src..src + e], &mut state.xn[rows * e..(rows + 1) * e]);
+                b.rmsnorm(x, &self.weights.output_norm, c.rms_eps, xn);
+                rows += 1;
+            }
+            t0 += m;
+        }
+        state.n_logits = rows;
+        if rows > 0 {
+            let v = c.vocab_size;
+            b.matmul(self.weights.output.view(g), &state.xn[..rows * e], rows, &mut state.logits[..rows * v]);
+        }
+        Ok(())
+    }
+
+    /// Logits row `i` of the last forward call.
+    pub fn logits<'s>(&self, state: &'s RunState, i: usize) -> &'s [f32] {
+        let v = self.config.vocab_size;
+        &state.logits[i * v..(i + 1) * v]
+    }
+}

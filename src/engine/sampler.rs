@@ -1,0 +1,206 @@
+//! Token sampling, always on the CPU: greedy (temperature 0), or temperature + top-k + top-p
+//! from a seeded generator (same seed and logits, same tokens). Buffers are allocated once.
+
+/// Sampling parameters as a request gives them.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SamplingParams {
+    /// 0 = greedy.
+    pub temperature: f32,
+    /// 0 = no top-k cut.
+    pub top_k: usize,
+    /// 1.0 = no nucleus cut; must be in (0, 1].
+    pub top_p: f32,
+    /// None = seeded from the OS (not reproducible).
+    pub seed: Option<u64>,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        SamplingParams { temperature: 0.0, top_k: 0, top_p: 1.0, seed: None }
+    }
+}
+
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum SamplingError {
+    #[error("temperature must be a finite number >= 0, got {0}")]
+    Temperature(f32),
+    #[error("top_p must be in (0, 1], got {0}")]
+    TopP(f32),
+}
+
+impl SamplingParams {
+    pub fn greedy() -> Self {
+        Self::default()
+    }
+
+    pub fn validate(&self) -> Result<(), SamplingError> {
+        if !(self.temperature.is_finite() && self.temperature >= 0.0) {
+            return Err(SamplingError::Temperature(self.temperature));
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return Err(SamplingError::TopP(self.top_p));
+        }
+        Ok(())
+    }
+
+    pub fn is_greedy(&self) -> bool {
+        self.temperature == 0.0
+    }
+}
+
+/// SplitMix64: tiny, fast, and reproducible across platforms.
+#[derive(Debug, Clone)]
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed)
+    }
+
+    /// A seed from the OS's hasher randomness (no extra dependency).
+    pub fn from_entropy() -> Rng {
+        use std::hash::{BuildHasher, Hasher};
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0));
+        Rng(h.finish())
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E3779B97F4A7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58476D1CE4E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D049BB133111EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in [0, 1).
+    pub fn next_f32(&mut self) -> f32 {
+        (self.next_u64() >> 40) as f32 / (1u64 << 24) as f32
+    }
+}
+
+/// Index of the largest logit (the lowest index among exact ties).
+pub fn argmax(logits: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &v) in logits.iter().enumerate() {
+        if v > logits[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+pub struct Sampler {
+    pub params: SamplingParams,
+    rng: Rng,
+    /// [vocab] (probability, token) candidates, reused across steps
+    cand: Vec<(f32, u32)>,
+}
+
+impl Sampler {
+    pub fn new(params: SamplingParams, vocab_size: usize) -> Result<Sampler, SamplingError> {
+        params.validate()?;
+        let rng = params.seed.map(Rng::new).unwrap_or_else(Rng::from_entropy);
+        Ok(Sampler { params, rng, cand: Vec::with_capacity(vocab_size) })
+    }
+
+    /// Picks the next token from one row of logits.
+    pub fn sample(&mut self, logits: &[f32]) -> u32 {
+        if self.params.is_greedy() {
+            return argmax(logits);
+        }
+        let p = self.params;
+        self.cand.clear();
+        self.cand.extend(logits.iter().enumerate().map(|(i, &l)| (l, i as u32)));
+        // Descending by logit, ties by token id: a total order, so results are reproducible.
+        let by_logit = |a: &(f32, u32), b: &(f32, u32)| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1));
+        let k = if p.top_k > 0 { p.top_k.min(self.cand.len()) } else { self.cand.len() };
+        if k < self.cand.len() {
+            self.cand.select_nth_unstable_by(k - 1, by_logit);
+            self.cand.truncate(k);
+        }
+        self.cand.sort_unstable_by(by_logit);
+        let max = self.cand[0].0;
+        let mut total = 0f32;
+        for c in self.cand.iter_mut() {
+            c.0 = ((c.0 - max) / p.temperature).exp();
+            total += c.0;
+        }
+        // Nucleus: the smallest prefix whose probability reaches top_p.
+        let mut keep = self.cand.len();
+        if p.top_p < 1.0 {
+            let mut acc = 0f32;
+            for (i, c) in self.cand.iter().enumerate() {
+                acc += c.0 / total;
+                if acc >= p.top_p {
+                    keep = i + 1;
+                    break;
+                }
+            }
+        }
+        let mass: f32 = self.cand[..keep].iter().map(|c| c.0).sum();
+        let mut r = self.rng.next_f32() * mass;
+        for c in &self.cand[..keep] {
+            if r < c.0 {
+                return c.1;
+            }
+            r -= c.0;
+        }
+        self.cand[keep - 1].1
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn greedy_is_argmax_lowest_tie() {
+        let mut s = Sampler::new(SamplingParams::greedy(), 4).expect("params");
+        assert_eq!(s.sample(&[0.1, 3.0, 3.0, -1.0]), 1);
+    }
+
+    #[test]
+    fn same_seed_same_tokens() {
+        let logits: Vec<f32> = (0..100).map(|i| ((i * 37) % 11) as f32 * 0.3).collect();
+        let p = SamplingParams { temperature: 0.8, top_k: 40, top_p: 0.9, seed: Some(42) };
+        let run = || {
+            let mut s = Sampler::new(p, 100).expect("params");
+            (0..50).map(|_| s.sample(&logits)).collect::<Vec<_>>()
+        };
+        assert_eq!(run(), run());
+        let other = {
+            let mut s = Sampler::new(SamplingParams { seed: Some(43), ..p }, 100).expect("params");
+            (0..50).map(|_| s.sample(&logits)).collect::<Vec<_>>()
+        };
+        assert_ne!(run(), other);
+    }
+
+    #[test]
+    fn top_k_and_top_p_restrict_the_support() {
+        let logits = [5.0, 4.0, 3.0, 0.0, -1.0];
+        let mut s = Sampler::new(SamplingParams { temperature: 1.0, top_k: 2, top_p: 1.0, seed: Some(1) }, 5).expect("p");
+        assert!((0..500).map(|_| s.sample(&logits)).all(|t| t < 2));
+        // p(0) ≈ 0.66 with temperature 1: top_p 0.5 keeps only token 0.
+        let mut s = Sampler::new(SamplingParams { temperature: 1.0, top_k: 0, top_p: 0.5, seed: Some(1) }, 5).expect("p");
+        assert!((0..500).map(|_| s.sample(&logits)).all(|t| t == 0));
+        // Without cuts every token appears eventually, in rough proportion.
+        let mut s = Sampler::new(SamplingParams { temperature: 1.0, top_k: 0, top_p: 1.0, seed: Some(3) }, 5).expect("p");
+        let mut counts = [0; 5];
+        for _ in 0..20000 {
+            counts[s.sample(&logits) as usize] += 1;
+        }
+        assert!(counts.iter().all(|&c| c > 0), "{counts:?}");
+        assert!((counts[0] as f32 / 20000.0 - 0.6612).abs() < 0.02, "{counts:?}");
+    }
+
+    #[test]
+    fn bad_params_are_errors() {
+        let p = |t: f32, tp: f32| SamplingParams { temperature: t, top_p: tp, ..Default::default() }.validate();
+        assert_eq!(p(-0.1, 1.0), Err(SamplingError::Temperature(-0.1)));
+        assert!(p(f32::NAN, 1.0).is_err());
+        assert_eq!(p(0.5, 0.0), Err(SamplingError::TopP(0.0)));
+        assert!(p(0.5, 1.5).is_err());
+        assert!(p(0.0, 1.0).is_ok());
+    }
+}
