@@ -4,16 +4,20 @@
 //! * `weights` — zero-copy weight views, shape-checked at load
 //! * `kv` — per-sequence KV cache
 //! * `model` — the forward pass over a batch of sequences
+//! * `tokenizer` — byte-level BPE from GGUF metadata (on the `tokenizers` crate), special tokens
+//! * `chat` — the GGUF chat template rendered with minijinja
 //! * `sampler` — greedy / temperature / top-k / top-p sampling, seeded
 //! * `generate` — prefill + decode loop on token ids, with timings
 //! * `eval` — perplexity (llama.cpp's method)
 
+pub mod chat;
 pub mod config;
 pub mod eval;
 pub mod generate;
 pub mod kv;
 pub mod model;
 pub mod sampler;
+pub mod tokenizer;
 pub mod weights;
 
 pub use config::LlamaConfig;
