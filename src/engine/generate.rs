@@ -36,6 +36,8 @@ pub struct Generation {
     /// Generated ids, without the stop token.
     pub tokens: Vec<u32>,
     pub stop: StopReason,
+    /// The stop token that ended generation (for `StopReason::Stop`).
+    pub stop_token: Option<u32>,
     pub prefill_time: Duration,
     /// Time of the decode steps (each step: one forward of one token plus sampling).
     pub decode_time: Duration,
@@ -104,12 +106,14 @@ pub fn generate(
     let t1 = Instant::now();
     let mut tokens = Vec::with_capacity(params.max_tokens);
     let mut steps = 0;
+    let mut stop_token = None;
     let stop = loop {
         if tokens.len() >= params.max_tokens {
             break StopReason::Length;
         }
         let next = sampler.sample(model.logits(state, 0));
         if params.stop_ids.contains(&next) {
+            stop_token = Some(next);
             break StopReason::Stop;
         }
         tokens.push(next);
@@ -129,6 +133,7 @@ pub fn generate(
         prompt_tokens: prompt.len(),
         tokens,
         stop,
+        stop_token,
         prefill_time,
         decode_time: t1.elapsed(),
         decode_steps: steps,

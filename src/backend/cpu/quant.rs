@@ -57,19 +57,23 @@ pub fn act_format(ty: GgmlType) -> ActFormat {
 }
 
 /// Quantizes `x` (length a multiple of 32) into `out` (len x.len() / 32).
+///
+/// The same arithmetic as GGML's q8_0 / q8_1 activations (scale 127/amax, round half to even,
+/// `d` and `s` rounded to f16), so integer block products equal llama.cpp's and our logits track
+/// its reference outputs closely; the tiny SmolLM2 amplifies any rounding difference.
 pub fn quantize_q8(x: &[f32], out: &mut [BlockQ8]) {
     for (b, xs) in out.iter_mut().zip(x.chunks_exact(QK)) {
         let amax = xs.iter().fold(0f32, |m, v| m.max(v.abs()));
         let d = amax / 127.0;
-        let id = if d > 0.0 { 1.0 / d } else { 0.0 };
+        let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
         let mut sum = 0i32;
         for (q, v) in b.qs.iter_mut().zip(xs) {
-            let r = (v * id).round() as i32;
+            let r = (v * id).round_ties_even() as i32;
             *q = r as i8;
             sum += r;
         }
-        b.d = d;
-        b.s = d * sum as f32;
+        b.d = f16::from_f32(d).to_f32();
+        b.s = f16::from_f32(d * sum as f32).to_f32();
     }
 }
 
