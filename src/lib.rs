@@ -15,4 +15,5 @@
 //! The command-line interface lives in the binary (`src/main.rs`, `src/cli/`).
 
 pub mod backend;
+pub mod embed;
 pub mod gguf;
