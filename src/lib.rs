@@ -15,5 +15,7 @@
 //! The command-line interface lives in the binary (`src/main.rs`, `src/cli/`).
 
 pub mod backend;
+pub mod embed;
 pub mod engine;
 pub mod gguf;
+pub mod models;

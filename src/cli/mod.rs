@@ -1,5 +1,7 @@
 //! Command-line interface: the clap definition of every subcommand, one file per subcommand.
 
+mod embed;
+mod generate;
 mod hardware;
 
 use clap::{Parser, Subcommand};
@@ -14,6 +16,10 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Run the model on one prompt, offline, and print the text and its speed.
+    Generate(generate::GenerateArgs),
+    /// Sentence embeddings (all-MiniLM-L6-v2).
+    Embed(embed::EmbedArgs),
     /// Show the detected CPU, SIMD level, memory, GPUs and execution tier.
     Hardware(hardware::HardwareArgs),
 }
@@ -21,6 +27,8 @@ pub enum Command {
 /// Runs the parsed command.
 pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
+        Command::Generate(args) => generate::run(&args),
+        Command::Embed(args) => embed::run(&args),
         Command::Hardware(args) => hardware::run(&args),
     }
 }

@@ -44,6 +44,23 @@ impl KvCache {
         self.len = self.len.min(len);
     }
 
+    /// Makes this cache hold positions 0..n of `src` (another sequence's cache, any capacity):
+    /// the primitive behind prefix reuse. Fails when either side lacks the positions.
+    pub fn copy_prefix_from(&mut self, src: &KvCache, n: usize) -> Result<(), String> {
+        if n > src.len || n > self.capacity || src.n_head_kv != self.n_head_kv || src.head_dim != self.head_dim {
+            return Err(format!("cannot copy {n} positions from a cache of {} into one of capacity {}", src.len, self.capacity));
+        }
+        let hd = self.head_dim;
+        let heads = self.k.len() / (self.capacity * hd);
+        for lh in 0..heads {
+            let (s, d) = (lh * src.capacity * hd, lh * self.capacity * hd);
+            self.k[d..d + n * hd].copy_from_slice(&src.k[s..s + n * hd]);
+            self.v[d..d + n * hd].copy_from_slice(&src.v[s..s + n * hd]);
+        }
+        self.len = n;
+        Ok(())
+    }
+
     pub(crate) fn advance(&mut self, n: usize) {
         debug_assert!(self.len + n <= self.capacity);
         self.len += n;

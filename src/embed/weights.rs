@@ -1,0 +1,235 @@
+//! BERT weights inside a memory-mapped safetensors file.
+//!
+//! The header is parsed (and fully validated: offsets contiguous, sizes matching dtype × shape,
+//! data ending exactly at the end of the file) by the `safetensors` crate. Every tensor the
+//! encoder uses is then looked up by name, its dtype and shape checked against `config.json`,
+//! and only its byte range is kept: matrices and embedding tables stay in the map and are read
+//! through [`WeightView`]s; the small vectors (biases, LayerNorm parameters) are copied to f32.
+
+use std::ops::Range;
+use std::path::Path;
+
+use safetensors::tensor::{Dtype, Metadata};
+use safetensors::SafeTensors;
+
+use super::config::BertConfig;
+use super::EmbedError;
+use crate::backend::WeightView;
+use crate::gguf::GgmlType;
+
+/// A float tensor's bytes inside the mapped file.
+#[derive(Debug, Clone)]
+pub struct Mapped {
+    pub ty: GgmlType,
+    /// byte range in the whole file (header included)
+    pub range: Range<usize>,
+}
+
+/// Element size in bytes of the float types a safetensors file may hold for us.
+fn elem_bytes(ty: GgmlType) -> usize {
+    match ty {
+        GgmlType::F32 => 4,
+        _ => 2,
+    }
+}
+
+/// Decodes little-endian elements of `ty` (F32, F16 or BF16) into `out` (`out.len()` elements),
+/// adding them to what is there.
+fn add_decoded(ty: GgmlType, bytes: &[u8], out: &mut [f32]) {
+    match ty {
+        GgmlType::F32 => {
+            for (o, c) in out.iter_mut().zip(bytes.chunks_exact(4)) {
+                *o += f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+            }
+        }
+        GgmlType::F16 => {
+            for (o, c) in out.iter_mut().zip(bytes.chunks_exact(2)) {
+                *o += half::f16::from_le_bytes([c[0], c[1]]).to_f32();
+            }
+        }
+        _ => {
+            for (o, c) in out.iter_mut().zip(bytes.chunks_exact(2)) {
+                *o += half::bf16::from_le_bytes([c[0], c[1]]).to_f32();
+            }
+        }
+    }
+}
+
+impl Mapped {
+    /// `out += row r` of a `[_, cols]` table. `r` must be in range (checked by the caller).
+    pub fn add_row(&self, map: &[u8], r: usize, cols: usize, out: &mut [f32]) {
+        let rb = cols * elem_bytes(self.ty);
+        let start = self.range.start + r * rb;
+        add_decoded(self.ty, &map[start..start + rb], out);
+    }
+
+    fn to_f32(&self, map: &[u8], n: usize) -> Vec<f32> {
+        let mut v = vec![0f32; n];
+        add_decoded(self.ty, &map[self.range.clone()], &mut v);
+        v
+    }
+}
+
+/// A PyTorch `nn.Linear`: `y = W x + b`.
+#[derive(Debug)]
+pub struct Linear {
+    /// [rows = out_features, cols = in_features], row-major (GGML's layout)
+    pub w: Mapped,
+    pub rows: usize,
+    pub cols: usize,
+    /// [rows]
+    pub b: Vec<f32>,
+}
+
+impl Linear {
+    pub fn view<'a>(&self, map: &'a [u8]) -> WeightView<'a> {
+        WeightView { ty: self.w.ty, rows: self.rows, cols: self.cols, data: &map[self.w.range.clone()] }
+    }
+}
+
+/// LayerNorm parameters.
+#[derive(Debug)]
+pub struct Norm {
+    /// [hidden]
+    pub w: Vec<f32>,
+    /// [hidden]
+    pub b: Vec<f32>,
+}
+
+/// One encoder layer (`encoder.layer.{i}`).
+#[derive(Debug)]
+pub struct Layer {
+    /// [hidden, hidden]
+    pub query: Linear,
+    /// [hidden, hidden]
+    pub key: Linear,
+    /// [hidden, hidden]
+    pub value: Linear,
+    /// [hidden, hidden]
+    pub attn_out: Linear,
+    pub attn_norm: Norm,
+    /// [intermediate, hidden]
+    pub ffn_up: Linear,
+    /// [hidden, intermediate]
+    pub ffn_down: Linear,
+    pub ffn_norm: Norm,
+}
+
+/// All tensors of the encoder.
+#[derive(Debug)]
+pub struct Weights {
+    /// [vocab_size, hidden]
+    pub word: Mapped,
+    /// [max_position_embeddings, hidden]
+    pub position: Mapped,
+    /// [hidden]: row 0 of `token_type_embeddings` (every token type id is 0)
+    pub token_type0: Vec<f32>,
+    pub emb_norm: Norm,
+    /// [num_hidden_layers]
+    pub layers: Vec<Layer>,
+}
+
+/// Looks tensors up in the parsed header and checks them.
+struct Loader<'a> {
+    map: &'a [u8],
+    meta: Metadata,
+    /// offset of the data section in the file
+    data_start: usize,
+    /// "" or "bert." (checkpoints saved from `BertFor*` heads)
+    prefix: &'static str,
+}
+
+impl<'a> Loader<'a> {
+    fn new(map: &'a [u8], path: &Path) -> Result<Loader<'a>, EmbedError> {
+        let (n, meta) = SafeTensors::read_metadata(map)
+            .map_err(|source| EmbedError::Safetensors { path: path.to_path_buf(), source })?;
+        let data_start = n
+            .checked_add(8)
+            .ok_or_else(|| EmbedError::Corrupt(format!("{}: header length overflows", path.display())))?;
+        let prefix = if meta.info("embeddings.word_embeddings.weight").is_none()
+            && meta.info("bert.embeddings.word_embeddings.weight").is_some()
+        {
+            "bert."
+        } else {
+            ""
+        };
+        Ok(Loader { map, meta, data_start, prefix })
+    }
+
+    /// The tensor `name`, which must be a float tensor of exactly `shape`.
+    fn get(&self, name: &str, shape: &[usize]) -> Result<Mapped, EmbedError> {
+        let full = format!("{}{name}", self.prefix);
+        let info = self.meta.info(&full).ok_or_else(|| EmbedError::MissingTensor(full.clone()))?;
+        let ty = match info.dtype {
+            Dtype::F32 => GgmlType::F32,
+            Dtype::F16 => GgmlType::F16,
+            Dtype::BF16 => GgmlType::BF16,
+            other => return Err(EmbedError::Dtype { name: full, dtype: format!("{other:?}") }),
+        };
+        if info.shape != shape {
+            return Err(EmbedError::Shape { name: full, expected: shape.to_vec(), got: info.shape.clone() });
+        }
+        // `read_metadata` has checked these already; checked again so that a bug there cannot
+        // turn into an out-of-bounds slice later.
+        let (s, e) = info.data_offsets;
+        let n: usize = shape.iter().product();
+        let range = self.data_start.checked_add(s).zip(self.data_start.checked_add(e)).map(|(a, b)| a..b);
+        match range {
+            Some(r) if r.end <= self.map.len() && r.len() == n * elem_bytes(ty) => Ok(Mapped { ty, range: r }),
+            _ => Err(EmbedError::Corrupt(format!("tensor `{full}` has data offsets outside the file"))),
+        }
+    }
+
+    fn vector(&self, name: &str, n: usize) -> Result<Vec<f32>, EmbedError> {
+        Ok(self.get(name, &[n])?.to_f32(self.map, n))
+    }
+
+    fn linear(&self, name: &str, rows: usize, cols: usize) -> Result<Linear, EmbedError> {
+        let w = self.get(&format!("{name}.weight"), &[rows, cols])?;
+        let b = self.vector(&format!("{name}.bias"), rows)?;
+        Ok(Linear { w, rows, cols, b })
+    }
+
+    fn norm(&self, name: &str, n: usize) -> Result<Norm, EmbedError> {
+        Ok(Norm { w: self.vector(&format!("{name}.weight"), n)?, b: self.vector(&format!("{name}.bias"), n)? })
+    }
+}
+
+impl Weights {
+    /// Parses the safetensors bytes `map` (read from `path`, named in errors) and checks every
+    /// tensor against `cfg`.
+    pub fn load(map: &[u8], cfg: &BertConfig, path: &Path) -> Result<Weights, EmbedError> {
+        let l = Loader::new(map, path)?;
+        let (h, i) = (cfg.hidden_size, cfg.intermediate_size);
+        let word = l.get("embeddings.word_embeddings.weight", &[cfg.vocab_size, h])?;
+        let position = l.get("embeddings.position_embeddings.weight", &[cfg.max_position_embeddings, h])?;
+        let tt = l.get("embeddings.token_type_embeddings.weight", &[cfg.type_vocab_size, h])?;
+        let mut token_type0 = vec![0f32; h];
+        tt.add_row(map, 0, h, &mut token_type0);
+        let emb_norm = l.norm("embeddings.LayerNorm", h)?;
+        let layers = (0..cfg.num_hidden_layers)
+            .map(|n| {
+                let p = format!("encoder.layer.{n}");
+                Ok(Layer {
+                    query: l.linear(&format!("{p}.attention.self.query"), h, h)?,
+                    key: l.linear(&format!("{p}.attention.self.key"), h, h)?,
+                    value: l.linear(&format!("{p}.attention.self.value"), h, h)?,
+                    attn_out: l.linear(&format!("{p}.attention.output.dense"), h, h)?,
+                    attn_norm: l.norm(&format!("{p}.attention.output.LayerNorm"), h)?,
+                    ffn_up: l.linear(&format!("{p}.intermediate.dense"), i, h)?,
+                    ffn_down: l.linear(&format!("{p}.output.dense"), h, i)?,
+                    ffn_norm: l.norm(&format!("{p}.output.LayerNorm"), h)?,
+                })
+            })
+            .collect::<Result<Vec<_>, EmbedError>>()?;
+        Ok(Weights { word, position, token_type0, emb_norm, layers })
+    }
+
+    /// The matrix types used by matmuls (for the backend capability check).
+    pub fn matrix_types(&self) -> impl Iterator<Item = GgmlType> + '_ {
+        self.layers
+            .iter()
+            .flat_map(|l| [&l.query, &l.key, &l.value, &l.attn_out, &l.ffn_up, &l.ffn_down])
+            .map(|m| m.w.ty)
+    }
+}

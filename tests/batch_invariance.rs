@@ -1,0 +1,92 @@
+//! Batch invariance, a product guarantee: a token's logits and KV are bitwise identical whether
+//! it is computed alone in decode, inside a prefill batch (any chunking), next to another
+//! sequence in the same forward call, or after its prefix KV was computed elsewhere and reused.
+//! Run on every CPU kernel level this machine has (scalar reference, then SIMD).
+
+mod common;
+
+use std::sync::Arc;
+
+use forge_cache::backend::Backend;
+use forge_cache::engine::{KvCache, Logits, Model, SeqBatch};
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+/// Logits of every position, feeding `tokens` in chunks of the given sizes (cycled).
+fn logits_in_chunks(model: &Model, tokens: &[u32], chunks: &[usize]) -> (Vec<Vec<u32>>, KvCache) {
+    let mut state = model.new_state(64);
+    let mut kv = model.new_kv(tokens.len());
+    let mut out = Vec::new();
+    let mut at = 0;
+    for &c in chunks.iter().cycle() {
+        if at >= tokens.len() {
+            break;
+        }
+        let end = (at + c).min(tokens.len());
+        model.forward(&mut state, &mut [SeqBatch { kv: &mut kv, tokens: &tokens[at..end], logits: Logits::All }]).expect("forward");
+        for i in 0..end - at {
+            out.push(bits(model.logits(&state, i)));
+        }
+        at = end;
+    }
+    (out, kv)
+}
+
+fn check_backend(backend: Arc<dyn Backend>, n: usize) {
+    let name = backend.name();
+    let model = Model::load(common::smollm2_path(), backend).expect("load");
+    let rec = &common::jsonl("smollm2_greedy.jsonl")[13]; // the ~200-token SQuAD context
+    let mut seq = common::ids(&rec["prompt_tokens"]);
+    seq.extend(common::ids(&rec["greedy_tokens"]));
+    seq.truncate(n);
+
+    // One prefill batch (the reference for this backend) vs pure decode vs odd chunkings.
+    let (batch, kv_batch) = logits_in_chunks(&model, &seq, &[64]);
+    for chunks in [&[1usize][..], &[7, 3, 11], &[2, 31]] {
+        let (other, kv) = logits_in_chunks(&model, &seq, chunks);
+        for (pos, (a, b)) in batch.iter().zip(&other).enumerate() {
+            assert!(a == b, "{name}: logits at position {pos} differ between one batch and chunks {chunks:?}");
+        }
+        assert!(kv.k[..] == kv_batch.k[..] && kv.v[..] == kv_batch.v[..], "{name}: KV differs for chunks {chunks:?}");
+    }
+
+    // Continuous batching: our sequence shares forward calls with another one.
+    let other: Vec<u32> = common::ids(&common::jsonl("smollm2_greedy.jsonl")[4]["prompt_tokens"]);
+    let mut state = model.new_state(128);
+    let mut kv_a = model.new_kv(seq.len());
+    let mut kv_b = model.new_kv(other.len() + seq.len());
+    model.forward(&mut state, &mut [SeqBatch { kv: &mut kv_b, tokens: &other, logits: Logits::None }]).expect("warm b");
+    let half = seq.len() / 2;
+    model
+        .forward(
+            &mut state,
+            &mut [
+                SeqBatch { kv: &mut kv_b, tokens: &seq[..5], logits: Logits::Last },
+                SeqBatch { kv: &mut kv_a, tokens: &seq[..half], logits: Logits::All },
+            ],
+        )
+        .expect("mixed batch");
+    for i in 0..half {
+        assert!(bits(model.logits(&state, 1 + i)) == batch[i], "{name}: position {i} differs in a continuous batch");
+    }
+
+    // KV reuse: copy the prefix KV into a fresh cache (as the workload builder will), run the rest.
+    let mut restored = model.new_kv(seq.len() + 8);
+    restored.copy_prefix_from(&kv_a, half).expect("copy prefix");
+    let mut state = model.new_state(64);
+    model.forward(&mut state, &mut [SeqBatch { kv: &mut restored, tokens: &seq[half..], logits: Logits::All }]).expect("suffix");
+    for i in half..seq.len() {
+        assert!(bits(model.logits(&state, i - half)) == batch[i], "{name}: position {i} differs after prefix reuse");
+    }
+    eprintln!("{name}: {} positions bitwise identical across decode, chunked prefill, continuous batching and prefix reuse", seq.len());
+}
+
+#[test]
+fn logits_and_kv_are_bitwise_batch_invariant_on_every_cpu_level() {
+    for (i, b) in common::cpu_backends(2).into_iter().enumerate() {
+        // The scalar reference is slow: a shorter sequence keeps the test quick.
+        check_backend(b, if i == 0 { 48 } else { 120 });
+    }
+}
