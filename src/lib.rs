@@ -8,7 +8,7 @@
 //! | `engine`   | the Llama model (weights apart from run state, KV cache), tokenizer + chat template, sampler, generation loop |
 //! | `backend`  | the narrow `Backend` trait of forward-pass kernels; `cpu` (scalar reference + SIMD); hardware detection and tiers |
 //! | `embed`    | all-MiniLM-L6-v2 sentence embedder (BERT from safetensors) on the same CPU kernels |
-//! | `models`   | where model files live (the git-ignored `models/` folder filled by `scripts/fetch-models.sh`) |
+//! | `models`   | where model files live (`$FORGE_MODELS_DIR` or the git-ignored `models/` filled by `scripts/fetch-models.sh`) |
 //!
 //! Planned (issues 4–7): `server` (gRPC), `cache` (exact + semantic), `workload` (KV block reuse),
 //! `store` (SQLite knowledge store), `backend::wgpu`, `backend::hip`.

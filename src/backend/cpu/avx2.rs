@@ -131,36 +131,41 @@ pub fn dot_q8_0(w: &[u8], x: &[BlockQ8]) -> f32 {
     hsum(acc)
 }
 
-/// F32 weights (little-endian bytes) · f32 activations; `x.len()` a multiple of 8 handled in
-/// vector lanes, the tail in scalar.
+/// F32 weights (little-endian bytes) · f32 activations: four independent FMA chains over 32
+/// elements at a time, then 8 at a time, then a scalar tail.
 #[target_feature(enable = "avx2,fma")]
 pub fn dot_f32(w: &[u8], x: &[f32]) -> f32 {
-    let n8 = x.len() / 8 * 8;
-    let mut acc = _mm256_setzero_ps();
-    for i in (0..n8).step_by(8) {
-        acc = _mm256_fmadd_ps(load8f_bytes(&w[4 * i..]), load8f(&x[i..]), acc);
-    }
-    let mut s = hsum(acc);
-    for i in n8..x.len() {
-        s += f32::from_le_bytes([w[4 * i], w[4 * i + 1], w[4 * i + 2], w[4 * i + 3]]) * x[i];
-    }
-    s
+    dot_f32_with(x, |i| load8f_bytes(&w[4 * i..]), |i| f32::from_le_bytes([w[4 * i], w[4 * i + 1], w[4 * i + 2], w[4 * i + 3]]))
 }
 
-/// F16 weights · f32 activations.
+/// F16 weights · f32 activations (same summation scheme as `dot_f32`).
 #[target_feature(enable = "avx2,fma,f16c")]
 pub fn dot_f16(w: &[u8], x: &[f32]) -> f32 {
-    let n8 = x.len() / 8 * 8;
-    let mut acc = _mm256_setzero_ps();
-    for i in (0..n8).step_by(8) {
-        let h = _mm256_cvtph_ps(load16(&w[2 * i..]));
-        acc = _mm256_fmadd_ps(h, load8f(&x[i..]), acc);
+    dot_f32_with(x, |i| _mm256_cvtph_ps(load16(&w[2 * i..])), |i| f16x1(&w[2 * i..]))
+}
+
+/// Shared body of the float dots: `load(i)` gives weights i..i+8 as f32, `one(i)` weight i.
+#[inline(always)]
+fn dot_f32_with(x: &[f32], load: impl Fn(usize) -> __m256, one: impl Fn(usize) -> f32) -> f32 {
+    // SAFETY (whole function): only inlined into the avx2+fma functions above.
+    unsafe {
+        let n32 = x.len() / 32 * 32;
+        let n8 = x.len() / 8 * 8;
+        let mut acc = [_mm256_setzero_ps(); 4];
+        for i in (0..n32).step_by(32) {
+            for (k, a) in acc.iter_mut().enumerate() {
+                *a = _mm256_fmadd_ps(load(i + 8 * k), load8f(&x[i + 8 * k..]), *a);
+            }
+        }
+        for i in (n32..n8).step_by(8) {
+            acc[0] = _mm256_fmadd_ps(load(i), load8f(&x[i..]), acc[0]);
+        }
+        let mut s = hsum(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
+        for i in n8..x.len() {
+            s += one(i) * x[i];
+        }
+        s
     }
-    let mut s = hsum(acc);
-    for i in n8..x.len() {
-        s += f16x1(&w[2 * i..]) * x[i];
-    }
-    s
 }
 
 /// f32 · f16 row (attention scores): q has `head_dim` elements, a multiple of 8.
