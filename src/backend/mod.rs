@@ -89,6 +89,14 @@ pub trait Backend: Send + Sync {
     /// x: [n_tok, w.cols], out: [n_tok, w.rows]
     fn matmul(&self, w: WeightView<'_>, x: &[f32], n_tok: usize, out: &mut [f32]);
 
+    /// Several matmuls of the same input (e.g. Q, K and V), which a backend may run as one
+    /// parallel region. `outs[m]`: [n_tok, ws[m].rows].
+    fn matmul_multi(&self, ws: &[WeightView<'_>], x: &[f32], n_tok: usize, outs: &mut [&mut [f32]]) {
+        for (w, o) in ws.iter().zip(outs.iter_mut()) {
+            self.matmul(*w, x, n_tok, o);
+        }
+    }
+
     /// RMSNorm per token: out = x / sqrt(mean(x^2) + eps) * weight. x, out: [n_tok, dim]
     fn rmsnorm(&self, x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]);
 

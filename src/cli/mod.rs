@@ -1,5 +1,6 @@
 //! Command-line interface: the clap definition of every subcommand, one file per subcommand.
 
+mod bench;
 mod embed;
 mod generate;
 mod hardware;
@@ -20,6 +21,8 @@ pub enum Command {
     Generate(generate::GenerateArgs),
     /// Sentence embeddings (all-MiniLM-L6-v2).
     Embed(embed::EmbedArgs),
+    /// Measure prefill and decode speed (pp128, pp512, tg128, tg128@d1024), llama-bench style.
+    Bench(bench::BenchArgs),
     /// Show the detected CPU, SIMD level, memory, GPUs and execution tier.
     Hardware(hardware::HardwareArgs),
 }
@@ -29,6 +32,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Generate(args) => generate::run(&args),
         Command::Embed(args) => embed::run(&args),
+        Command::Bench(args) => bench::run(&args),
         Command::Hardware(args) => hardware::run(&args),
     }
 }

@@ -9,8 +9,10 @@
 //! * `sampler` — greedy / temperature / top-k / top-p sampling, seeded
 //! * `generate` — prefill + decode loop on token ids, with timings
 //! * `eval` — perplexity (llama.cpp's method)
+//! * `bench` — llama-bench-style speed tests (ppN, tgN, tgN@dD)
 
 pub mod chat;
+pub mod bench;
 pub mod config;
 pub mod eval;
 pub mod generate;

@@ -167,9 +167,12 @@ impl Model {
         for (li, lw) in self.weights.layers.iter().enumerate() {
             b.rmsnorm(&state.x[..n * e], &lw.attn_norm, c.rms_eps, &mut state.xn[..n * e]);
             let xn = &state.xn[..n * e];
-            b.matmul(lw.wq.view(g), xn, n, &mut state.q[..n * qd]);
-            b.matmul(lw.wk.view(g), xn, n, &mut state.k[..n * kvd]);
-            b.matmul(lw.wv.view(g), xn, n, &mut state.v[..n * kvd]);
+            b.matmul_multi(
+                &[lw.wq.view(g), lw.wk.view(g), lw.wv.view(g)],
+                xn,
+                n,
+                &mut [&mut state.q[..n * qd], &mut state.k[..n * kvd], &mut state.v[..n * kvd]],
+            );
             b.rope(&mut state.q[..n * qd], pos, c.n_head, c.head_dim, &self.rope);
             b.rope(&mut state.k[..n * kvd], pos, c.n_head_kv, c.head_dim, &self.rope);
 
@@ -196,8 +199,12 @@ impl Model {
             b.add(&mut state.x[..n * e], &state.proj[..n * e]);
 
             b.rmsnorm(&state.x[..n * e], &lw.ffn_norm, c.rms_eps, &mut state.xn[..n * e]);
-            b.matmul(lw.w_gate.view(g), &state.xn[..n * e], n, &mut state.gate[..n * ff]);
-            b.matmul(lw.w_up.view(g), &state.xn[..n * e], n, &mut state.up[..n * ff]);
+            b.matmul_multi(
+                &[lw.w_gate.view(g), lw.w_up.view(g)],
+                &state.xn[..n * e],
+                n,
+                &mut [&mut state.gate[..n * ff], &mut state.up[..n * ff]],
+            );
             b.silu_mul(&mut state.gate[..n * ff], &state.up[..n * ff]);
             b.matmul(lw.w_down.view(g), &state.gate[..n * ff], n, &mut state.proj[..n * e]);
             b.add(&mut state.x[..n * e], &state.proj[..n * e]);

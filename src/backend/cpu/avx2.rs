@@ -7,128 +7,231 @@
 use std::arch::x86_64::*;
 
 use super::quant::BlockQ8;
-use crate::gguf::QK;
+use super::shared::SharedOut;
+use crate::backend::WeightView;
+use crate::gguf::{GgmlType, QK};
 
-#[inline]
-#[target_feature(enable = "avx2")]
+// The helpers below are `inline(always)` plain functions: they are only ever inlined into the
+// `#[target_feature]` entry points of this file (which the backend calls after run-time
+// detection), so their intrinsics run with AVX2/FMA/F16C enabled. That lets the whole kernel
+// inline into one function with the features on.
+
+#[inline(always)]
 fn load16(b: &[u8]) -> __m128i {
     assert!(b.len() >= 16);
     // SAFETY: the assert guarantees 16 readable bytes; loadu has no alignment requirement.
     unsafe { _mm_loadu_si128(b.as_ptr() as *const __m128i) }
 }
 
-#[inline]
-#[target_feature(enable = "avx2")]
+#[inline(always)]
 fn load32(b: &[u8]) -> __m256i {
     assert!(b.len() >= 32);
     // SAFETY: the assert guarantees 32 readable bytes; loadu has no alignment requirement.
     unsafe { _mm256_loadu_si256(b.as_ptr() as *const __m256i) }
 }
 
-#[inline]
-#[target_feature(enable = "avx2")]
+#[inline(always)]
 fn load_qs(x: &BlockQ8) -> __m256i {
     // SAFETY: `qs` is [i8; 32]: 32 readable bytes, i8 and u8 share layout.
     unsafe { _mm256_loadu_si256(x.qs.as_ptr() as *const __m256i) }
 }
 
-#[inline]
-#[target_feature(enable = "avx")]
+#[inline(always)]
 fn load8f(x: &[f32]) -> __m256 {
     assert!(x.len() >= 8);
     // SAFETY: the assert guarantees 8 readable floats; loadu has no alignment requirement.
     unsafe { _mm256_loadu_ps(x.as_ptr()) }
 }
 
-#[inline]
-#[target_feature(enable = "avx")]
+#[inline(always)]
 fn load8f_bytes(b: &[u8]) -> __m256 {
     assert!(b.len() >= 32);
     // SAFETY: the assert guarantees 32 readable bytes (8 little-endian f32); unaligned load.
     unsafe { _mm256_loadu_ps(b.as_ptr() as *const f32) }
 }
 
-/// Two adjacent little-endian f16 at `b[0..4]` as f32 (lanes 0 and 1).
-#[inline]
-#[target_feature(enable = "avx2,f16c")]
+/// Two adjacent little-endian f16 at `b[0..4]` as f32.
+#[inline(always)]
 fn f16x2(b: &[u8]) -> (f32, f32) {
-    let v = _mm_cvtph_ps(_mm_cvtsi32_si128(i32::from_le_bytes([b[0], b[1], b[2], b[3]])));
-    (_mm_cvtss_f32(v), _mm_cvtss_f32(_mm_shuffle_ps(v, v, 1)))
+    let bits = i32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+    // SAFETY: F16C is enabled in every caller (see above).
+    unsafe {
+        let v = _mm_cvtph_ps(_mm_cvtsi32_si128(bits));
+        (_mm_cvtss_f32(v), _mm_cvtss_f32(_mm_shuffle_ps(v, v, 1)))
+    }
 }
 
-#[inline]
-#[target_feature(enable = "avx2,f16c")]
+#[inline(always)]
 fn f16x1(b: &[u8]) -> f32 {
-    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(u16::from_le_bytes([b[0], b[1]]) as i32)))
+    let bits = u16::from_le_bytes([b[0], b[1]]) as i32;
+    // SAFETY: F16C is enabled in every caller (see above).
+    unsafe { _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits))) }
 }
 
-#[inline]
-#[target_feature(enable = "avx2,fma")]
-pub fn hsum(v: __m256) -> f32 {
-    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    let s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
-    _mm_cvtss_f32(s)
+#[inline(always)]
+fn hsum(v: __m256) -> f32 {
+    // SAFETY: AVX is enabled in every caller (see above).
+    unsafe {
+        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        let s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+        _mm_cvtss_f32(s)
+    }
 }
 
 /// Unpacks 16 bytes of nibbles into 32 u8: low nibbles first (elements 0..16), high after.
-#[inline]
-#[target_feature(enable = "avx2")]
+#[inline(always)]
 fn nibbles(qs: &[u8]) -> __m256i {
     let q = load16(qs);
-    let m = _mm_set1_epi8(0x0F);
-    let lo = _mm_and_si128(q, m);
-    let hi = _mm_and_si128(_mm_srli_epi16(q, 4), m);
-    _mm256_set_m128i(hi, lo)
+    // SAFETY: AVX2 is enabled in every caller (see above).
+    unsafe {
+        let m = _mm_set1_epi8(0x0F);
+        let lo = _mm_and_si128(q, m);
+        let hi = _mm_and_si128(_mm_srli_epi16(q, 4), m);
+        _mm256_set_m128i(hi, lo)
+    }
 }
 
 /// Sum of u8 × i8 products of 32 lanes as 8 f32 partial sums.
-#[inline]
-#[target_feature(enable = "avx2")]
+#[inline(always)]
 fn mul_sum_u8_i8(u: __m256i, s: __m256i) -> __m256 {
-    let p16 = _mm256_maddubs_epi16(u, s);
-    _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, _mm256_set1_epi16(1)))
-}
-
-/// Sum of i8 × i8 products of 32 lanes (sign trick: |a| × sign(a)·b).
-#[inline]
-#[target_feature(enable = "avx2")]
-fn mul_sum_i8_i8(a: __m256i, b: __m256i) -> __m256 {
-    mul_sum_u8_i8(_mm256_sign_epi8(a, a), _mm256_sign_epi8(b, a))
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-pub fn dot_q4_0(w: &[u8], x: &[BlockQ8]) -> f32 {
-    let mut acc = _mm256_setzero_ps();
-    for (wb, xb) in w.chunks_exact(2 + QK / 2).zip(x) {
-        let d = f16x1(wb) * xb.d;
-        let q = _mm256_sub_epi8(nibbles(&wb[2..]), _mm256_set1_epi8(8));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), mul_sum_i8_i8(q, load_qs(xb)), acc);
+    // SAFETY: AVX2 is enabled in every caller (see above).
+    unsafe {
+        let p16 = _mm256_maddubs_epi16(u, s);
+        _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, _mm256_set1_epi16(1)))
     }
-    hsum(acc)
 }
 
+// Token tiles: each quantized kernel computes one weight row against `NT` activation rows,
+// unpacking each weight block once. Every token's accumulator sees the same instruction sequence
+// whatever `NT` is, so results are bitwise identical to the `NT = 1` (decode) call.
+
+/// Rows `rows` of a Q4_0 / Q4_1 / Q8_0 matrix against `n_tok` quantized activation rows
+/// (`acts`: [n_tok, cols / 32]), in token tiles of 4 (then single tokens), written to `out`.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub fn dot_q4_1(w: &[u8], x: &[BlockQ8]) -> f32 {
-    let mut acc = _mm256_setzero_ps();
-    let mut summ = 0f32;
-    for (wb, xb) in w.chunks_exact(4 + QK / 2).zip(x) {
-        let (d, m) = f16x2(wb);
-        let p = mul_sum_u8_i8(nibbles(&wb[4..]), load_qs(xb));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d * xb.d), p, acc);
-        summ += m * xb.s;
+pub fn matmul_rows_q8(w: WeightView<'_>, rows: std::ops::Range<usize>, acts: &[BlockQ8], n_tok: usize, out: &SharedOut) {
+    match w.ty {
+        GgmlType::Q4_0 => rows_impl(w, rows, acts, n_tok, out, dot_q4_0::<4>, dot_q4_0::<1>),
+        GgmlType::Q4_1 => rows_impl(w, rows, acts, n_tok, out, dot_q4_1::<4>, dot_q4_1::<1>),
+        _ => rows_impl(w, rows, acts, n_tok, out, dot_q8_0::<4>, dot_q8_0::<1>),
     }
-    hsum(acc) + summ
 }
 
-#[target_feature(enable = "avx2,fma,f16c")]
-pub fn dot_q8_0(w: &[u8], x: &[BlockQ8]) -> f32 {
-    let mut acc = _mm256_setzero_ps();
-    for (wb, xb) in w.chunks_exact(2 + QK).zip(x) {
-        let d = f16x1(wb) * xb.d;
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), mul_sum_i8_i8(load32(&wb[2..]), load_qs(xb)), acc);
+#[inline(always)]
+fn rows_impl(
+    w: WeightView<'_>,
+    rows: std::ops::Range<usize>,
+    acts: &[BlockQ8],
+    n_tok: usize,
+    out: &SharedOut,
+    k4: impl Fn(&[u8], [&[BlockQ8]; 4], &mut [f32; 4]),
+    k1: impl Fn(&[u8], [&[BlockQ8]; 1], &mut [f32; 1]),
+) {
+    let nb = w.cols / QK;
+    let act = |t: usize| &acts[t * nb..(t + 1) * nb];
+    let mut t0 = 0;
+    while t0 + 4 <= n_tok {
+        let x = [act(t0), act(t0 + 1), act(t0 + 2), act(t0 + 3)];
+        for r in rows.clone() {
+            let mut o = [0f32; 4];
+            k4(w.row(r), x, &mut o);
+            for (i, v) in o.into_iter().enumerate() {
+                out.write(t0 + i, r, v);
+            }
+        }
+        t0 += 4;
     }
-    hsum(acc)
+    for t in t0..n_tok {
+        let x = [act(t)];
+        for r in rows.clone() {
+            let mut o = [0f32; 1];
+            k1(w.row(r), x, &mut o);
+            out.write(t, r, o[0]);
+        }
+    }
+}
+
+/// Blocks of a row (`w.len() / bb` of them), with every activation row checked to be as long.
+#[inline(always)]
+fn n_blocks<const NT: usize>(w: &[u8], bb: usize, x: &[&[BlockQ8]; NT]) -> usize {
+    let nb = w.len() / bb;
+    for xt in x {
+        assert!(xt.len() >= nb, "activation row shorter than the weight row");
+    }
+    nb
+}
+
+#[inline(always)]
+fn dot_q4_0<const NT: usize>(w: &[u8], x: [&[BlockQ8]; NT], out: &mut [f32; NT]) {
+    const BB: usize = 2 + QK / 2;
+    let nb = n_blocks(w, BB, &x);
+    // SAFETY (whole body): only inlined into `matmul_rows_q8` (avx2, fma, f16c enabled).
+    unsafe {
+        let mut acc = [_mm256_setzero_ps(); NT];
+        for ib in 0..nb {
+            let wb = &w[ib * BB..ib * BB + BB];
+            let d = f16x1(wb);
+            let q = _mm256_sub_epi8(nibbles(&wb[2..]), _mm256_set1_epi8(8));
+            let qa = _mm256_sign_epi8(q, q);
+            for t in 0..NT {
+                let xb = &x[t][ib];
+                let p = mul_sum_u8_i8(qa, _mm256_sign_epi8(load_qs(xb), q));
+                acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * xb.d), p, acc[t]);
+            }
+        }
+        for t in 0..NT {
+            out[t] = hsum(acc[t]);
+        }
+    }
+}
+
+#[inline(always)]
+fn dot_q4_1<const NT: usize>(w: &[u8], x: [&[BlockQ8]; NT], out: &mut [f32; NT]) {
+    const BB: usize = 4 + QK / 2;
+    let nb = n_blocks(w, BB, &x);
+    // SAFETY (whole body): only inlined into `matmul_rows_q8` (avx2, fma, f16c enabled).
+    unsafe {
+        let mut acc = [_mm256_setzero_ps(); NT];
+        let mut summ = [0f32; NT];
+        for ib in 0..nb {
+            let wb = &w[ib * BB..ib * BB + BB];
+            let (d, m) = f16x2(wb);
+            let q = nibbles(&wb[4..]);
+            for t in 0..NT {
+                let xb = &x[t][ib];
+                let p = mul_sum_u8_i8(q, load_qs(xb));
+                acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * xb.d), p, acc[t]);
+                summ[t] += m * xb.s;
+            }
+        }
+        for t in 0..NT {
+            out[t] = hsum(acc[t]) + summ[t];
+        }
+    }
+}
+
+#[inline(always)]
+fn dot_q8_0<const NT: usize>(w: &[u8], x: [&[BlockQ8]; NT], out: &mut [f32; NT]) {
+    const BB: usize = 2 + QK;
+    let nb = n_blocks(w, BB, &x);
+    // SAFETY (whole body): only inlined into `matmul_rows_q8` (avx2, fma, f16c enabled).
+    unsafe {
+        let mut acc = [_mm256_setzero_ps(); NT];
+        for ib in 0..nb {
+            let wb = &w[ib * BB..ib * BB + BB];
+            let d = f16x1(wb);
+            let q = load32(&wb[2..]);
+            let qa = _mm256_sign_epi8(q, q);
+            for t in 0..NT {
+                let xb = &x[t][ib];
+                let p = mul_sum_u8_i8(qa, _mm256_sign_epi8(load_qs(xb), q));
+                acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * xb.d), p, acc[t]);
+            }
+        }
+        for t in 0..NT {
+            out[t] = hsum(acc[t]);
+        }
+    }
 }
 
 /// F32 weights (little-endian bytes) · f32 activations: four independent FMA chains over 32

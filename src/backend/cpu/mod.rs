@@ -1,13 +1,16 @@
-//! CPU backend: a rayon pool of its own (sized by `--threads`, never the global pool, so it does
-//! not oversubscribe tokio's threads), the scalar reference kernels, and SIMD kernels chosen once
-//! at construction from the CPU's features.
+//! CPU backend: a thread team of its own (`team.rs`, sized by `--threads`, default physical
+//! cores; nothing is shared with tokio's threads), the scalar reference kernels, and SIMD kernels
+//! chosen once at construction from the CPU's features.
 //!
 //! Parallelism never changes arithmetic: matmul splits output rows between threads and each
-//! (row, token) dot product is computed by one thread with one fixed reduction order; attention
-//! splits (token, head) pairs. That is what makes results batch invariant.
+//! (row, token) dot product is computed by one thread with one fixed reduction order (token
+//! tiles share weight unpacking, never accumulators); attention splits (token, head) pairs.
+//! That is what makes results batch invariant.
 
 pub mod ops;
 pub mod quant;
+mod shared;
+pub mod team;
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
@@ -15,9 +18,10 @@ mod avx2;
 use std::sync::Mutex;
 
 use half::f16;
-use rayon::prelude::*;
 
 use self::quant::{act_format, ActFormat, BlockQ8, BlockQ8K};
+use self::shared::{SharedOut, SharedSlice};
+use self::team::Team;
 use super::{AttentionArgs, Backend, Op, WeightView};
 use crate::gguf::{GgmlType, QK, QK_K};
 
@@ -50,6 +54,7 @@ impl SimdLevel {
     }
 }
 
+/// Quantized activations of the current matmul, reused across calls (no allocation once warm).
 #[derive(Default)]
 struct Scratch {
     /// [n_tok, cols / 32]
@@ -59,46 +64,23 @@ struct Scratch {
 }
 
 pub struct CpuBackend {
-    pool: rayon::ThreadPool,
-    threads: usize,
+    team: Team,
     simd: SimdLevel,
     scratch: Mutex<Scratch>,
 }
 
-/// Output pointer shared by the row-parallel matmul: each thread writes a disjoint set of rows.
-struct RowsOut {
-    ptr: *mut f32,
-    len: usize,
-}
-// SAFETY: threads write disjoint indices (disjoint row chunks), and the buffer outlives the
-// parallel region that uses it (it is borrowed mutably for the whole call).
-unsafe impl Sync for RowsOut {}
-
-impl RowsOut {
-    #[inline]
-    fn write(&self, i: usize, v: f32) {
-        assert!(i < self.len);
-        // SAFETY: in bounds (asserted); no other thread writes index i (see the Sync impl).
-        unsafe { *self.ptr.add(i) = v }
-    }
-}
-
 impl CpuBackend {
-    /// A backend with `threads` worker threads (0 = one per physical core) at the best SIMD level.
-    pub fn new(threads: usize) -> Result<CpuBackend, rayon::ThreadPoolBuildError> {
+    /// A backend with `threads` threads (0 = one per physical core) at the best SIMD level.
+    pub fn new(threads: usize) -> std::io::Result<CpuBackend> {
         Self::with_simd(threads, SimdLevel::detect())
     }
 
     /// Forces a SIMD level (`Scalar` runs the reference kernels everywhere). Asking for a level
     /// the CPU lacks falls back to `Scalar`.
-    pub fn with_simd(threads: usize, simd: SimdLevel) -> Result<CpuBackend, rayon::ThreadPoolBuildError> {
+    pub fn with_simd(threads: usize, simd: SimdLevel) -> std::io::Result<CpuBackend> {
         let threads = if threads == 0 { super::hardware::physical_cores() } else { threads };
         let simd = if simd == SimdLevel::Avx2 && SimdLevel::detect() != SimdLevel::Avx2 { SimdLevel::Scalar } else { simd };
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .thread_name(|i| format!("forge-cpu-{i}"))
-            .build()?;
-        Ok(CpuBackend { pool, threads, simd, scratch: Mutex::new(Scratch::default()) })
+        Ok(CpuBackend { team: Team::new(threads)?, simd, scratch: Mutex::new(Scratch::default()) })
     }
 
     pub fn simd(&self) -> SimdLevel {
@@ -106,26 +88,16 @@ impl CpuBackend {
     }
 
     pub fn threads(&self) -> usize {
-        self.threads
+        self.team.threads()
     }
 
-    /// Runs `f` inside this backend's pool.
-    pub fn install<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
-        self.pool.install(f)
-    }
-
-    fn dot_q8(&self, ty: GgmlType, w: &[u8], x: &[BlockQ8]) -> f32 {
+    /// Rows of a Q4_0 / Q4_1 / Q8_0 matrix against quantized activations, at this SIMD level.
+    fn rows_q8(&self, w: WeightView<'_>, rows: std::ops::Range<usize>, acts: &[BlockQ8], n_tok: usize, out: &SharedOut) {
         match self.simd {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: `SimdLevel::Avx2` is only set after detecting avx2, fma and f16c.
-            SimdLevel::Avx2 => unsafe {
-                match ty {
-                    GgmlType::Q4_0 => avx2::dot_q4_0(w, x),
-                    GgmlType::Q4_1 => avx2::dot_q4_1(w, x),
-                    _ => avx2::dot_q8_0(w, x),
-                }
-            },
-            _ => quant::dot_q8_scalar(ty, w, x),
+            SimdLevel::Avx2 => unsafe { avx2::matmul_rows_q8(w, rows, acts, n_tok, out) },
+            _ => quant::matmul_rows_q8_scalar(w, rows, acts, n_tok, out),
         }
     }
 
@@ -141,30 +113,60 @@ impl CpuBackend {
         }
     }
 
-    /// Rows per parallel task: enough tasks to balance, few enough to amortize scheduling.
+    /// Rows per dynamically scheduled chunk: enough chunks to balance the threads, enough rows
+    /// that a chunk's weights are reused across all tokens while they sit in L1/L2.
     fn row_chunk(&self, rows: usize) -> usize {
-        (rows / (self.threads * 8)).clamp(4, 256)
+        (rows / (self.team.threads() * 4)).clamp(8, 64)
     }
 
-    /// The parallel driver: `out[t, r] = dot(row r, activation t)`.
-    fn rows_parallel(&self, rows: usize, n_tok: usize, out: &mut [f32], dot: impl Fn(usize, usize) -> f32 + Sync) {
-        let out = RowsOut { ptr: out.as_mut_ptr(), len: out.len() };
-        let chunk = self.row_chunk(rows);
-        self.pool.install(|| {
-            (0..rows.div_ceil(chunk)).into_par_iter().for_each(|c| {
-                for r in c * chunk..((c + 1) * chunk).min(rows) {
-                    for t in 0..n_tok {
-                        out.write(t * rows + r, dot(r, t));
-                    }
+    /// Quantizes `n_tok` activation rows of `cols` values in parallel over tokens.
+    fn quantize<B: Send>(&self, x: &[f32], n_tok: usize, cols: usize, per_row: usize, dst: &mut [B], q: fn(&[f32], &mut [B])) {
+        if n_tok == 1 {
+            return q(x, dst);
+        }
+        let out = SharedSlice::new(dst);
+        let out = &out;
+        self.team.for_chunks(n_tok, 8, &|r| {
+            for t in r {
+                // SAFETY: token t's blocks are written by the one chunk that holds t.
+                let d = unsafe { out.slice(t * per_row, per_row) };
+                q(&x[t * cols..(t + 1) * cols], d);
+            }
+        });
+    }
+
+    /// One parallel region over the rows of every matrix in `ws` (at most [`MAX_MULTI`]; chunks
+    /// never span two matrices); `rows(m, range, out)` computes rows `range` of matrix m for
+    /// every token. Allocates nothing.
+    fn rows_parallel(&self, ws: &[WeightView<'_>], outs: &mut [&mut [f32]], rows: &(dyn Fn(usize, std::ops::Range<usize>, &SharedOut) + Sync)) {
+        assert!(ws.len() <= MAX_MULTI && ws.len() == outs.len());
+        let mut it = outs.iter_mut().zip(ws);
+        let shared: [Option<SharedOut>; MAX_MULTI] = std::array::from_fn(|_| it.next().map(|(o, w)| SharedOut::new(o, w.rows)));
+        let chunk = self.row_chunk(ws.iter().map(|w| w.rows).sum());
+        let total: usize = ws.iter().map(|w| w.rows.div_ceil(chunk)).sum();
+        self.team.for_chunks(total, 1, &|range| {
+            for mut c in range {
+                // Map chunk c to (matrix, first row).
+                let mut m = 0;
+                while c >= ws[m].rows.div_ceil(chunk) {
+                    c -= ws[m].rows.div_ceil(chunk);
+                    m += 1;
                 }
-            })
+                if let Some(out) = &shared[m] {
+                    let r0 = c * chunk;
+                    rows(m, r0..(r0 + chunk).min(ws[m].rows), out);
+                }
+            }
         });
     }
 }
 
+/// Most matrices one `matmul_multi` region takes (Q, K, V); longer lists are split.
+const MAX_MULTI: usize = 3;
+
 impl Backend for CpuBackend {
     fn name(&self) -> String {
-        format!("cpu-{} ({} threads)", self.simd.name(), self.threads)
+        format!("cpu-{} ({} threads)", self.simd.name(), self.team.threads())
     }
 
     fn supports(&self, op: Op, ty: GgmlType) -> bool {
@@ -176,32 +178,52 @@ impl Backend for CpuBackend {
     }
 
     fn matmul(&self, w: WeightView<'_>, x: &[f32], n_tok: usize, out: &mut [f32]) {
-        let (rows, cols) = (w.rows, w.cols);
+        self.matmul_multi(&[w], x, n_tok, &mut [out]);
+    }
+
+    fn matmul_multi(&self, ws: &[WeightView<'_>], x: &[f32], n_tok: usize, outs: &mut [&mut [f32]]) {
+        let Some(first) = ws.first() else { return };
+        let (cols, fmt) = (first.cols, act_format(first.ty));
+        if ws.len() > MAX_MULTI || ws.iter().any(|w| w.cols != cols || act_format(w.ty) != fmt) {
+            // Different inputs or activation formats: one matrix at a time.
+            for (w, o) in ws.iter().zip(outs.iter_mut()) {
+                self.matmul_multi(std::slice::from_ref(w), x, n_tok, std::slice::from_mut(o));
+            }
+            return;
+        }
         assert_eq!(x.len(), n_tok * cols, "matmul: x is not [n_tok, cols]");
-        assert_eq!(out.len(), n_tok * rows, "matmul: out is not [n_tok, rows]");
-        match act_format(w.ty) {
-            ActFormat::F32 => self.rows_parallel(rows, n_tok, out, |r, t| self.dot_float(w.ty, w.row(r), &x[t * cols..(t + 1) * cols])),
+        for (w, o) in ws.iter().zip(outs.iter()) {
+            assert_eq!(o.len(), n_tok * w.rows, "matmul: out is not [n_tok, rows]");
+        }
+        match fmt {
+            ActFormat::F32 => self.rows_parallel(ws, outs, &|m, rows, out| {
+                for t in 0..n_tok {
+                    for r in rows.clone() {
+                        out.write(t, r, self.dot_float(ws[m].ty, ws[m].row(r), &x[t * cols..(t + 1) * cols]));
+                    }
+                }
+            }),
             ActFormat::Q8 => {
                 let nb = cols / QK;
                 let mut s = self.scratch.lock().unwrap_or_else(|p| p.into_inner());
                 s.q8.resize(n_tok * nb, BlockQ8::default());
-                let q8 = &mut s.q8[..n_tok * nb];
-                self.pool.install(|| {
-                    q8.par_chunks_mut(nb).zip(x.par_chunks(cols)).for_each(|(q, xs)| quant::quantize_q8(xs, q))
-                });
-                let q8 = &*q8;
-                self.rows_parallel(rows, n_tok, out, |r, t| self.dot_q8(w.ty, w.row(r), &q8[t * nb..(t + 1) * nb]));
+                self.quantize(x, n_tok, cols, nb, &mut s.q8[..n_tok * nb], quant::quantize_q8);
+                let q8 = &s.q8[..n_tok * nb];
+                self.rows_parallel(ws, outs, &|m, rows, out| self.rows_q8(ws[m], rows, q8, n_tok, out));
             }
             ActFormat::Q8K => {
                 let nb = cols / QK_K;
                 let mut s = self.scratch.lock().unwrap_or_else(|p| p.into_inner());
                 s.q8k.resize(n_tok * nb, BlockQ8K::default());
-                let q8k = &mut s.q8k[..n_tok * nb];
-                self.pool.install(|| {
-                    q8k.par_chunks_mut(nb).zip(x.par_chunks(cols)).for_each(|(q, xs)| quant::quantize_q8k(xs, q))
+                self.quantize(x, n_tok, cols, nb, &mut s.q8k[..n_tok * nb], quant::quantize_q8k);
+                let q8k = &s.q8k[..n_tok * nb];
+                self.rows_parallel(ws, outs, &|m, rows, out| {
+                    for t in 0..n_tok {
+                        for r in rows.clone() {
+                            out.write(t, r, quant::dot_q8k_scalar(ws[m].ty, ws[m].row(r), &q8k[t * nb..(t + 1) * nb]));
+                        }
+                    }
                 });
-                let q8k = &*q8k;
-                self.rows_parallel(rows, n_tok, out, |r, t| quant::dot_q8k_scalar(w.ty, w.row(r), &q8k[t * nb..(t + 1) * nb]));
             }
         }
     }
@@ -234,17 +256,21 @@ impl Backend for CpuBackend {
         let group = n_head / a.n_kv_head;
         let scale = 1.0 / (hd as f32).sqrt();
         let (q, k, v, positions) = (a.q, a.k_cache, a.v_cache, a.positions);
+        let n_items = positions.len() * n_head;
+        let out = SharedSlice::new(a.out);
+        let out = &out;
         let simd = self.simd;
-        self.pool.install(|| {
-            a.out.par_chunks_mut(hd).enumerate().for_each(|(i, out)| {
+        self.team.for_chunks(n_items, 1, &|range| {
+            for i in range {
                 let (t, h) = (i / n_head, i % n_head);
                 let kvh = h / group;
                 let n_keys = positions[t] as usize + 1;
-                let qh = &q[i * hd..(i + 1) * hd];
                 let keys = &k[kvh * cap * hd..(kvh * cap + n_keys) * hd];
                 let vals = &v[kvh * cap * hd..(kvh * cap + n_keys) * hd];
-                attend(simd, qh, keys, vals, n_keys, scale, out);
-            })
+                // SAFETY: item i owns out[i*hd..(i+1)*hd]; items are disjoint across chunks.
+                let o = unsafe { out.slice(i * hd, hd) };
+                attend(simd, &q[i * hd..(i + 1) * hd], keys, vals, n_keys, scale, o);
+            }
         });
     }
 

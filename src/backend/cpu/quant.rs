@@ -7,6 +7,8 @@
 
 use half::f16;
 
+use super::shared::SharedOut;
+use crate::backend::WeightView;
 use crate::gguf::{types::q4k_scale_min, GgmlType, QK, QK_K};
 
 /// 32 activations: x ≈ d * qs; `s = d * sum(qs)` (used by Q4_1's offset term).
@@ -135,6 +137,17 @@ pub fn dot_q8_scalar(ty: GgmlType, w: &[u8], x: &[BlockQ8]) -> f32 {
         };
     }
     acc
+}
+
+/// Reference matmul rows (same contract as the SIMD `matmul_rows_q8`): rows `rows` of a Q4_0 /
+/// Q4_1 / Q8_0 matrix against `n_tok` activation rows (`acts`: [n_tok, cols / 32]).
+pub fn matmul_rows_q8_scalar(w: WeightView<'_>, rows: std::ops::Range<usize>, acts: &[BlockQ8], n_tok: usize, out: &SharedOut) {
+    let nb = w.cols / QK;
+    for t in 0..n_tok {
+        for r in rows.clone() {
+            out.write(t, r, dot_q8_scalar(w.ty, w.row(r), &acts[t * nb..(t + 1) * nb]));
+        }
+    }
 }
 
 /// Reference dot of one Q4_K / Q6_K weight row with a Q8_K activation row.

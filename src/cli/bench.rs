@@ -1,0 +1,73 @@
+//! `forge-cache bench`: a llama-bench-like table (pp128, pp512, tg128, tg128@d1024) for the CPU
+//! backend. `--json` prints a list of rows `{test, threads, backend, tokens_per_s}`.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::{bail, Context};
+use clap::Args;
+
+use forge_cache::backend::cpu::CpuBackend;
+use forge_cache::engine::bench::{bench, BenchTest};
+use forge_cache::engine::Model;
+
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// GGUF model file (default: SmolLM2-135M-Instruct Q4_1).
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    /// CPU threads (default: physical cores).
+    #[arg(long, default_value_t = 0)]
+    pub threads: usize,
+    /// Timed repetitions per test (after one warm-up run).
+    #[arg(long, short = 'r', default_value_t = 3)]
+    pub reps: usize,
+    /// Run only these tests (comma-separated, e.g. `tg128,pp512`; names as printed).
+    #[arg(long, value_delimiter = ',')]
+    pub only: Vec<String>,
+    /// Print a JSON list of rows instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(serde::Serialize)]
+struct Row<'a> {
+    test: &'a str,
+    threads: usize,
+    backend: &'a str,
+    tokens_per_s: f64,
+}
+
+pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
+    let path = a.model.clone().unwrap_or_else(forge_cache::models::default_llm);
+    if !path.exists() {
+        bail!(forge_cache::models::missing_hint(&path));
+    }
+    let cpu = Arc::new(CpuBackend::new(a.threads)?);
+    let (threads, backend_name) = (cpu.threads(), format!("cpu-{}", cpu.simd().name()));
+    let model = Model::load(&path, cpu).with_context(|| format!("loading {}", path.display()))?;
+    let model_name = path.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
+    if !a.json {
+        println!("| model | backend | threads | test | t/s |");
+        println!("|---|---|---|---|---|");
+    }
+    let tests: Vec<BenchTest> = BenchTest::defaults().into_iter().filter(|t| a.only.is_empty() || a.only.contains(&t.name())).collect();
+    if tests.is_empty() {
+        bail!("--only {:?} matches none of pp128, pp512, tg128, tg128@d1024", a.only);
+    }
+    let results = bench(&model, &tests, a.reps, |r| {
+        if !a.json {
+            println!("| {model_name} | {backend_name} | {threads} | {} | {:.2} ± {:.2} |", r.test, r.tokens_per_s, r.stddev);
+        }
+    })?;
+    if a.json {
+        let rows: Vec<Row> = results
+            .iter()
+            .map(|r| Row { test: &r.test, threads, backend: &backend_name, tokens_per_s: r.tokens_per_s })
+            .collect();
+        println!("{}", serde_json::to_string(&rows)?);
+    } else {
+        eprintln!("{}", model.backend().name());
+    }
+    Ok(())
+}
