@@ -271,28 +271,96 @@ fn dot_f32_with(x: &[f32], load: impl Fn(usize) -> __m256, one: impl Fn(usize) -
     }
 }
 
-/// f32 · f16 row (attention scores): q has `head_dim` elements, a multiple of 8.
+/// Most query heads sharing one KV head that `attend_group` takes at once.
+pub const MAX_GROUP: usize = 8;
+
+/// Attention of `g` query heads (`q`: [g, hd]) that share one KV head, over keys 0..n_keys:
+/// each key and value row is converted from f16 once for the whole group. Per head the
+/// arithmetic is exactly `ops::attend_head_with`'s (same tiles, key order and softmax), so a
+/// query's result never depends on the batch or on the other heads.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub fn dot_f32_f16(q: &[f32], k: &[half::f16]) -> f32 {
-    let mut acc = _mm256_setzero_ps();
-    for (qc, kc) in q.chunks_exact(8).zip(k.chunks_exact(8)) {
-        // SAFETY: `kc` is 8 f16 = 16 readable bytes; loadu has no alignment requirement.
-        let kh = unsafe { _mm_loadu_si128(kc.as_ptr() as *const __m128i) };
-        acc = _mm256_fmadd_ps(load8f(qc), _mm256_cvtph_ps(kh), acc);
+#[allow(clippy::too_many_arguments)]
+pub fn attend_group(q: &[f32], keys: &[half::f16], vals: &[half::f16], n_keys: usize, hd: usize, scale: f32, out: &mut [f32]) {
+    const T: usize = super::ops::ATT_TILE;
+    let g = q.len() / hd;
+    assert!(hd % 8 == 0 && hd <= 256 && g <= MAX_GROUP && out.len() == q.len());
+    assert!(keys.len() >= n_keys * hd && vals.len() >= n_keys * hd);
+    let mut scores = [[0f32; T]; MAX_GROUP];
+    let mut m = [f32::NEG_INFINITY; MAX_GROUP];
+    let mut l = [0f32; MAX_GROUP];
+    let mut row = [0f32; 256];
+    out.fill(0.0);
+    let mut start = 0;
+    while start < n_keys {
+        let end = (start + T).min(n_keys);
+        let mut tile_max = [f32::NEG_INFINITY; MAX_GROUP];
+        for j in start..end {
+            f16_row(&keys[j * hd..(j + 1) * hd], &mut row[..hd]);
+            for h in 0..g {
+                let s = dot8(&q[h * hd..(h + 1) * hd], &row[..hd]) * scale;
+                scores[h][j - start] = s;
+                tile_max[h] = tile_max[h].max(s);
+            }
+        }
+        let mut e_scale = [0f32; MAX_GROUP];
+        for h in 0..g {
+            let m_new = m[h].max(tile_max[h]);
+            let corr = (m[h] - m_new).exp();
+            l[h] *= corr;
+            for o in out[h * hd..(h + 1) * hd].iter_mut() {
+                *o *= corr;
+            }
+            m[h] = m_new;
+            e_scale[h] = m_new;
+        }
+        for j in start..end {
+            f16_row(&vals[j * hd..(j + 1) * hd], &mut row[..hd]);
+            for h in 0..g {
+                let e = (scores[h][j - start] - e_scale[h]).exp();
+                l[h] += e;
+                axpy8(&mut out[h * hd..(h + 1) * hd], e, &row[..hd]);
+            }
+        }
+        start = end;
+    }
+    for h in 0..g {
+        let inv = if l[h] > 0.0 { 1.0 / l[h] } else { 0.0 };
+        for o in out[h * hd..(h + 1) * hd].iter_mut() {
+            *o *= inv;
+        }
+    }
+}
+
+/// f16 row to f32 (length a multiple of 8).
+#[inline(always)]
+fn f16_row(src: &[half::f16], dst: &mut [f32]) {
+    for (d, s) in dst.chunks_exact_mut(8).zip(src.chunks_exact(8)) {
+        // SAFETY: F16C/AVX enabled in every caller; `s` is 8 f16 = 16 bytes, `d` 8 floats.
+        unsafe { _mm256_storeu_ps(d.as_mut_ptr(), _mm256_cvtph_ps(_mm_loadu_si128(s.as_ptr() as *const __m128i))) }
+    }
+}
+
+/// Dot of two f32 rows (length a multiple of 8): the same single FMA chain and final hsum as
+/// `dot_f32_f16` (conversion first gives the same values, so the same result).
+#[inline(always)]
+fn dot8(a: &[f32], b: &[f32]) -> f32 {
+    // SAFETY: FMA/AVX enabled in every caller.
+    let mut acc = unsafe { _mm256_setzero_ps() };
+    for (x, y) in a.chunks_exact(8).zip(b.chunks_exact(8)) {
+        // SAFETY: as above.
+        acc = unsafe { _mm256_fmadd_ps(load8f(x), load8f(y), acc) };
     }
     hsum(acc)
 }
 
-/// out += e * v for one row of f16 values (attention value pass).
-#[target_feature(enable = "avx2,fma,f16c")]
-pub fn axpy_f16(out: &mut [f32], e: f32, v: &[half::f16]) {
-    let ev = _mm256_set1_ps(e);
-    for (oc, vc) in out.chunks_exact_mut(8).zip(v.chunks_exact(8)) {
-        // SAFETY: `vc` is 8 f16 = 16 readable bytes; `oc` is 8 writable floats.
-        unsafe {
-            let vh = _mm256_cvtph_ps(_mm_loadu_si128(vc.as_ptr() as *const __m128i));
-            let o = _mm256_fmadd_ps(ev, vh, _mm256_loadu_ps(oc.as_ptr()));
-            _mm256_storeu_ps(oc.as_mut_ptr(), o);
+/// out += e * v (length a multiple of 8), one FMA per lane as in `axpy_f16`.
+#[inline(always)]
+fn axpy8(out: &mut [f32], e: f32, v: &[f32]) {
+    // SAFETY: FMA/AVX enabled in every caller; chunks are 8 floats.
+    unsafe {
+        let ev = _mm256_set1_ps(e);
+        for (o, x) in out.chunks_exact_mut(8).zip(v.chunks_exact(8)) {
+            _mm256_storeu_ps(o.as_mut_ptr(), _mm256_fmadd_ps(ev, load8f(x), load8f(o)));
         }
     }
 }

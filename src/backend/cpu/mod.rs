@@ -14,6 +14,8 @@ pub mod team;
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+#[cfg(target_arch = "aarch64")]
+mod neon;
 
 use std::sync::Mutex;
 
@@ -32,6 +34,8 @@ pub enum SimdLevel {
     Scalar,
     /// x86-64 AVX2 + FMA + F16C.
     Avx2,
+    /// aarch64 NEON (baseline on that architecture).
+    Neon,
 }
 
 impl SimdLevel {
@@ -43,6 +47,11 @@ impl SimdLevel {
                 return SimdLevel::Avx2;
             }
         }
+        #[cfg(target_arch = "aarch64")]
+        {
+            return SimdLevel::Neon;
+        }
+        #[allow(unreachable_code)]
         SimdLevel::Scalar
     }
 
@@ -50,6 +59,7 @@ impl SimdLevel {
         match self {
             SimdLevel::Scalar => "scalar",
             SimdLevel::Avx2 => "avx2",
+            SimdLevel::Neon => "neon",
         }
     }
 }
@@ -79,7 +89,7 @@ impl CpuBackend {
     /// the CPU lacks falls back to `Scalar`.
     pub fn with_simd(threads: usize, simd: SimdLevel) -> std::io::Result<CpuBackend> {
         let threads = if threads == 0 { super::hardware::physical_cores() } else { threads };
-        let simd = if simd == SimdLevel::Avx2 && SimdLevel::detect() != SimdLevel::Avx2 { SimdLevel::Scalar } else { simd };
+        let simd = if simd != SimdLevel::Scalar && SimdLevel::detect() != simd { SimdLevel::Scalar } else { simd };
         Ok(CpuBackend { team: Team::new(threads)?, simd, scratch: Mutex::new(Scratch::default()) })
     }
 
@@ -97,6 +107,8 @@ impl CpuBackend {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: `SimdLevel::Avx2` is only set after detecting avx2, fma and f16c.
             SimdLevel::Avx2 => unsafe { avx2::matmul_rows_q8(w, rows, acts, n_tok, out) },
+            #[cfg(target_arch = "aarch64")]
+            SimdLevel::Neon => neon::matmul_rows_q8(w, rows, acts, n_tok, out),
             _ => quant::matmul_rows_q8_scalar(w, rows, acts, n_tok, out),
         }
     }
@@ -256,20 +268,22 @@ impl Backend for CpuBackend {
         let group = n_head / a.n_kv_head;
         let scale = 1.0 / (hd as f32).sqrt();
         let (q, k, v, positions) = (a.q, a.k_cache, a.v_cache, a.positions);
-        let n_items = positions.len() * n_head;
+        // Work items: (token, KV head); the group's query heads are contiguous in q and out.
+        let n_items = positions.len() * a.n_kv_head;
+        let gw = group * hd;
         let out = SharedSlice::new(a.out);
         let out = &out;
         let simd = self.simd;
         self.team.for_chunks(n_items, 1, &|range| {
             for i in range {
-                let (t, h) = (i / n_head, i % n_head);
-                let kvh = h / group;
+                let (t, kvh) = (i / a.n_kv_head, i % a.n_kv_head);
                 let n_keys = positions[t] as usize + 1;
                 let keys = &k[kvh * cap * hd..(kvh * cap + n_keys) * hd];
                 let vals = &v[kvh * cap * hd..(kvh * cap + n_keys) * hd];
-                // SAFETY: item i owns out[i*hd..(i+1)*hd]; items are disjoint across chunks.
-                let o = unsafe { out.slice(i * hd, hd) };
-                attend(simd, &q[i * hd..(i + 1) * hd], keys, vals, n_keys, scale, o);
+                let qg = &q[i * gw..(i + 1) * gw];
+                // SAFETY: item i owns out[i*gw..(i+1)*gw]; items are disjoint across chunks.
+                let o = unsafe { out.slice(i * gw, gw) };
+                attend(simd, qg, keys, vals, n_keys, hd, scale, o);
             }
         });
     }
@@ -293,22 +307,21 @@ impl Backend for CpuBackend {
     }
 }
 
-/// One head's attention at the chosen SIMD level (same tiling and key order at every level).
-fn attend(simd: SimdLevel, q: &[f32], keys: &[f16], vals: &[f16], n_keys: usize, scale: f32, out: &mut [f32]) {
+/// Attention of the query heads `q` ([g, hd]) sharing one KV head, at the chosen SIMD level.
+/// Every level scans keys in position order with tiles at absolute positions.
+#[allow(clippy::too_many_arguments)]
+fn attend(simd: SimdLevel, q: &[f32], keys: &[f16], vals: &[f16], n_keys: usize, hd: usize, scale: f32, out: &mut [f32]) {
     match simd {
         #[cfg(target_arch = "x86_64")]
-        SimdLevel::Avx2 if q.len() % 8 == 0 => ops::attend_head_with(
-            q,
-            keys,
-            vals,
-            n_keys,
-            scale,
-            out,
-            // SAFETY (both closures): only reached at SimdLevel::Avx2, set after feature detection.
-            |q, k| unsafe { avx2::dot_f32_f16(q, k) },
-            |o, e, v| unsafe { avx2::axpy_f16(o, e, v) },
-        ),
-        _ => ops::attend_head(q, keys, vals, n_keys, scale, out),
+        SimdLevel::Avx2 if hd % 8 == 0 && hd <= 256 && q.len() / hd <= avx2::MAX_GROUP => {
+            // SAFETY: `SimdLevel::Avx2` is only set after detecting avx2, fma and f16c.
+            unsafe { avx2::attend_group(q, keys, vals, n_keys, hd, scale, out) }
+        }
+        _ => {
+            for (qh, oh) in q.chunks_exact(hd).zip(out.chunks_exact_mut(hd)) {
+                ops::attend_head(qh, keys, vals, n_keys, scale, oh);
+            }
+        }
     }
 }
 
