@@ -6,10 +6,11 @@
 
 use std::arch::x86_64::*;
 
-use super::quant::BlockQ8;
+use super::quant::{BlockQ8, BlockQ8K};
 use super::shared::SharedOut;
 use crate::backend::WeightView;
-use crate::gguf::{GgmlType, QK};
+use crate::gguf::types::q4k_scale_min;
+use crate::gguf::{GgmlType, QK, QK_K};
 
 // The helpers below are `inline(always)` plain functions: they are only ever inlined into the
 // `#[target_feature]` entry points of this file (which the backend calls after run-time
@@ -363,4 +364,124 @@ fn axpy8(out: &mut [f32], e: f32, v: &[f32]) {
             _mm256_storeu_ps(o.as_mut_ptr(), _mm256_fmadd_ps(ev, load8f(x), load8f(o)));
         }
     }
+}
+
+/// Rows `rows` of a Q4_K / Q6_K matrix against `n_tok` Q8_K activation rows (`acts`:
+/// [n_tok, cols / 256]). The integer sums are exactly those of `quant::dot_q8k_scalar` and the
+/// final float arithmetic is the same, so results equal the reference bitwise.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub fn matmul_rows_q8k(w: WeightView<'_>, rows: std::ops::Range<usize>, acts: &[BlockQ8K], n_tok: usize, out: &SharedOut) {
+    let nb = w.cols / QK_K;
+    for t in 0..n_tok {
+        let x = &acts[t * nb..(t + 1) * nb];
+        for r in rows.clone() {
+            let v = match w.ty {
+                GgmlType::Q4K => dot_q4k(w.row(r), x),
+                _ => dot_q6k(w.row(r), x),
+            };
+            out.write(t, r, v);
+        }
+    }
+}
+
+/// Sum of 8 i32 lanes.
+#[inline(always)]
+fn hsum_i32(v: __m256i) -> i32 {
+    // SAFETY: AVX2 enabled in every caller.
+    unsafe {
+        let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+        let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b01_00_11_10));
+        let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b10_11_00_01));
+        _mm_cvtsi128_si32(s)
+    }
+}
+
+#[inline(always)]
+fn i8x32(x: &[i8]) -> __m256i {
+    assert!(x.len() >= 32);
+    // SAFETY: 32 readable bytes (asserted); unaligned load.
+    unsafe { _mm256_loadu_si256(x.as_ptr() as *const __m256i) }
+}
+
+#[inline(always)]
+fn dot_q4k(w: &[u8], x: &[BlockQ8K]) -> f32 {
+    let mut acc = 0f32;
+    for (wb, xb) in w.chunks_exact(144).zip(x) {
+        let d = f16x1(wb) * xb.d;
+        let dmin = f16x1(&wb[2..]) * xb.d;
+        let scales = &wb[4..16];
+        // SAFETY: AVX2 enabled in every caller; loads stay inside the 144-byte block.
+        let sum_sc = unsafe {
+            let ones = _mm256_set1_epi16(1);
+            let mask = _mm256_set1_epi8(0x0F);
+            let mut s = _mm256_setzero_si256();
+            for pair in 0..4 {
+                let q = load32(&wb[16 + 32 * pair..]);
+                let lo = _mm256_and_si256(q, mask);
+                let hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), mask);
+                let (sc1, _) = q4k_scale_min(2 * pair, scales);
+                let (sc2, _) = q4k_scale_min(2 * pair + 1, scales);
+                let p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, i8x32(&xb.qs[64 * pair..])), ones);
+                let p2 = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, i8x32(&xb.qs[64 * pair + 32..])), ones);
+                s = _mm256_add_epi32(s, _mm256_mullo_epi32(p1, _mm256_set1_epi32(sc1 as i32)));
+                s = _mm256_add_epi32(s, _mm256_mullo_epi32(p2, _mm256_set1_epi32(sc2 as i32)));
+            }
+            hsum_i32(s)
+        };
+        let mut sum_min = 0i32;
+        for j in 0..8 {
+            let (_, m) = q4k_scale_min(j, scales);
+            sum_min += m as i32 * (xb.bsums[2 * j] as i32 + xb.bsums[2 * j + 1] as i32);
+        }
+        acc += d * sum_sc as f32 - dmin * sum_min as f32;
+    }
+    acc
+}
+
+#[inline(always)]
+fn dot_q6k(w: &[u8], x: &[BlockQ8K]) -> f32 {
+    let mut acc = 0f32;
+    for (wb, xb) in w.chunks_exact(210).zip(x) {
+        let d = f16x1(&wb[208..]) * xb.d;
+        let sc = &wb[192..208];
+        // Σ (q - 32)·x = Σ q·x - 32·Σ x per group of 16 (q in 0..64 is unsigned for maddubs).
+        // SAFETY: AVX2 enabled in every caller; loads stay inside the 210-byte block.
+        let sum_qx = unsafe {
+            let ones = _mm256_set1_epi16(1);
+            let m4 = _mm256_set1_epi8(0x0F);
+            let m2 = _mm256_set1_epi8(3);
+            let mut s = _mm256_setzero_si256();
+            for half in 0..2 {
+                let ql0 = load32(&wb[64 * half..]);
+                let ql1 = load32(&wb[64 * half + 32..]);
+                let qh = load32(&wb[128 + 32 * half..]);
+                let hi = |shift: i32| match shift {
+                    0 => _mm256_slli_epi16(_mm256_and_si256(qh, m2), 4),
+                    2 => _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m2), 4),
+                    4 => _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m2), 4),
+                    _ => _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m2), 4),
+                };
+                let q = [
+                    _mm256_or_si256(_mm256_and_si256(ql0, m4), hi(0)),
+                    _mm256_or_si256(_mm256_and_si256(ql1, m4), hi(2)),
+                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4), hi(4)),
+                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4), hi(6)),
+                ];
+                for (g, qg) in q.iter().enumerate() {
+                    // lanes 0..4 hold elements 0..16 (scale group 2g), lanes 4..8 elements 16..32
+                    let p = _mm256_madd_epi16(_mm256_maddubs_epi16(*qg, i8x32(&xb.qs[128 * half + 32 * g..])), ones);
+                    let s_lo = (sc[8 * half + 2 * g] as i8) as i32;
+                    let s_hi = (sc[8 * half + 2 * g + 1] as i8) as i32;
+                    s = _mm256_add_epi32(s, _mm256_mullo_epi32(p, _mm256_setr_epi32(s_lo, s_lo, s_lo, s_lo, s_hi, s_hi, s_hi, s_hi)));
+                }
+            }
+            hsum_i32(s)
+        };
+        let mut sum_bs = 0i32;
+        for (g, &b) in xb.bsums.iter().enumerate() {
+            sum_bs += (sc[g] as i8) as i32 * b as i32;
+        }
+        acc += d * (sum_qx - 32 * sum_bs) as f32;
+    }
+    acc
 }

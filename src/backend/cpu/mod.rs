@@ -229,10 +229,15 @@ impl Backend for CpuBackend {
                 s.q8k.resize(n_tok * nb, BlockQ8K::default());
                 self.quantize(x, n_tok, cols, nb, &mut s.q8k[..n_tok * nb], quant::quantize_q8k);
                 let q8k = &s.q8k[..n_tok * nb];
-                self.rows_parallel(ws, outs, &|m, rows, out| {
-                    for t in 0..n_tok {
-                        for r in rows.clone() {
-                            out.write(t, r, quant::dot_q8k_scalar(ws[m].ty, ws[m].row(r), &q8k[t * nb..(t + 1) * nb]));
+                self.rows_parallel(ws, outs, &|m, rows, out| match self.simd {
+                    #[cfg(target_arch = "x86_64")]
+                    // SAFETY: `SimdLevel::Avx2` is only set after detecting avx2, fma and f16c.
+                    SimdLevel::Avx2 => unsafe { avx2::matmul_rows_q8k(ws[m], rows, q8k, n_tok, out) },
+                    _ => {
+                        for t in 0..n_tok {
+                            for r in rows.clone() {
+                                out.write(t, r, quant::dot_q8k_scalar(ws[m].ty, ws[m].row(r), &q8k[t * nb..(t + 1) * nb]));
+                            }
                         }
                     }
                 });

@@ -121,3 +121,23 @@ fn attention_simd_matches_reference_and_is_batch_invariant() {
         }
     }
 }
+
+/// The K-quant SIMD kernels compute the reference's integers and float formula: bitwise equal.
+#[test]
+fn k_quant_simd_equals_reference_bitwise() {
+    let (rows, cols, n_tok) = (9, 768, 3);
+    let x = rand_f32(21, n_tok * cols);
+    for ty in [GgmlType::Q4K, GgmlType::Q6K] {
+        let data = matrix(ty, rows, cols);
+        let w = WeightView::new(ty, rows, cols, &data).expect("view");
+        let outs: Vec<Vec<u32>> = backends(2)
+            .iter()
+            .map(|b| {
+                let mut o = vec![0f32; n_tok * rows];
+                b.matmul(w, &x, n_tok, &mut o);
+                o.iter().map(|v| v.to_bits()).collect()
+            })
+            .collect();
+        assert!(outs.iter().all(|o| o == &outs[0]), "{ty:?}: SIMD differs from the reference");
+    }
+}
