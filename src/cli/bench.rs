@@ -25,6 +25,10 @@ pub struct BenchArgs {
     /// Run only these tests (comma-separated, e.g. `tg128,pp512`; names as printed).
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
+    /// Also measure memory read bandwidth (1 GiB and a model-sized buffer) and print the decode
+    /// floor it implies for this model.
+    #[arg(long)]
+    pub bandwidth: bool,
     /// Print a JSON list of rows instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -45,11 +49,32 @@ pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
     }
     let cpu = Arc::new(CpuBackend::new(a.threads)?);
     let (threads, backend_name) = (cpu.threads(), format!("cpu-{}", cpu.simd().name()));
+    let cpu_ref = cpu.clone();
     let model = Model::load(&path, cpu).with_context(|| format!("loading {}", path.display()))?;
     let model_name = path.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
     if !a.json {
         println!("| model | backend | threads | test | t/s |");
         println!("|---|---|---|---|---|");
+    }
+    if a.bandwidth {
+        let model_bytes = std::fs::metadata(&path)?.len();
+        let big: Vec<u64> = (0..(1u64 << 27)).collect();
+        let bw_big = cpu_ref.read_bandwidth(&big, 5);
+        drop(big);
+        let small: Vec<u64> = (0..model_bytes / 8).collect();
+        let bw_small = cpu_ref.read_bandwidth(&small, 5);
+        eprintln!(
+            "read bandwidth, {threads} threads: {:.1} GB/s over 1 GiB, {:.1} GB/s over {:.0} MiB (model size)",
+            bw_big / 1e9,
+            bw_small / 1e9,
+            model_bytes as f64 / (1 << 20) as f64
+        );
+        eprintln!(
+            "decode floor: {model_bytes} bytes / {:.1} GB/s = {:.2} ms per token = {:.0} tokens/s",
+            bw_big / 1e9,
+            model_bytes as f64 / bw_big * 1e3,
+            bw_big / model_bytes as f64
+        );
     }
     let tests: Vec<BenchTest> = BenchTest::defaults().into_iter().filter(|t| a.only.is_empty() || a.only.contains(&t.name())).collect();
     if tests.is_empty() {

@@ -152,27 +152,29 @@ fn rows_impl(
     }
 }
 
-/// Blocks of a row (`w.len() / bb` of them), with every activation row checked to be as long.
+/// The row's blocks as fixed-size arrays, and every activation row cut to exactly as many
+/// blocks, so the block loop indexes without bounds checks.
 #[inline(always)]
-fn n_blocks<const NT: usize>(w: &[u8], bb: usize, x: &[&[BlockQ8]; NT]) -> usize {
-    let nb = w.len() / bb;
-    for xt in x {
-        assert!(xt.len() >= nb, "activation row shorter than the weight row");
-    }
-    nb
+fn blocks<'a, const BB: usize, const NT: usize>(w: &'a [u8], x: [&'a [BlockQ8]; NT]) -> (&'a [[u8; BB]], [&'a [BlockQ8]; NT]) {
+    let (blocks, _) = w.as_chunks::<BB>();
+    let nb = blocks.len();
+    (blocks, x.map(|xt| &xt[..nb]))
+}
+
+#[inline(always)]
+fn nibbles16(qs: &[u8; 16]) -> __m256i {
+    nibbles(qs)
 }
 
 #[inline(always)]
 fn dot_q4_0<const NT: usize>(w: &[u8], x: [&[BlockQ8]; NT], out: &mut [f32; NT]) {
-    const BB: usize = 2 + QK / 2;
-    let nb = n_blocks(w, BB, &x);
+    let (blocks, x) = blocks::<18, NT>(w, x);
     // SAFETY (whole body): only inlined into `matmul_rows_q8` (avx2, fma, f16c enabled).
     unsafe {
         let mut acc = [_mm256_setzero_ps(); NT];
-        for ib in 0..nb {
-            let wb = &w[ib * BB..ib * BB + BB];
-            let d = f16x1(wb);
-            let q = _mm256_sub_epi8(nibbles(&wb[2..]), _mm256_set1_epi8(8));
+        for (ib, wb) in blocks.iter().enumerate() {
+            let d = f16x1(&wb[..2]);
+            let q = _mm256_sub_epi8(nibbles16(wb[2..18].try_into().unwrap_unchecked()), _mm256_set1_epi8(8));
             let qa = _mm256_sign_epi8(q, q);
             for t in 0..NT {
                 let xb = &x[t][ib];
@@ -188,16 +190,14 @@ fn dot_q4_0<const NT: usize>(w: &[u8], x: [&[BlockQ8]; NT], out: &mut [f32; NT])
 
 #[inline(always)]
 fn dot_q4_1<const NT: usize>(w: &[u8], x: [&[BlockQ8]; NT], out: &mut [f32; NT]) {
-    const BB: usize = 4 + QK / 2;
-    let nb = n_blocks(w, BB, &x);
+    let (blocks, x) = blocks::<20, NT>(w, x);
     // SAFETY (whole body): only inlined into `matmul_rows_q8` (avx2, fma, f16c enabled).
     unsafe {
         let mut acc = [_mm256_setzero_ps(); NT];
         let mut summ = [0f32; NT];
-        for ib in 0..nb {
-            let wb = &w[ib * BB..ib * BB + BB];
-            let (d, m) = f16x2(wb);
-            let q = nibbles(&wb[4..]);
+        for (ib, wb) in blocks.iter().enumerate() {
+            let (d, m) = f16x2(&wb[..4]);
+            let q = nibbles16(wb[4..20].try_into().unwrap_unchecked());
             for t in 0..NT {
                 let xb = &x[t][ib];
                 let p = mul_sum_u8_i8(q, load_qs(xb));
@@ -213,15 +213,13 @@ fn dot_q4_1<const NT: usize>(w: &[u8], x: [&[BlockQ8]; NT], out: &mut [f32; NT])
 
 #[inline(always)]
 fn dot_q8_0<const NT: usize>(w: &[u8], x: [&[BlockQ8]; NT], out: &mut [f32; NT]) {
-    const BB: usize = 2 + QK;
-    let nb = n_blocks(w, BB, &x);
+    let (blocks, x) = blocks::<34, NT>(w, x);
     // SAFETY (whole body): only inlined into `matmul_rows_q8` (avx2, fma, f16c enabled).
     unsafe {
         let mut acc = [_mm256_setzero_ps(); NT];
-        for ib in 0..nb {
-            let wb = &w[ib * BB..ib * BB + BB];
-            let d = f16x1(wb);
-            let q = load32(&wb[2..]);
+        for (ib, wb) in blocks.iter().enumerate() {
+            let d = f16x1(&wb[..2]);
+            let q = load32(&wb[2..34]);
             let qa = _mm256_sign_epi8(q, q);
             for t in 0..NT {
                 let xb = &x[t][ib];

@@ -101,6 +101,24 @@ impl CpuBackend {
         self.team.threads()
     }
 
+    /// Measured memory read bandwidth (bytes/s) of this backend's threads over `buf`, best of
+    /// `reps` passes: the decode floor is model bytes / this.
+    pub fn read_bandwidth(&self, buf: &[u64], reps: usize) -> f64 {
+        let chunk = (buf.len() / (self.team.threads() * 16)).max(1 << 12);
+        let mut best = 0f64;
+        for _ in 0..reps.max(1) {
+            let total = std::sync::atomic::AtomicU64::new(0);
+            let t = std::time::Instant::now();
+            self.team.for_chunks(buf.len(), chunk, &|r| {
+                let s = buf[r].iter().fold(0u64, |a, &b| a.wrapping_add(b));
+                total.fetch_add(s, std::sync::atomic::Ordering::Relaxed);
+            });
+            std::hint::black_box(total.load(std::sync::atomic::Ordering::Relaxed));
+            best = best.max(std::mem::size_of_val(buf) as f64 / t.elapsed().as_secs_f64());
+        }
+        best
+    }
+
     /// Rows of a Q4_0 / Q4_1 / Q8_0 matrix against quantized activations, at this SIMD level.
     fn rows_q8(&self, w: WeightView<'_>, rows: std::ops::Range<usize>, acts: &[BlockQ8], n_tok: usize, out: &SharedOut) {
         match self.simd {
