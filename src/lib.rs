@@ -19,3 +19,4 @@ pub mod embed;
 pub mod engine;
 pub mod gguf;
 pub mod models;
+pub mod store;
