@@ -15,8 +15,10 @@
 //! The command-line interface lives in the binary (`src/main.rs`, `src/cli/`).
 
 pub mod backend;
+pub mod cache;
 pub mod embed;
 pub mod engine;
 pub mod gguf;
 pub mod models;
+pub mod server;
 pub mod store;
