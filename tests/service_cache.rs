@@ -8,15 +8,13 @@ mod common;
 
 use std::time::Duration;
 
-use common::{ask, client, server_config, sql_i64, start, with_mode, FRANCE};
+use common::{ask, client, server_config, service, sql_i64, start, with_mode, FRANCE};
 use forge_cache::server::proto::{CacheMode, ServedFrom, StopReason};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_repeat_is_an_exact_hit_even_after_a_restart() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let db = dir.path().join("forge.db");
-    let server = start(server_config(&db)).await;
-    let mut c = client(&server).await;
+    let (scratch, server, mut c) = service().await;
+    let db = &scratch.db;
 
     let first = c.generate(ask(FRANCE, 16)).await.expect("first");
     assert_eq!(first.served_from(), ServedFrom::Model);
@@ -50,22 +48,20 @@ async fn a_repeat_is_an_exact_hit_even_after_a_restart() {
     assert_eq!(c.generate(ask(FRANCE, 15)).await.expect("other key").served_from(), ServedFrom::Model);
 
     server.stop().await.expect("stop");
-    let server = start(server_config(&db)).await;
+    let server = start(server_config(db)).await;
     let mut c = client(&server).await;
     let after = c.generate(ask(FRANCE, 16)).await.expect("after restart");
     assert_eq!(after.served_from(), ServedFrom::Exact, "the hit must survive a restart");
     assert_eq!((after.outcome.tokens_computed, &after.text, &after.tokens), (0, &first.text, &first.tokens));
     assert_eq!(after.outcome.source_inference_id, first.outcome.inference_id);
     server.stop().await.expect("stop");
-    assert_eq!(sql_i64(&db, "SELECT COUNT(*) FROM inferences"), 24);
+    assert_eq!(sql_i64(db, "SELECT COUNT(*) FROM inferences"), 24);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bypass_writes_nothing_and_refresh_supersedes() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let db = dir.path().join("forge.db");
-    let server = start(server_config(&db)).await;
-    let mut c = client(&server).await;
+    let (scratch, server, mut c) = service().await;
+    let db = &scratch.db;
     let q = "Name the largest planet in the solar system.";
 
     let b1 = c.generate(with_mode(ask(q, 12), CacheMode::Bypass)).await.expect("bypass 1");
@@ -76,44 +72,40 @@ async fn bypass_writes_nothing_and_refresh_supersedes() {
     }
     assert_eq!(b1.text, b2.text);
     // Logged, but nothing cached or learned.
-    assert_eq!(sql_i64(&db, "SELECT COUNT(*) FROM inferences WHERE cache_mode = 'bypass' AND cache_key IS NULL"), 2);
-    assert_eq!(sql_i64(&db, "SELECT COUNT(*) FROM facts") + sql_i64(&db, "SELECT COUNT(*) FROM reasoning_chains"), 0);
+    assert_eq!(sql_i64(db, "SELECT COUNT(*) FROM inferences WHERE cache_mode = 'bypass' AND cache_key IS NULL"), 2);
+    assert_eq!(sql_i64(db, "SELECT COUNT(*) FROM facts") + sql_i64(db, "SELECT COUNT(*) FROM reasoning_chains"), 0);
 
     let a = c.generate(ask(q, 12)).await.expect("auto");
     assert_eq!(a.served_from(), ServedFrom::Model, "BYPASS must not have filled the cache");
     let hit = c.generate(ask(q, 12)).await.expect("hit");
     assert_eq!((hit.served_from(), hit.outcome.source_inference_id), (ServedFrom::Exact, a.outcome.inference_id));
-    let facts = sql_i64(&db, "SELECT COUNT(*) FROM facts");
+    let facts = sql_i64(db, "SELECT COUNT(*) FROM facts");
     assert!(facts > 0, "a computed AUTO answer leaves facts");
 
     let r = c.generate(with_mode(ask(q, 12), CacheMode::Refresh)).await.expect("refresh");
     assert_eq!(r.served_from(), ServedFrom::Model);
     assert!(r.outcome.tokens_computed > 0, "REFRESH recomputes");
     assert_eq!(r.text, a.text);
-    let superseded = sql_i64(&db, &format!("SELECT superseded_by FROM inferences WHERE id = {}", a.outcome.inference_id));
+    let superseded = sql_i64(db, &format!("SELECT superseded_by FROM inferences WHERE id = {}", a.outcome.inference_id));
     assert_eq!(superseded, r.outcome.inference_id);
     let after = c.generate(ask(q, 12)).await.expect("after refresh");
     assert_eq!((after.served_from(), after.outcome.source_inference_id), (ServedFrom::Exact, r.outcome.inference_id));
     // The recomputed answer restated its claims: stronger facts, no new rows.
-    assert_eq!(sql_i64(&db, "SELECT COUNT(*) FROM facts"), facts);
-    assert_eq!(sql_i64(&db, "SELECT MIN(reuse_count) FROM facts"), 1);
+    assert_eq!(sql_i64(db, "SELECT COUNT(*) FROM facts"), facts);
+    assert_eq!(sql_i64(db, "SELECT MIN(reuse_count) FROM facts"), 1);
     server.stop().await.expect("stop");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sampled_requests_without_a_seed_never_use_the_exact_cache() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let db = dir.path().join("forge.db");
-    let mut config = server_config(&db);
-    config.cache = true;
-    let server = start(config).await;
-    let mut c = client(&server).await;
+    let (scratch, server, mut c) = service().await;
+    let db = &scratch.db;
     let mut hot = ask("Tell me a fun fact.", 6);
     hot.temperature = Some(0.9);
     for _ in 0..2 {
         assert_eq!(c.generate(hot.clone()).await.expect("sampled").served_from(), ServedFrom::Model);
     }
-    assert_eq!(sql_i64(&db, "SELECT COUNT(*) FROM inferences WHERE cache_key IS NOT NULL"), 0);
+    assert_eq!(sql_i64(db, "SELECT COUNT(*) FROM inferences WHERE cache_key IS NOT NULL"), 0);
     hot.seed = Some(42);
     let s1 = c.generate(hot.clone()).await.expect("seeded");
     let s2 = c.generate(hot.clone()).await.expect("seeded again");
@@ -122,7 +114,7 @@ async fn sampled_requests_without_a_seed_never_use_the_exact_cache() {
     server.stop().await.expect("stop");
 
     // --no-cache: every request is computed.
-    let mut config = server_config(&db);
+    let mut config = server_config(db);
     config.cache = false;
     let server = start(config).await;
     let mut c = client(&server).await;
@@ -135,15 +127,13 @@ async fn sampled_requests_without_a_seed_never_use_the_exact_cache() {
 /// chunked prefill interleaves with the others' decoding.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_requests_get_their_solo_answers() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let server = start(server_config(&dir.path().join("forge.db"))).await;
+    let (_scratch, server, mut c) = service().await;
     let long = format!("Summarize this in one sentence: {}", "The river flows past the old mill and the children play by the water. ".repeat(12));
     let mut seeded = ask("Write a word that rhymes with cat.", 8);
     (seeded.temperature, seeded.top_p, seeded.seed) = (Some(0.8), Some(0.95), Some(7));
     let requests = vec![ask(common::FRANCE, 10), ask("List three colors.", 14), ask(&long, 6), seeded, ask("What is 2 + 2?", 8)];
     let requests: Vec<_> = requests.into_iter().map(|r| with_mode(r, CacheMode::Bypass)).collect();
 
-    let mut c = client(&server).await;
     let mut solo = Vec::new();
     for r in &requests {
         let g = c.generate(r.clone()).await.expect("solo");

@@ -6,7 +6,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{ask, client, server_config, sql_value, start, with_mode, FRANCE};
+use common::{ask, scratch, Scratch, server_config, service, service_with, sql_value, with_mode, FRANCE};
 use forge_cache::engine::scheduler::SchedulerConfig;
 use forge_cache::server::client::ClientError;
 use forge_cache::server::proto::{self, CacheMode, ChatMessage, ServedFrom};
@@ -21,9 +21,7 @@ fn status(r: Result<impl std::fmt::Debug, ClientError>) -> tonic::Status {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_inputs_get_clear_statuses_and_the_server_stays_up() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let server = start(server_config(&dir.path().join("forge.db"))).await;
-    let mut c = client(&server).await;
+    let (_scratch, server, mut c) = service().await;
     let r = |f: &dyn Fn(&mut proto::GenerateRequest)| {
         let mut r = ask(FRANCE, 4);
         f(&mut r);
@@ -102,14 +100,13 @@ async fn reflection_services(url: &str) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn api_keys_decide_the_tenant() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let tenants = dir.path().join("tenants.toml");
-    std::fs::write(&tenants, "[[tenants]]\nname = \"acme\"\napi_keys = [\"acme-secret-1\"]\n\n[[tenants]]\nname = \"globex\"\napi_keys = [\"globex-secret-1\"]\n")
-        .expect("write");
-    let mut config = server_config(&dir.path().join("forge.db"));
-    config.tenants = Some(tenants);
-    let server = start(config).await;
-    let c = client(&server).await;
+    let (scratch, server, c) = service_with(|config, s| {
+        let tenants = s.dir.path().join("tenants.toml");
+        let keys = "[[tenants]]\nname = \"acme\"\napi_keys = [\"acme-secret-1\"]\n\n[[tenants]]\nname = \"globex\"\napi_keys = [\"globex-secret-1\"]\n";
+        std::fs::write(&tenants, keys).expect("write");
+        config.tenants = Some(tenants);
+    })
+    .await;
     let s = status(c.clone().generate(ask(FRANCE, 2)).await);
     assert_eq!(s.code(), Code::Unauthenticated, "{}", s.message());
     let s = status(c.clone().with_api_key("not-a-key-at-all").generate(ask(FRANCE, 2)).await);
@@ -119,18 +116,14 @@ async fn api_keys_decide_the_tenant() {
     let g = c.clone().with_api_key("acme-secret-1").generate(ask(FRANCE, 2)).await.expect("a known key works");
     assert_eq!(g.served_from(), ServedFrom::Model);
     let id = g.outcome.inference_id;
-    assert_eq!(sql_value(&dir.path().join("forge.db"), &format!("SELECT tenant FROM inferences WHERE id = {id}")), "acme");
+    assert_eq!(sql_value(&scratch.db, &format!("SELECT tenant FROM inferences WHERE id = {id}")), "acme");
     server.stop().await.expect("stop");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_queue_is_refused_at_once_and_a_closed_stream_cancels() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let db = dir.path().join("forge.db");
-    let mut config = server_config(&db);
-    config.scheduler = SchedulerConfig { queue_depth: 1, max_active: 1, step_tokens: 64 };
-    let server = start(config).await;
-    let mut c = client(&server).await;
+    let (scratch, server, mut c) = service_with(|config, _| config.scheduler = SchedulerConfig { queue_depth: 1, max_active: 1, step_tokens: 64 }).await;
+    let db = &scratch.db;
 
     // A runs (the one active slot), B waits (the one queue slot), C finds the queue full.
     let long = with_mode(ask("Write a long story about a dragon.", 2000), CacheMode::Bypass);
@@ -157,7 +150,7 @@ async fn a_full_queue_is_refused_at_once_and_a_closed_stream_cancels() {
     // A is recorded as cancelled, far short of its budget.
     let mut row = serde_json::Value::Null;
     for _ in 0..50 {
-        row = sql_value(&db, "SELECT json_array(stop_reason, completion_tokens) FROM inferences WHERE stop_reason = 'cancelled'");
+        row = sql_value(db, "SELECT json_array(stop_reason, completion_tokens) FROM inferences WHERE stop_reason = 'cancelled'");
         if !row.is_null() {
             break;
         }
@@ -171,8 +164,7 @@ async fn a_full_queue_is_refused_at_once_and_a_closed_stream_cancels() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_corrupt_database_is_refused_and_left_alone() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let db = dir.path().join("forge.db");
+    let Scratch { dir, db } = scratch();
     let junk: Vec<u8> = (0..8192u32).map(|i| (i.wrapping_mul(2654435761) >> 11) as u8).collect();
     std::fs::write(&db, &junk).expect("write junk");
     let err = forge_cache::server::start(server_config(&db), "127.0.0.1:0").await.err().expect("must not start");

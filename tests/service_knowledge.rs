@@ -9,15 +9,13 @@ mod common;
 use std::path::Path;
 use std::process::Command;
 
-use common::{ask, client, server_config, sql_i64, start, with_mode, FRANCE};
+use common::{ask, service, sql_i64, with_mode, FRANCE};
 use forge_cache::server::proto::{self, CacheMode, ServedFrom};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn answers_leave_facts_that_users_can_correct() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let db = dir.path().join("forge.db");
-    let server = start(server_config(&db)).await;
-    let mut c = client(&server).await;
+    let (scratch, server, mut c) = service().await;
+    let db = &scratch.db;
 
     let g = c.generate(ask(FRANCE, 24)).await.expect("model answer");
     assert_eq!(g.served_from(), ServedFrom::Model);
@@ -28,7 +26,7 @@ async fn answers_leave_facts_that_users_can_correct() {
         assert_eq!((f.source_type.as_str(), f.provenance_inference_id, f.confidence, f.live), ("inference", g.outcome.inference_id, 0.5, true));
         assert_eq!(f.question, FRANCE);
     }
-    assert_eq!(sql_i64(&db, "SELECT COUNT(*) FROM reasoning_chains"), 1);
+    assert_eq!(sql_i64(db, "SELECT COUNT(*) FROM reasoning_chains"), 1);
 
     // Recomputing the same answer strengthens the same facts; replaying it reuses the chain.
     c.generate(with_mode(ask(FRANCE, 24), CacheMode::Refresh)).await.expect("refresh");
@@ -36,7 +34,7 @@ async fn answers_leave_facts_that_users_can_correct() {
     assert_eq!(again.iter().map(|f| f.id).collect::<Vec<_>>(), facts.iter().map(|f| f.id).collect::<Vec<_>>());
     assert!(again.iter().all(|f| f.confidence == 0.75 && f.reuse_count == 1), "{again:?}");
     assert_eq!(c.generate(ask(FRANCE, 24)).await.expect("hit").served_from(), ServedFrom::Exact);
-    assert_eq!(sql_i64(&db, "SELECT reuse_count FROM reasoning_chains"), 2);
+    assert_eq!(sql_i64(db, "SELECT reuse_count FROM reasoning_chains"), 2);
 
     // A user-provided fact about the question supersedes the model's and answers it.
     let truth = "Paris is the capital of France, on the Seine.";
@@ -53,8 +51,8 @@ async fn answers_leave_facts_that_users_can_correct() {
         assert!(!f.live && f.degraded_by == user_fact.id, "{f:?}");
         assert!(f.degradation_reason.contains("superseded by user-provided fact"), "{f:?}");
     }
-    assert_eq!(sql_i64(&db, "SELECT COUNT(*) FROM facts"), model_ids.len() as i64 + 1, "nothing is deleted");
-    assert_eq!(sql_i64(&db, "SELECT COUNT(*) FROM fact_relationships WHERE kind = 'supersedes'"), model_ids.len() as i64);
+    assert_eq!(sql_i64(db, "SELECT COUNT(*) FROM facts"), model_ids.len() as i64 + 1, "nothing is deleted");
+    assert_eq!(sql_i64(db, "SELECT COUNT(*) FROM fact_relationships WHERE kind = 'supersedes'"), model_ids.len() as i64);
 
     for question in [FRANCE, "what is the capital of france"] {
         let served = c.generate(ask(question, 24)).await.expect("fact answer");
@@ -77,15 +75,13 @@ async fn answers_leave_facts_that_users_can_correct() {
     let tier = |t: ServedFrom| stats.tiers.iter().find(|x| x.served_from == t as i32).expect("tier").requests;
     assert_eq!((stats.requests, tier(ServedFrom::Model), tier(ServedFrom::Exact), tier(ServedFrom::Fact)), (7, 3, 2, 2));
     assert!(stats.tokens_saved > 0 && stats.time_saved_ms > 0.0, "{stats:?}");
-    assert_eq!(stats.live_facts + stats.degraded_facts, sql_i64(&db, "SELECT COUNT(*) FROM facts") as u64);
+    assert_eq!(stats.live_facts + stats.degraded_facts, sql_i64(db, "SELECT COUNT(*) FROM facts") as u64);
     server.stop().await.expect("stop");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tenants_never_see_each_others_answers_or_facts() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let server = start(server_config(&dir.path().join("forge.db"))).await;
-    let base = client(&server).await;
+    let (_scratch, server, base) = service().await;
     let (mut acme, mut globex) = (base.clone().with_tenant("acme"), base.clone().with_tenant("globex"));
 
     let a1 = acme.generate(ask(FRANCE, 16)).await.expect("acme");
@@ -124,9 +120,8 @@ fn cli(args: &[&str], db: &Path) -> (bool, String, String) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_command_line_reads_the_real_database() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let db = dir.path().join("forge.db");
-    let server = start(server_config(&db)).await;
+    let (scratch, server, mut c) = service().await;
+    let db = &scratch.db;
 
     // generate --server --json, twice: computed, then an exact hit.
     let url = server.url();
@@ -147,28 +142,27 @@ async fn the_command_line_reads_the_real_database() {
     for key in ["prompt_tokens", "prefill_tok_s", "decode_tok_s", "stop_reason", "tokens_reused", "latency_ms"] {
         assert!(!second[key].is_null(), "{key} missing from {second}");
     }
-    let mut c = client(&server).await;
     c.generate(ask("Name a primary color.", 8)).await.expect("more traffic");
 
     // stats
-    let (ok, out, err) = cli(&["stats", "--json", "--since", "1h"], &db);
+    let (ok, out, err) = cli(&["stats", "--json", "--since", "1h"], db);
     assert!(ok, "{err}");
     let stats: serde_json::Value = serde_json::from_str(&out).expect("stats JSON");
     let total = stats.as_array().and_then(|a| a.last()).expect("a total row");
     assert_eq!((total["tenant"].as_str(), total["requests"].as_u64()), (Some("*"), Some(3)));
-    let (ok, out, err) = cli(&["stats"], &db);
+    let (ok, out, err) = cli(&["stats"], db);
     assert!(ok && out.contains("EXACT") && out.contains("tokens saved"), "{out}{err}");
 
     // sql: reads in three formats; writes refused, the file unchanged.
-    let (ok, out, _) = cli(&["sql", "--csv", "SELECT served_from, COUNT(*) AS n FROM inferences GROUP BY 1 ORDER BY 1"], &db);
+    let (ok, out, _) = cli(&["sql", "--csv", "SELECT served_from, COUNT(*) AS n FROM inferences GROUP BY 1 ORDER BY 1"], db);
     assert!(ok);
     assert_eq!(out, "served_from,n\nEXACT,1\nMODEL,2\n");
-    let (ok, out, _) = cli(&["sql", "--json", "SELECT tenant FROM inferences ORDER BY id LIMIT 1"], &db);
+    let (ok, out, _) = cli(&["sql", "--json", "SELECT tenant FROM inferences ORDER BY id LIMIT 1"], db);
     assert!(ok);
     assert_eq!(serde_json::from_str::<serde_json::Value>(&out).expect("json")["rows"][0][0], "cli");
-    let (ok, out, _) = cli(&["sql", "SELECT COUNT(*) AS facts FROM v_live_facts"], &db);
+    let (ok, out, _) = cli(&["sql", "SELECT COUNT(*) AS facts FROM v_live_facts"], db);
     assert!(ok && out.starts_with("facts"), "{out}");
-    let before = sql_i64(&db, "SELECT COUNT(*) FROM inferences");
+    let before = sql_i64(db, "SELECT COUNT(*) FROM inferences");
     for write in [
         "INSERT INTO facts (tenant, content, content_norm, confidence, source_type) VALUES ('x', 'y', 'y', 1, 'deduced')",
         "UPDATE inferences SET tenant = 'x'",
@@ -176,18 +170,18 @@ async fn the_command_line_reads_the_real_database() {
         "DROP TABLE facts",
         "ATTACH DATABASE 'other.db' AS other",
     ] {
-        let (ok, _, err) = cli(&["sql", write], &db);
+        let (ok, _, err) = cli(&["sql", write], db);
         assert!(!ok, "{write} must fail");
         assert!(err.contains("refused") && err.contains("only reads"), "{write}: {err}");
     }
-    assert_eq!(sql_i64(&db, "SELECT COUNT(*) FROM inferences"), before);
-    assert_eq!(sql_i64(&db, "SELECT COUNT(*) FROM facts WHERE tenant = 'x'"), 0);
+    assert_eq!(sql_i64(db, "SELECT COUNT(*) FROM inferences"), before);
+    assert_eq!(sql_i64(db, "SELECT COUNT(*) FROM facts WHERE tenant = 'x'"), 0);
 
     // Every example in docs/schema.md runs, and every table and view is documented there.
     let doc = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/schema.md")).expect("docs/schema.md");
     let blocks: Vec<&str> = doc.split("```sql\n").skip(1).map(|b| b.split("```").next().unwrap_or_default()).collect();
     assert!(blocks.len() >= 10, "{} examples", blocks.len());
-    let conn = forge_cache::store::query::open_read_only(&db).expect("open");
+    let conn = forge_cache::store::query::open_read_only(db).expect("open");
     for q in &blocks {
         forge_cache::store::query::run_read_only(&conn, q, 100).unwrap_or_else(|e| panic!("{q}\n{e}"));
     }

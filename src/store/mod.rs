@@ -111,7 +111,11 @@ pub fn register_sqlite_vec() -> Result<(), StoreError> {
 /// sha256 of `bytes` as lower-case hex: the store's hash for prompts, questions, cache keys and
 /// model files.
 pub fn sha256_hex(bytes: &[u8]) -> String {
-    Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
+    hex(&Sha256::digest(bytes))
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// sha256 (hex) of a file's content, read in 1 MiB pieces.
@@ -127,7 +131,7 @@ pub fn sha256_file(path: &Path) -> std::io::Result<String> {
         }
         h.update(&buf[..n]);
     }
-    Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
+    Ok(hex(&h.finalize()))
 }
 
 /// The read-write store of a service. Cheap to share behind an `Arc`; calls block (run them

@@ -124,7 +124,7 @@ pub fn run_read_only(conn: &Connection, sql: &str, max_rows: usize) -> Result<Qu
     if !stmt.readonly() {
         return Err(refused("the statement is not read-only"));
     }
-    let columns: Vec<String> = stmt.column_names().into_iter().map(str::to_string).collect();
+    let columns: Vec<String> = stmt.column_names().map(str::to_string).collect();
     let n = columns.len();
     let mut rows = Vec::new();
     let mut truncated = false;

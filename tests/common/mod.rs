@@ -78,6 +78,32 @@ pub async fn client(s: &RunningServer) -> Client {
     Client::connect(&s.url()).await.expect("connect")
 }
 
+/// A temporary folder and the path of a (not yet created) database in it.
+pub struct Scratch {
+    pub dir: tempfile::TempDir,
+    pub db: std::path::PathBuf,
+}
+
+pub fn scratch() -> Scratch {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = dir.path().join("forge.db");
+    Scratch { dir, db }
+}
+
+/// The service on a fresh database, its config changed by `tweak`, and a client.
+pub async fn service_with(tweak: impl FnOnce(&mut ServerConfig, &Scratch)) -> (Scratch, RunningServer, Client) {
+    let s = scratch();
+    let mut config = server_config(&s.db);
+    tweak(&mut config, &s);
+    let server = start(config).await;
+    let c = client(&server).await;
+    (s, server, c)
+}
+
+pub async fn service() -> (Scratch, RunningServer, Client) {
+    service_with(|_, _| {}).await
+}
+
 /// A greedy chat request with the helpful-assistant system prompt.
 pub fn ask(prompt: &str, max_tokens: u32) -> proto::GenerateRequest {
     proto::GenerateRequest { prompt: prompt.into(), system: SYSTEM.into(), max_tokens: Some(max_tokens), ..Default::default() }
