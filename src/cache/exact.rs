@@ -49,13 +49,6 @@ pub fn exact_key(p: &KeyParts<'_>) -> Option<String> {
     Some(sha256_hex(material.to_string().as_bytes()))
 }
 
-/// Which level answered a lookup.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Level {
-    Memory,
-    Store,
-}
-
 pub struct ExactCache {
     memory: moka::sync::Cache<String, Arc<CachedAnswer>>,
     store: Arc<Store>,
@@ -67,20 +60,15 @@ impl ExactCache {
         ExactCache { memory: moka::sync::Cache::new(capacity), store }
     }
 
-    /// Memory only: never blocks on I/O.
-    pub fn get_memory(&self, key: &str) -> Option<Arc<CachedAnswer>> {
-        self.memory.get(key)
-    }
-
     /// Memory, then the store (blocking: call it off the async executor).
-    pub fn get(&self, tenant: &str, key: &str) -> Result<Option<(Arc<CachedAnswer>, Level)>, StoreError> {
+    pub fn get(&self, tenant: &str, key: &str) -> Result<Option<Arc<CachedAnswer>>, StoreError> {
         if let Some(hit) = self.memory.get(key) {
-            return Ok(Some((hit, Level::Memory)));
+            return Ok(Some(hit));
         }
         Ok(self.store.find_exact(tenant, key)?.map(|answer| {
             let answer = Arc::new(answer);
             self.memory.insert(key.to_string(), answer.clone());
-            (answer, Level::Store)
+            answer
         }))
     }
 

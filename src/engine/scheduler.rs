@@ -135,10 +135,6 @@ impl Scheduler {
         Ok(Scheduler { tx: Some(tx), stop, thread: Some(thread), config })
     }
 
-    pub fn config(&self) -> SchedulerConfig {
-        self.config
-    }
-
     /// Queues a job, or refuses it at once when the queue is full.
     pub fn submit(&self, job: Job) -> Result<(), SubmitError> {
         let tx = self.tx.as_ref().ok_or(SubmitError::Stopped)?;

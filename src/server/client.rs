@@ -38,8 +38,6 @@ pub struct Generated {
     pub outcome: proto::Outcome,
     /// Call start to outcome, measured by the client.
     pub client_latency: Duration,
-    /// Call start to the first message.
-    pub first_message: Duration,
 }
 
 impl Generated {
@@ -100,14 +98,13 @@ impl Client {
     pub async fn generate_with(&mut self, req: proto::GenerateRequest, mut on_text: impl FnMut(&str)) -> Result<Generated, ClientError> {
         let t0 = Instant::now();
         let mut stream = self.generate_stream(req).await?;
-        let (mut text, mut tokens, mut first) = (String::new(), Vec::new(), None);
+        let (mut text, mut tokens) = (String::new(), Vec::new());
         while let Some(msg) = stream.message().await? {
-            first.get_or_insert_with(|| t0.elapsed());
             on_text(&msg.text);
             text.push_str(&msg.text);
             tokens.extend_from_slice(&msg.token_ids);
             if let Some(outcome) = msg.outcome {
-                return Ok(Generated { text, tokens, outcome, client_latency: t0.elapsed(), first_message: first.unwrap_or_default() });
+                return Ok(Generated { text, tokens, outcome, client_latency: t0.elapsed() });
             }
         }
         Err(ClientError::NoOutcome)

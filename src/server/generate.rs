@@ -299,7 +299,7 @@ impl ForgeState {
             }
         }
         let Some(key) = &plan.cache_key else { return Ok(None) };
-        Ok(self.exact.get(&plan.tenant, key)?.map(|(hit, _level)| {
+        Ok(self.exact.get(&plan.tenant, key)?.map(|hit| {
             let mut a = Answer::stored(ServedFrom::Exact, hit.response.clone(), hit.response_tokens.clone(), hit.stop_reason, hit.tokens_computed);
             a.source_inference_id = Some(hit.inference_id);
             a

@@ -171,14 +171,6 @@ impl ForgeState {
             default_max_tokens: config.default_max_tokens,
         })
     }
-
-    pub fn model_name(&self) -> &str {
-        &self.model_name
-    }
-
-    pub fn model_id(&self) -> &str {
-        &self.model_id
-    }
 }
 
 /// Serves `state` on `listener` until `shutdown` completes.

@@ -170,10 +170,6 @@ impl Store {
         Ok(Store { conn: Mutex::new(conn), path })
     }
 
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-
     /// The connection. A panic while it was held cannot leave a transaction open (rusqlite rolls
     /// back on drop), so a poisoned lock is taken over.
     pub(crate) fn conn(&self) -> MutexGuard<'_, Connection> {

@@ -38,7 +38,7 @@ const READ_PRAGMAS: &[&str] = &[
 /// Statement kinds named in the refusal message.
 const WRITE_KEYWORDS: &[&str] = &[
     "INSERT", "UPDATE", "DELETE", "REPLACE", "DROP", "CREATE", "ALTER", "ATTACH", "DETACH", "VACUUM", "REINDEX", "ANALYZE", "BEGIN",
-    "COMMIT", "ROLLBACK", "SAVEPOINT", "RELEASE", "UPSERT",
+    "COMMIT", "ROLLBACK", "SAVEPOINT", "RELEASE",
 ];
 
 fn authorize(ctx: AuthContext<'_>) -> Authorization {
