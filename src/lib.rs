@@ -4,18 +4,23 @@
 //!
 //! | module     | what lives there |
 //! |------------|------------------|
-//! | `gguf`     | GGUF parsing, memory-mapped zero-copy tensor views, block formats and reference dequantizers |
-//! | `engine`   | the Llama model (weights apart from run state, KV cache), tokenizer + chat template, sampler, generation loop |
+//! | `server`   | the gRPC service (tonic): Generate through the tiers, stats, facts API, tenants, reflection, health; a client |
+//! | `cache`    | response caches in front of the engine: the exact cache (moka over the store) |
+//! | `store`    | the SQLite knowledge store: inferences, facts, relationships, reasoning chains; migrations, stats, read-only SQL |
+//! | `engine`   | the Llama model (weights apart from run state, KV cache), tokenizer + chat template, sampler, generation loop, continuous-batching scheduler |
 //! | `backend`  | the narrow `Backend` trait of forward-pass kernels; `cpu` (scalar reference + SIMD); hardware detection and tiers |
+//! | `gguf`     | GGUF parsing, memory-mapped zero-copy tensor views, block formats and reference dequantizers |
 //! | `embed`    | all-MiniLM-L6-v2 sentence embedder (BERT from safetensors) on the same CPU kernels |
 //! | `models`   | where model files live (`$FORGE_MODELS_DIR` or the git-ignored `models/` filled by `scripts/fetch-models.sh`) |
 //!
-//! Planned (issues 4–7): `server` (gRPC), `cache` (exact + semantic), `workload` (KV block reuse),
-//! `store` (SQLite knowledge store), `backend::wgpu`, `backend::hip`.
+//! Planned: the semantic cache tier (`cache`), `workload` (KV block reuse), `backend::wgpu`, `backend::hip`.
 //! The command-line interface lives in the binary (`src/main.rs`, `src/cli/`).
 
 pub mod backend;
+pub mod cache;
 pub mod embed;
 pub mod engine;
 pub mod gguf;
 pub mod models;
+pub mod server;
+pub mod store;

@@ -1,6 +1,9 @@
-//! `forge-cache generate`: run the model offline on one prompt and print the text as it is
-//! produced, then prefill and decode speed. `--json` prints one object instead:
-//! `{prompt_tokens: [ids], tokens: [ids], text, prefill_tok_s, decode_tok_s, stop_reason}`.
+//! `forge-cache generate`: answer one prompt and print the text as it is produced, then prefill
+//! and decode speed. Offline (the model runs here) unless `--server URL` names a running service,
+//! which is then called over gRPC. `--json` prints one object instead:
+//! `{prompt_tokens: [ids], tokens: [ids], text, prefill_tok_s, decode_tok_s, stop_reason}`, and
+//! with `--server` also `served_from`, `tokens_computed`, `tokens_reused`, `source_inference_id`,
+//! `similarity`, `latency_ms` (round trip seen by the client), `server_latency_ms`, `inference_id`.
 
 use std::io::Write;
 use std::ops::ControlFlow;
@@ -8,7 +11,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::{bail, Context};
-use clap::Args;
+use clap::{Args, ValueEnum};
 
 use forge_cache::backend::cpu::CpuBackend;
 use forge_cache::engine::chat::{ChatTemplate, Message};
@@ -16,6 +19,8 @@ use forge_cache::engine::generate::{generate, GenerateParams};
 use forge_cache::engine::sampler::SamplingParams;
 use forge_cache::engine::tokenizer::{StreamDecoder, Tokenizer};
 use forge_cache::engine::Model;
+use forge_cache::server::client::Client;
+use forge_cache::server::proto;
 
 #[derive(Debug, Args)]
 pub struct GenerateArgs {
@@ -45,14 +50,51 @@ pub struct GenerateArgs {
     #[arg(long)]
     pub seed: Option<u64>,
     /// GGUF model file (default: SmolLM2-135M-Instruct Q4_1 from scripts/fetch-models.sh).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "server")]
     pub model: Option<PathBuf>,
     /// CPU threads (default: physical cores).
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, conflicts_with = "server")]
     pub threads: usize,
     /// Print one JSON object instead of streaming text.
     #[arg(long)]
     pub json: bool,
+    /// Call a running service (e.g. http://127.0.0.1:50051) instead of loading the model here.
+    #[arg(long)]
+    pub server: Option<String>,
+    /// Tenant (sent as x-forge-tenant).
+    #[arg(long, requires = "server")]
+    pub tenant: Option<String>,
+    /// API key, for a service started with --tenants (sent as x-forge-api-key).
+    #[arg(long, requires = "server")]
+    pub api_key: Option<String>,
+    /// auto: serve from a fact or the exact cache when possible; bypass: compute, touch no
+    /// cache; refresh: compute and replace the cached answer.
+    #[arg(long, value_enum, default_value_t = CacheModeArg::Auto)]
+    pub cache_mode: CacheModeArg,
+    /// Stop before this string (repeatable; with --server).
+    #[arg(long, requires = "server")]
+    pub stop: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum CacheModeArg {
+    Auto,
+    Bypass,
+    Refresh,
+}
+
+#[derive(serde::Serialize)]
+struct RemoteJsonOut<'a> {
+    #[serde(flatten)]
+    base: JsonOut<'a>,
+    served_from: &'a str,
+    tokens_computed: u32,
+    tokens_reused: u32,
+    source_inference_id: Option<i64>,
+    similarity: Option<f32>,
+    latency_ms: f64,
+    server_latency_ms: f64,
+    inference_id: i64,
 }
 
 #[derive(serde::Serialize)]
@@ -66,6 +108,12 @@ struct JsonOut<'a> {
 }
 
 pub fn run(a: &GenerateArgs) -> anyhow::Result<()> {
+    if let Some(url) = &a.server {
+        return super::runtime()?.block_on(remote(a, url));
+    }
+    if a.cache_mode != CacheModeArg::Auto {
+        bail!("--cache-mode needs --server (the offline path has no cache)");
+    }
     if a.prompt.is_empty() {
         bail!("--prompt is empty");
     }
@@ -135,6 +183,91 @@ pub fn run(a: &GenerateArgs) -> anyhow::Result<()> {
             gen.decode_tok_s(),
             gen.stop,
             model.backend().name()
+        );
+    }
+    Ok(())
+}
+
+/// `generate --server URL`: one Generate call, streamed to stdout (or one JSON object).
+async fn remote(a: &GenerateArgs, url: &str) -> anyhow::Result<()> {
+    let mut client = Client::connect(url).await?;
+    if let Some(t) = &a.tenant {
+        client = client.with_tenant(t);
+    }
+    if let Some(k) = &a.api_key {
+        client = client.with_api_key(k);
+    }
+    let req = proto::GenerateRequest {
+        prompt: a.prompt.clone(),
+        system: a.system.clone().unwrap_or_default(),
+        raw: a.raw,
+        max_tokens: Some(u32::try_from(a.max_tokens).context("--max-tokens is too large")?),
+        temperature: Some(a.temperature),
+        top_k: u32::try_from(a.top_k).context("--top-k is too large")?,
+        top_p: Some(a.top_p),
+        seed: a.seed,
+        stop: a.stop.clone(),
+        cache_mode: match a.cache_mode {
+            CacheModeArg::Auto => proto::CacheMode::Auto,
+            CacheModeArg::Bypass => proto::CacheMode::Bypass,
+            CacheModeArg::Refresh => proto::CacheMode::Refresh,
+        } as i32,
+        ..Default::default()
+    };
+    let mut out = std::io::stdout().lock();
+    let g = client
+        .generate_with(req, |piece| {
+            if !a.json {
+                let _ = out.write_all(piece.as_bytes()).and_then(|_| out.flush());
+            }
+        })
+        .await?;
+    let o = &g.outcome;
+    let served_from = proto::ServedFrom::try_from(o.served_from).map_or("UNSPECIFIED", |s| s.as_str_name());
+    let stop = proto::StopReason::try_from(o.stop_reason)
+        .ok()
+        .and_then(|s| forge_cache::engine::generate::StopReason::try_from(s).ok())
+        .context("the server sent no stop reason")?;
+    let decode_steps = (o.tokens_computed as usize).saturating_sub(o.prompt_token_ids.len());
+    let rate = |n: usize, ms: f64| if n == 0 || ms <= 0.0 { 0.0 } else { n as f64 / (ms / 1e3) };
+    let client_ms = g.client_latency.as_secs_f64() * 1e3;
+    if a.json {
+        let served = o.served_from != proto::ServedFrom::Model as i32;
+        let j = RemoteJsonOut {
+            base: JsonOut {
+                prompt_tokens: &o.prompt_token_ids,
+                tokens: &g.tokens,
+                text: g.text.clone(),
+                prefill_tok_s: if o.tokens_computed == 0 { 0.0 } else { rate(o.prompt_token_ids.len(), o.prefill_ms) },
+                decode_tok_s: rate(decode_steps, o.decode_ms),
+                stop_reason: stop,
+            },
+            served_from,
+            tokens_computed: o.tokens_computed,
+            tokens_reused: o.tokens_reused,
+            source_inference_id: (o.source_inference_id != 0).then_some(o.source_inference_id),
+            similarity: served.then_some(o.similarity),
+            latency_ms: client_ms,
+            server_latency_ms: o.latency_ms,
+            inference_id: o.inference_id,
+        };
+        writeln!(out, "{}", serde_json::to_string(&j)?)?;
+    } else {
+        let _ = writeln!(out).and_then(|_| out.flush());
+        let source = match (o.source_inference_id, o.source_fact_id) {
+            (0, 0) => String::new(),
+            (0, f) => format!(" (fact #{f})"),
+            (i, _) => format!(" (inference #{i})"),
+        };
+        eprintln!(
+            "served from {served_from}{source} | prompt: {} tokens | generated: {} tokens | computed {}, reused {} | {:.1} ms round trip, {:.1} ms in the server | stop: {stop:?} | inference #{}",
+            o.prompt_token_ids.len(),
+            o.completion_tokens,
+            o.tokens_computed,
+            o.tokens_reused,
+            client_ms,
+            o.latency_ms,
+            o.inference_id
         );
     }
     Ok(())

@@ -1,11 +1,22 @@
-//! Command-line interface: the clap definition of every subcommand, one file per subcommand.
+//! Command-line interface: the clap definition of every subcommand, one file per subcommand,
+//! plus the few helpers they share (the async runtime, text tables).
 
 mod bench;
 mod embed;
 mod generate;
 mod hardware;
+mod health;
+mod serve;
+mod sql;
+mod stats;
 
 use clap::{Parser, Subcommand};
+
+/// Where `serve` listens and the clients connect by default.
+pub const DEFAULT_ADDR: &str = "127.0.0.1:50051";
+pub const DEFAULT_URL: &str = "http://127.0.0.1:50051";
+/// The database `serve`, `stats` and `sql` use by default.
+pub const DEFAULT_DB: &str = "forge.db";
 
 /// forge-cache: an LLM inference service that reuses what it has already computed.
 #[derive(Debug, Parser)]
@@ -17,8 +28,16 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Run the model on one prompt, offline, and print the text and its speed.
+    /// Run the gRPC service: the model, the exact cache, the knowledge store.
+    Serve(serve::ServeArgs),
+    /// Answer one prompt: offline with the model here, or through a running service (--server).
     Generate(generate::GenerateArgs),
+    /// Hit rates per tier and tenant, tokens and time saved, latency percentiles (reads the database file).
+    Stats(stats::StatsArgs),
+    /// Run one read-only SQL query on the database file (writes are refused).
+    Sql(sql::SqlArgs),
+    /// Check (or wait for) a running service's grpc.health.v1 status.
+    Health(health::HealthArgs),
     /// Sentence embeddings (all-MiniLM-L6-v2).
     Embed(embed::EmbedArgs),
     /// Measure prefill and decode speed (pp128, pp512, tg128, tg128@d1024), llama-bench style.
@@ -30,11 +49,44 @@ pub enum Command {
 /// Runs the parsed command.
 pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
+        Command::Serve(args) => serve::run(&args),
         Command::Generate(args) => generate::run(&args),
+        Command::Stats(args) => stats::run(&args),
+        Command::Sql(args) => sql::run(&args),
+        Command::Health(args) => health::run(&args),
         Command::Embed(args) => embed::run(&args),
         Command::Bench(args) => bench::run(&args),
         Command::Hardware(args) => hardware::run(&args),
     }
+}
+
+/// The async runtime of the service and the clients: two workers are plenty (the model runs
+/// on its own thread and thread pool; SQLite on the bounded blocking pool).
+pub(crate) fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_multi_thread().worker_threads(2).max_blocking_threads(8).enable_all().build()?)
+}
+
+/// Left-aligned columns separated by two spaces; cells longer than `max_cell` characters are
+/// cut with `…`, line breaks shown as `⏎`.
+pub(crate) fn table(headers: &[String], rows: &[Vec<String>], max_cell: usize) -> String {
+    let cell = |s: &str| -> String {
+        let s = s.replace('\n', "⏎");
+        if s.chars().count() > max_cell {
+            s.chars().take(max_cell.saturating_sub(1)).chain(['…']).collect()
+        } else {
+            s
+        }
+    };
+    let rows: Vec<Vec<String>> = std::iter::once(headers.to_vec()).chain(rows.iter().cloned()).map(|r| r.iter().map(|c| cell(c)).collect()).collect();
+    let widths: Vec<usize> =
+        (0..headers.len()).map(|i| rows.iter().map(|r| r.get(i).map_or(0, |c| c.chars().count())).max().unwrap_or(0)).collect();
+    let mut out = String::new();
+    for r in &rows {
+        let line: Vec<String> = r.iter().zip(&widths).map(|(c, w)| format!("{c:<w$}")).collect();
+        out.push_str(line.join("  ").trim_end());
+        out.push('\n');
+    }
+    out
 }
 
 #[cfg(test)]
@@ -54,5 +106,18 @@ mod tests {
         let cli = Cli::try_parse_from(["forge-cache", "hardware"]).expect("parses");
         assert!(matches!(cli.command, Command::Hardware(hardware::HardwareArgs { json: false })));
         assert!(Cli::try_parse_from(["forge-cache", "hardware", "--bogus"]).is_err());
+    }
+
+    #[test]
+    fn serve_defaults() {
+        let cli = Cli::try_parse_from(["forge-cache", "serve"]).expect("parses");
+        let Command::Serve(a) = cli.command else { panic!("not serve") };
+        assert_eq!((a.db.to_str(), a.addr.as_str(), a.model, a.no_cache), (Some(DEFAULT_DB), DEFAULT_ADDR, None, false));
+    }
+
+    #[test]
+    fn tables_align_and_cut() {
+        let t = table(&["a".into(), "bb".into()], &[vec!["xxx".into(), "line\nbreak and more".into()]], 8);
+        assert_eq!(t, "a    bb\nxxx  line⏎br…\n");
     }
 }

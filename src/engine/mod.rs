@@ -8,6 +8,7 @@
 //! * `chat` — the GGUF chat template rendered with minijinja
 //! * `sampler` — greedy / temperature / top-k / top-p sampling, seeded
 //! * `generate` — prefill + decode loop on token ids, with timings
+//! * `scheduler` — continuous batching: one engine thread, a bounded queue, shared forward passes
 //! * `eval` — perplexity (llama.cpp's method)
 //! * `bench` — llama-bench-style speed tests (ppN, tgN, tgN@dD)
 
@@ -19,6 +20,7 @@ pub mod generate;
 pub mod kv;
 pub mod model;
 pub mod sampler;
+pub mod scheduler;
 pub mod tokenizer;
 pub mod weights;
 

@@ -52,3 +52,75 @@ pub fn cpu_backends(threads: usize) -> Vec<Arc<dyn Backend>> {
 pub fn fast_model() -> Model {
     Model::load(smollm2_path(), Arc::new(CpuBackend::new(0).expect("pool"))).expect("load SmolLM2")
 }
+
+// ---- the gRPC service on the real model, over loopback ----
+
+use forge_cache::server::client::Client;
+use forge_cache::server::{self, proto, RunningServer, ServerConfig};
+
+pub const SYSTEM: &str = "You are a helpful assistant.";
+pub const FRANCE: &str = "What is the capital of France?";
+
+/// A service config on the real model and `db`, one model thread (tests run two at a time on
+/// a 2-core machine).
+pub fn server_config(db: &std::path::Path) -> ServerConfig {
+    let mut c = ServerConfig::new(smollm2_path(), db);
+    c.threads = 1;
+    c
+}
+
+/// Starts the service on an ephemeral loopback port.
+pub async fn start(config: ServerConfig) -> RunningServer {
+    server::start(config, "127.0.0.1:0").await.expect("the service starts")
+}
+
+pub async fn client(s: &RunningServer) -> Client {
+    Client::connect(&s.url()).await.expect("connect")
+}
+
+/// A temporary folder and the path of a (not yet created) database in it.
+pub struct Scratch {
+    pub dir: tempfile::TempDir,
+    pub db: std::path::PathBuf,
+}
+
+pub fn scratch() -> Scratch {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = dir.path().join("forge.db");
+    Scratch { dir, db }
+}
+
+/// The service on a fresh database, its config changed by `tweak`, and a client.
+pub async fn service_with(tweak: impl FnOnce(&mut ServerConfig, &Scratch)) -> (Scratch, RunningServer, Client) {
+    let s = scratch();
+    let mut config = server_config(&s.db);
+    tweak(&mut config, &s);
+    let server = start(config).await;
+    let c = client(&server).await;
+    (s, server, c)
+}
+
+pub async fn service() -> (Scratch, RunningServer, Client) {
+    service_with(|_, _| {}).await
+}
+
+/// A greedy chat request with the helpful-assistant system prompt.
+pub fn ask(prompt: &str, max_tokens: u32) -> proto::GenerateRequest {
+    proto::GenerateRequest { prompt: prompt.into(), system: SYSTEM.into(), max_tokens: Some(max_tokens), ..Default::default() }
+}
+
+pub fn with_mode(mut r: proto::GenerateRequest, mode: proto::CacheMode) -> proto::GenerateRequest {
+    r.cache_mode = mode as i32;
+    r
+}
+
+/// One value of a read-only query on the service's database.
+pub fn sql_value(db: &std::path::Path, sql: &str) -> serde_json::Value {
+    let conn = forge_cache::store::query::open_read_only(db).expect("open db");
+    let r = forge_cache::store::query::run_read_only(&conn, sql, 10).expect("query");
+    r.rows.first().and_then(|row| row.first()).cloned().unwrap_or(serde_json::Value::Null)
+}
+
+pub fn sql_i64(db: &std::path::Path, sql: &str) -> i64 {
+    sql_value(db, sql).as_i64().unwrap_or_else(|| panic!("{sql}: not an integer"))
+}

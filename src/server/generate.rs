@@ -1,0 +1,404 @@
+//! `Generate`: validate and render the request into a [`Plan`], then serve it from the first
+//! tier that can:
+//!
+//! 1. FACT — (AUTO, single-question requests) a live user-provided fact filed under the question;
+//! 2. EXACT — (AUTO, cacheable requests) the recorded answer to the same key;
+//! 3. MODEL — the engine, streaming token by token.
+//!
+//! Every request is recorded in `inferences` before its last message is sent (that message's
+//! outcome carries the row id). A computed answer (not BYPASS) then leaves its claims in the
+//! fact store and, when cacheable, becomes the exact cache's answer for its key (REFRESH
+//! supersedes the previous one). A client that goes away cancels the sequence; the partial
+//! answer is recorded as `cancelled` and never served from a cache.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_stream::Stream;
+use tonic::Status;
+
+use super::error::ServiceError;
+use super::proto::{self, GenerateRequest, GenerateResponse, Outcome};
+use super::ForgeState;
+use crate::cache::{exact_key, KeyParts};
+use crate::engine::chat::Message;
+use crate::engine::generate::{GenerateError, GenerateParams, StopReason};
+use crate::engine::sampler::SamplingParams;
+use crate::engine::scheduler::{Event, Job};
+use crate::store::{sha256_hex, CacheMode, CachedAnswer, NewInference, ServedFrom};
+
+pub type GenerateStream = Pin<Box<dyn Stream<Item = Result<GenerateResponse, Status>> + Send>>;
+
+/// At most this many stop strings, each at most [`MAX_STOP_BYTES`].
+const MAX_STOPS: usize = 16;
+const MAX_STOP_BYTES: usize = 256;
+/// Messages buffered towards a slow client before generation waits for it.
+const STREAM_BUFFER: usize = 64;
+
+/// A validated request.
+pub(crate) struct Plan {
+    tenant: String,
+    /// The user's question when the request is one (facts are filed under it).
+    question: Option<String>,
+    /// The rendered prompt and its token ids.
+    prompt: String,
+    prompt_hash: String,
+    prompt_ids: Vec<u32>,
+    params: GenerateParams,
+    stop_strings: Vec<String>,
+    params_json: String,
+    mode: CacheMode,
+    /// `None`: this request may not use the exact cache.
+    cache_key: Option<String>,
+    received: Instant,
+}
+
+/// Where an answer came from and what it cost.
+struct Answer {
+    from: ServedFrom,
+    text: String,
+    tokens: Vec<u32>,
+    stop: StopReason,
+    source_inference_id: Option<i64>,
+    source_fact_id: Option<i64>,
+    tokens_computed: usize,
+    tokens_reused: usize,
+    queue: Duration,
+    prefill: Duration,
+    decode: Duration,
+    peak_batch: usize,
+}
+
+impl Answer {
+    fn stored(from: ServedFrom, text: String, tokens: Vec<u32>, stop: StopReason, tokens_reused: usize) -> Answer {
+        Answer {
+            from,
+            text,
+            tokens,
+            stop,
+            source_inference_id: None,
+            source_fact_id: None,
+            tokens_computed: 0,
+            tokens_reused,
+            queue: Duration::ZERO,
+            prefill: Duration::ZERO,
+            decode: Duration::ZERO,
+            peak_batch: 0,
+        }
+    }
+}
+
+fn invalid(msg: impl Into<String>) -> ServiceError {
+    ServiceError::InvalidArgument(msg.into())
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+impl ForgeState {
+    /// Checks every field, renders and tokenizes the prompt, derives the cache key.
+    fn plan(&self, tenant: String, req: &GenerateRequest, received: Instant) -> Result<Plan, ServiceError> {
+        if !req.model.is_empty() && req.model != self.model_name && req.model != self.model_id {
+            return Err(ServiceError::UnknownModel { requested: req.model.clone(), served: self.model_name.clone(), id: self.model_id.clone() });
+        }
+        let mode = proto::CacheMode::try_from(req.cache_mode).map_err(|_| invalid(format!("unknown cache_mode {}", req.cache_mode)))?;
+        let mode = if self.cache_enabled { CacheMode::from(mode) } else { CacheMode::Bypass };
+        let (prompt, question) = self.render(req)?;
+        let prompt_ids = self.tokenizer.encode_prompt(&prompt).map_err(|e| invalid(format!("cannot tokenize the prompt: {e}")))?;
+        if prompt_ids.len() >= self.context {
+            return Err(invalid(GenerateError::PromptTooLong { prompt: prompt_ids.len(), context: self.context }.to_string()));
+        }
+        let max_tokens = match req.max_tokens {
+            None => self.default_max_tokens.min(self.context),
+            Some(0) => return Err(invalid("max_tokens must be at least 1")),
+            Some(n) if n as usize > self.context => {
+                return Err(invalid(format!("max_tokens {n} exceeds the model's context of {} tokens", self.context)))
+            }
+            Some(n) => n as usize,
+        };
+        let sampling = SamplingParams {
+            temperature: req.temperature.unwrap_or(0.0),
+            top_k: req.top_k as usize,
+            top_p: req.top_p.unwrap_or(1.0),
+            seed: req.seed,
+        };
+        sampling.validate().map_err(|e| invalid(e.to_string()))?;
+        if req.stop.len() > MAX_STOPS || req.stop.iter().any(|s| s.is_empty() || s.len() > MAX_STOP_BYTES) {
+            return Err(invalid(format!("stop takes at most {MAX_STOPS} non-empty strings of at most {MAX_STOP_BYTES} bytes")));
+        }
+        let cache_key = match mode {
+            CacheMode::Bypass => None,
+            CacheMode::Auto | CacheMode::Refresh => exact_key(&KeyParts {
+                tenant: &tenant,
+                model_id: &self.model_id,
+                prompt: &prompt,
+                max_tokens,
+                sampling,
+                stop: &req.stop,
+            }),
+        };
+        let params_json = serde_json::json!({
+            "max_tokens": max_tokens, "temperature": sampling.temperature, "top_k": sampling.top_k,
+            "top_p": sampling.top_p, "seed": sampling.seed, "stop": req.stop, "raw": req.raw,
+        })
+        .to_string();
+        Ok(Plan {
+            tenant,
+            question,
+            prompt_hash: sha256_hex(prompt.as_bytes()),
+            prompt,
+            prompt_ids,
+            params: GenerateParams { max_tokens, sampling, stop_ids: self.tokenizer.stop_ids().to_vec() },
+            stop_strings: req.stop.clone(),
+            params_json,
+            mode,
+            cache_key,
+            received,
+        })
+    }
+
+    /// The prompt text the model sees, and the question when the request is a single question.
+    fn render(&self, req: &GenerateRequest) -> Result<(String, Option<String>), ServiceError> {
+        match (req.prompt.is_empty(), req.messages.is_empty()) {
+            (false, false) => return Err(invalid("give either prompt or messages, not both")),
+            (true, true) => return Err(invalid("the prompt is empty")),
+            _ => {}
+        }
+        if !req.prompt.is_empty() && req.prompt.trim().is_empty() {
+            return Err(invalid("the prompt is empty (only whitespace)"));
+        }
+        if req.raw {
+            if !req.messages.is_empty() || !req.system.is_empty() {
+                return Err(invalid("raw takes a prompt only (no messages, no system)"));
+            }
+            return Ok((req.prompt.clone(), None));
+        }
+        let messages: Vec<Message> = if req.messages.is_empty() {
+            let system = (!req.system.is_empty()).then(|| Message::system(req.system.clone()));
+            system.into_iter().chain([Message::user(req.prompt.clone())]).collect()
+        } else {
+            if !req.system.is_empty() {
+                return Err(invalid("with messages, send the system message as the first message"));
+            }
+            for m in &req.messages {
+                if !matches!(m.role.as_str(), "system" | "user" | "assistant") {
+                    return Err(invalid(format!("message role {:?} is not system, user or assistant", m.role)));
+                }
+            }
+            if req.messages.iter().all(|m| m.content.trim().is_empty()) {
+                return Err(invalid("the prompt is empty (every message is empty)"));
+            }
+            req.messages.iter().map(|m| Message::new(m.role.clone(), m.content.clone())).collect()
+        };
+        let users: Vec<&Message> = messages.iter().filter(|m| m.role == "user").collect();
+        let question = match users.as_slice() {
+            [one] if !messages.iter().any(|m| m.role == "assistant") => Some(one.content.clone()),
+            _ => None,
+        };
+        let Some(template) = &self.template else {
+            return match (req.messages.is_empty(), req.system.is_empty()) {
+                (true, true) => Ok((req.prompt.clone(), question)),
+                _ => Err(invalid("this model has no chat template: send a raw prompt")),
+            };
+        };
+        let text = template.render(&messages, true).map_err(|e| invalid(e.to_string()))?;
+        Ok((text, question))
+    }
+
+    /// Records the request, learns from a computed answer, updates the exact cache; returns the
+    /// last message's outcome.
+    async fn record(self: &Arc<Self>, plan: Arc<Plan>, answer: Answer) -> Result<(Outcome, String), ServiceError> {
+        let latency = plan.received.elapsed();
+        let state = self.clone();
+        tokio::task::spawn_blocking(move || {
+            let p = &plan;
+            let a = &answer;
+            let id = state.store.record_inference(&NewInference {
+                tenant: &p.tenant,
+                question: p.question.as_deref(),
+                prompt: &p.prompt,
+                prompt_hash: &p.prompt_hash,
+                model: &state.model_name,
+                model_id: &state.model_id,
+                params: &p.params_json,
+                cache_mode: p.mode,
+                cache_key: p.cache_key.as_deref(),
+                served_from: a.from,
+                source_inference_id: a.source_inference_id,
+                source_fact_id: a.source_fact_id,
+                similarity: (a.from != ServedFrom::Model).then_some(1.0),
+                prompt_tokens: p.prompt_ids.len(),
+                completion_tokens: a.tokens.len(),
+                tokens_computed: a.tokens_computed,
+                tokens_reused: a.tokens_reused,
+                stop_reason: a.stop,
+                response: &a.text,
+                response_tokens: &a.tokens,
+                queue_ms: ms(a.queue),
+                prefill_ms: ms(a.prefill),
+                decode_ms: ms(a.decode),
+                latency_ms: ms(latency),
+                backend: &state.backend,
+            })?;
+            let computed = a.from == ServedFrom::Model && a.stop != StopReason::Cancelled;
+            if computed && p.mode != CacheMode::Bypass {
+                if let Err(e) = state.store.learn(&p.tenant, id, p.question.as_deref(), &p.prompt_hash, &a.text) {
+                    eprintln!("forge-cache: fact extraction for inference {id} failed: {e}");
+                }
+            }
+            if let (true, Some(key)) = (computed, &p.cache_key) {
+                let cached = CachedAnswer {
+                    inference_id: id,
+                    response: a.text.clone(),
+                    response_tokens: a.tokens.clone(),
+                    stop_reason: a.stop,
+                    tokens_computed: a.tokens_computed,
+                };
+                state.exact.put(key, cached);
+            }
+            let outcome = Outcome {
+                served_from: proto::ServedFrom::from(a.from) as i32,
+                stop_reason: proto::StopReason::from(a.stop) as i32,
+                inference_id: id,
+                source_inference_id: a.source_inference_id.unwrap_or_default(),
+                source_fact_id: a.source_fact_id.unwrap_or_default(),
+                similarity: if a.from == ServedFrom::Model { 0.0 } else { 1.0 },
+                prompt_token_ids: p.prompt_ids.clone(),
+                completion_tokens: a.tokens.len() as u32,
+                tokens_computed: a.tokens_computed as u32,
+                tokens_reused: a.tokens_reused as u32,
+                queue_ms: ms(a.queue),
+                prefill_ms: ms(a.prefill),
+                decode_ms: ms(a.decode),
+                latency_ms: ms(latency),
+                peak_batch: a.peak_batch as u32,
+                model: state.model_name.clone(),
+                backend: state.backend.clone(),
+            };
+            Ok((outcome, answer.text))
+        })
+        .await?
+    }
+
+    /// FACT, then EXACT (one trip to the blocking pool when the memory cache misses).
+    fn lookup(&self, plan: &Plan) -> Result<Option<Answer>, ServiceError> {
+        if plan.mode != CacheMode::Auto {
+            return Ok(None);
+        }
+        if let Some(q) = &plan.question {
+            if let Some(fact) = self.store.fact_answer(&plan.tenant, q)? {
+                let tokens = self.tokenizer.encode(&fact.content, false).map_err(|e| ServiceError::Internal(e.to_string()))?;
+                let saved = plan.prompt_ids.len() + tokens.len();
+                let mut a = Answer::stored(ServedFrom::Fact, fact.content, tokens, StopReason::Stop, saved);
+                a.source_fact_id = Some(fact.id);
+                return Ok(Some(a));
+            }
+        }
+        let Some(key) = &plan.cache_key else { return Ok(None) };
+        Ok(self.exact.get(&plan.tenant, key)?.map(|hit| {
+            let mut a = Answer::stored(ServedFrom::Exact, hit.response.clone(), hit.response_tokens.clone(), hit.stop_reason, hit.tokens_computed);
+            a.source_inference_id = Some(hit.inference_id);
+            a
+        }))
+    }
+}
+
+fn message(text: String, token_ids: Vec<u32>, outcome: Option<Outcome>) -> GenerateResponse {
+    GenerateResponse { text, token_ids, outcome }
+}
+
+/// The Generate call after tenant resolution.
+pub(crate) async fn generate(state: Arc<ForgeState>, tenant: String, req: GenerateRequest) -> Result<GenerateStream, ServiceError> {
+    let received = Instant::now();
+    let (plan, found) = {
+        let state = state.clone();
+        tokio::task::spawn_blocking(move || -> Result<_, ServiceError> {
+            let plan = state.plan(tenant, &req, received)?;
+            let found = state.lookup(&plan)?;
+            Ok((plan, found))
+        })
+        .await??
+    };
+    let plan = Arc::new(plan);
+    if let Some(answer) = found {
+        let tokens = answer.tokens.clone();
+        let (outcome, text) = state.record(plan, answer).await?;
+        let msgs = [message(text, tokens, None), message(String::new(), Vec::new(), Some(outcome))];
+        return Ok(Box::pin(tokio_stream::iter(msgs.map(Ok))));
+    }
+
+    let (events_tx, events) = mpsc::unbounded_channel();
+    let job = Job { prompt: plan.prompt_ids.clone(), params: plan.params.clone(), stop_strings: plan.stop_strings.clone(), events: events_tx };
+    state.scheduler.submit(job)?;
+    let (out, rx) = mpsc::channel(STREAM_BUFFER);
+    tokio::spawn(stream_model(state, plan, events, out));
+    Ok(Box::pin(ReceiverStream::new(rx)))
+}
+
+/// Forwards the engine's events to the client; records the answer at the end, or the partial
+/// answer when the client goes away (dropping `events` cancels the sequence).
+async fn stream_model(
+    state: Arc<ForgeState>,
+    plan: Arc<Plan>,
+    mut events: mpsc::UnboundedReceiver<Event>,
+    out: mpsc::Sender<Result<GenerateResponse, Status>>,
+) {
+    let mut sent_text = String::new();
+    let mut sent_ids = Vec::new();
+    loop {
+        let event = tokio::select! {
+            biased;
+            _ = out.closed() => break,
+            e = events.recv() => e,
+        };
+        match event {
+            Some(Event::Token { id, text }) => {
+                sent_text.push_str(&text);
+                sent_ids.push(id);
+                if out.send(Ok(message(text, vec![id], None))).await.is_err() {
+                    break;
+                }
+            }
+            Some(Event::Done(f)) => {
+                let tail = f.text.get(sent_text.len()..).unwrap_or_default().to_string();
+                let answer = Answer {
+                    from: ServedFrom::Model,
+                    text: f.text,
+                    tokens: f.tokens,
+                    stop: f.stop,
+                    source_inference_id: None,
+                    source_fact_id: None,
+                    tokens_computed: f.prompt_tokens + f.decode_steps,
+                    tokens_reused: 0,
+                    queue: f.queue_time,
+                    prefill: f.prefill_time,
+                    decode: f.decode_time,
+                    peak_batch: f.peak_batch,
+                };
+                let last = state.record(plan, answer).await.map(|(outcome, _)| message(tail, Vec::new(), Some(outcome)));
+                let _ = out.send(last.map_err(Status::from)).await;
+                return;
+            }
+            Some(Event::Failed(e)) => {
+                let _ = out.send(Err(ServiceError::Job(e).into())).await;
+                return;
+            }
+            None => {
+                let _ = out.send(Err(ServiceError::Internal("the engine stopped".into()).into())).await;
+                return;
+            }
+        }
+    }
+    // The client went away.
+    drop(events);
+    let computed = plan.prompt_ids.len() + sent_ids.len().saturating_sub(1);
+    let mut answer = Answer::stored(ServedFrom::Model, sent_text, sent_ids, StopReason::Cancelled, 0);
+    answer.tokens_computed = computed;
+    if let Err(e) = state.record(plan, answer).await {
+        eprintln!("forge-cache: recording a cancelled request failed: {e}");
+    }
+}

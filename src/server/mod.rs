@@ -1,0 +1,257 @@
+//! The gRPC service (`proto/forge/v1/forge.proto`, tonic): `Generate` through the tiers FACT →
+//! EXACT → MODEL, `GetStats`, `SearchFacts`, `PutFact`, `InvalidateFacts`, plus server
+//! reflection (v1 and v1alpha) and `grpc.health.v1`, so `grpcurl` works unchanged.
+//!
+//! * `proto` — generated code, descriptor set, enum conversions
+//! * `error` — [`ServiceError`] and its one mapping to `tonic::Status`
+//! * `tenants` — tenant from header or API key
+//! * `generate` — validating a request, the tiers, streaming, recording
+//! * `service` — the tonic trait implementation
+//! * `client` — a small client (tenant / key headers, collecting a Generate stream), used by the
+//!   CLI and the tests
+//!
+//! Threads: the engine runs on its own thread ([`crate::engine::scheduler`]) with the CPU
+//! backend's pool; SQLite calls run on tokio's blocking pool; the async runtime itself needs
+//! only a couple of workers.
+
+pub mod client;
+mod error;
+mod generate;
+pub mod proto;
+mod service;
+pub mod tenants;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use tokio_stream::wrappers::TcpListenerStream;
+
+pub use error::ServiceError;
+pub use tenants::{TenantAuth, TenantsError};
+
+use crate::backend::cpu::CpuBackend;
+use crate::cache::ExactCache;
+use crate::engine::chat::{ChatError, ChatTemplate};
+use crate::engine::scheduler::{Scheduler, SchedulerConfig};
+use crate::engine::tokenizer::{Tokenizer, TokenizerError};
+use crate::engine::{Model, ModelError};
+use crate::store::{sha256_file, Store, StoreError};
+
+/// How to run the service.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    pub model: PathBuf,
+    pub db: PathBuf,
+    /// CPU threads for the model (0 = physical cores).
+    pub threads: usize,
+    /// `false` (`--no-cache`): every request runs as BYPASS.
+    pub cache: bool,
+    /// API keys per tenant; `None` = tenants named by the `x-forge-tenant` header.
+    pub tenants: Option<PathBuf>,
+    pub scheduler: SchedulerConfig,
+    /// max_tokens of a request that does not set it.
+    pub default_max_tokens: usize,
+    /// Answers the exact cache keeps in memory.
+    pub memory_cache_entries: u64,
+}
+
+impl ServerConfig {
+    pub fn new(model: impl Into<PathBuf>, db: impl Into<PathBuf>) -> ServerConfig {
+        ServerConfig {
+            model: model.into(),
+            db: db.into(),
+            threads: 0,
+            cache: true,
+            tenants: None,
+            scheduler: SchedulerConfig::default(),
+            default_max_tokens: 256,
+            memory_cache_entries: 10_000,
+        }
+    }
+}
+
+/// Why the service could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error("{}", crate::models::missing_hint(.0))]
+    MissingModel(PathBuf),
+    #[error("loading {}: {source}", path.display())]
+    Model {
+        path: PathBuf,
+        #[source]
+        source: ModelError,
+    },
+    #[error("reading {}: {source}", path.display())]
+    ModelFile {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the model's tokenizer: {0}")]
+    Tokenizer(#[from] TokenizerError),
+    #[error("the model's chat template: {0}")]
+    Chat(#[from] ChatError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("tenants file {0}")]
+    Tenants(#[from] TenantsError),
+    #[error("the CPU backend: {0}")]
+    Backend(String),
+    #[error("starting the engine thread: {0}")]
+    Engine(std::io::Error),
+    #[error("binding {addr}: {source}")]
+    Bind {
+        addr: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("server reflection: {0}")]
+    Reflection(String),
+    #[error("gRPC transport: {0}")]
+    Transport(#[from] tonic::transport::Error),
+    #[error("start-up task failed: {0}")]
+    Join(String),
+}
+
+/// What the request handlers share: the model's tokenizer and template, the engine, the store,
+/// the exact cache, tenant auth.
+pub struct ForgeState {
+    pub(crate) model_name: String,
+    pub(crate) model_id: String,
+    pub(crate) context: usize,
+    pub(crate) backend: String,
+    pub(crate) tokenizer: Arc<Tokenizer>,
+    pub(crate) template: Option<ChatTemplate>,
+    pub(crate) scheduler: Scheduler,
+    pub(crate) store: Arc<Store>,
+    pub(crate) exact: ExactCache,
+    pub(crate) auth: TenantAuth,
+    pub(crate) cache_enabled: bool,
+    pub(crate) default_max_tokens: usize,
+}
+
+impl ForgeState {
+    /// Opens the store (first: a bad database fails fast), loads the model, starts the engine.
+    /// Blocking.
+    pub fn load(config: &ServerConfig) -> Result<ForgeState, ServerError> {
+        let auth = match &config.tenants {
+            Some(path) => TenantAuth::load(path)?,
+            None => TenantAuth::Open,
+        };
+        let store = Arc::new(Store::open(&config.db)?);
+        if !config.model.is_file() {
+            return Err(ServerError::MissingModel(config.model.clone()));
+        }
+        let backend = Arc::new(CpuBackend::new(config.threads).map_err(|e| ServerError::Backend(e.to_string()))?);
+        let model = Model::load(&config.model, backend).map_err(|source| ServerError::Model { path: config.model.clone(), source })?;
+        let model_id = sha256_file(&config.model).map_err(|source| ServerError::ModelFile { path: config.model.clone(), source })?;
+        let tokenizer = Arc::new(Tokenizer::from_gguf(&model.gguf)?);
+        let template = ChatTemplate::from_gguf(&model.gguf)?;
+        let model_name = config.model.file_stem().map_or_else(|| "model".into(), |s| s.to_string_lossy().into_owned());
+        let context = model.config.n_ctx_train;
+        let backend = model.backend().name();
+        let scheduler = Scheduler::start(Arc::new(model), tokenizer.clone(), config.scheduler).map_err(ServerError::Engine)?;
+        Ok(ForgeState {
+            model_name,
+            model_id,
+            context,
+            backend,
+            tokenizer,
+            template,
+            scheduler,
+            exact: ExactCache::new(store.clone(), config.memory_cache_entries),
+            store,
+            auth,
+            cache_enabled: config.cache,
+            default_max_tokens: config.default_max_tokens,
+        })
+    }
+}
+
+/// Serves `state` on `listener` until `shutdown` completes.
+pub async fn serve(state: Arc<ForgeState>, listener: TcpListener, shutdown: impl Future<Output = ()>) -> Result<(), ServerError> {
+    use proto::forge_server::ForgeServer;
+    let (health_reporter, health) = tonic_health::server::health_reporter();
+    health_reporter.set_serving::<ForgeServer<service::ForgeService>>().await;
+    let reflection = || {
+        tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(proto::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    };
+    let reflection_v1 = reflection().build_v1().map_err(|e| ServerError::Reflection(e.to_string()))?;
+    let reflection_v1alpha = reflection().build_v1alpha().map_err(|e| ServerError::Reflection(e.to_string()))?;
+    tonic::transport::Server::builder()
+        .add_service(health)
+        .add_service(reflection_v1)
+        .add_service(reflection_v1alpha)
+        .add_service(ForgeServer::new(service::ForgeService::new(state)))
+        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+        .await?;
+    Ok(())
+}
+
+/// A service running in the current tokio runtime.
+pub struct RunningServer {
+    pub addr: SocketAddr,
+    pub model_name: String,
+    pub model_id: String,
+    shutdown: Option<oneshot::Sender<()>>,
+    task: JoinHandle<Result<(), ServerError>>,
+}
+
+impl RunningServer {
+    /// `http://ADDR`, for clients.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Stops accepting calls, ends the running ones, waits for the server to finish.
+    pub async fn stop(mut self) -> Result<(), ServerError> {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        (&mut self.task).await.map_err(|e| ServerError::Join(e.to_string()))?
+    }
+
+    /// Waits until the server ends (an error, or the shutdown future of [`start_with_shutdown`]).
+    pub async fn wait(mut self) -> Result<(), ServerError> {
+        (&mut self.task).await.map_err(|e| ServerError::Join(e.to_string()))?
+    }
+}
+
+/// Loads everything (off the async workers) and serves on `addr` (`127.0.0.1:0` = any free port).
+pub async fn start(config: ServerConfig, addr: &str) -> Result<RunningServer, ServerError> {
+    start_with_shutdown(config, addr, std::future::pending()).await
+}
+
+/// As [`start`]; the server also stops when `shutdown` completes (e.g. Ctrl-C).
+pub async fn start_with_shutdown(
+    config: ServerConfig,
+    addr: &str,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<RunningServer, ServerError> {
+    let state = tokio::task::spawn_blocking(move || ForgeState::load(&config)).await.map_err(|e| ServerError::Join(e.to_string()))??;
+    let listener = TcpListener::bind(addr).await.map_err(|source| ServerError::Bind { addr: addr.to_string(), source })?;
+    let local = listener.local_addr().map_err(|source| ServerError::Bind { addr: addr.to_string(), source })?;
+    let (tx, rx) = oneshot::channel::<()>();
+    let (model_name, model_id) = (state.model_name.clone(), state.model_id.clone());
+    let state = Arc::new(state);
+    let task = tokio::spawn(async move {
+        let stop = async move {
+            tokio::select! {
+                _ = rx => {}
+                _ = shutdown => {}
+            }
+        };
+        let result = serve(state.clone(), listener, stop).await;
+        // The engine thread is joined when the last reference goes; do that off the async workers.
+        let _ = tokio::task::spawn_blocking(move || drop(state)).await;
+        result
+    });
+    Ok(RunningServer { addr: local, model_name, model_id, shutdown: Some(tx), task })
+}

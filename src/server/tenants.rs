@@ -1,0 +1,194 @@
+//! Which tenant a call belongs to. Without a tenants file the `x-forge-tenant` header names it
+//! (`default` when absent). With one (`serve --tenants FILE`), every call must carry a known API
+//! key (`x-forge-api-key: KEY` or `authorization: Bearer KEY`) and the key decides the tenant.
+//! Either way a tenant named in the request body (or, with keys, in the header) must agree.
+//!
+//! The file (TOML):
+//!
+//! ```toml
+//! [[tenants]]
+//! name = "acme"
+//! api_keys = ["acme-secret-1", "acme-secret-2"]
+//!
+//! [[tenants]]
+//! name = "globex"
+//! api_keys = ["globex-secret"]
+//! ```
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use tonic::metadata::MetadataMap;
+
+use super::error::ServiceError;
+
+pub const TENANT_HEADER: &str = "x-forge-tenant";
+pub const API_KEY_HEADER: &str = "x-forge-api-key";
+pub const DEFAULT_TENANT: &str = "default";
+
+#[derive(Debug, thiserror::Error)]
+pub enum TenantsError {
+    #[error("{}: {source}", path.display())]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{}: {source}", path.display())]
+    Parse {
+        path: PathBuf,
+        #[source]
+        source: toml::de::Error,
+    },
+    #[error("{}: {msg}", path.display())]
+    Invalid { path: PathBuf, msg: String },
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct File {
+    tenants: Vec<Entry>,
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Entry {
+    name: String,
+    api_keys: Vec<String>,
+}
+
+#[derive(Debug, Clone)]
+pub enum TenantAuth {
+    /// The header (or body) names the tenant.
+    Open,
+    /// API key → tenant.
+    Keys(HashMap<String, String>),
+}
+
+/// 1–64 characters of `A-Z a-z 0-9 . _ -`.
+pub fn valid_tenant_name(name: &str) -> bool {
+    (1..=64).contains(&name.len()) && name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+}
+
+impl TenantAuth {
+    pub fn load(path: &Path) -> Result<TenantAuth, TenantsError> {
+        let text = std::fs::read_to_string(path).map_err(|source| TenantsError::Read { path: path.into(), source })?;
+        let file: File = toml::from_str(&text).map_err(|source| TenantsError::Parse { path: path.into(), source })?;
+        let invalid = |msg: String| TenantsError::Invalid { path: path.into(), msg };
+        let mut keys = HashMap::new();
+        for t in file.tenants {
+            if !valid_tenant_name(&t.name) {
+                return Err(invalid(format!("tenant name {:?} must be 1-64 characters of A-Z a-z 0-9 . _ -", t.name)));
+            }
+            if t.api_keys.is_empty() {
+                return Err(invalid(format!("tenant {:?} has no api_keys", t.name)));
+            }
+            for k in t.api_keys {
+                if k.len() < 8 {
+                    return Err(invalid(format!("an API key of tenant {:?} is shorter than 8 characters", t.name)));
+                }
+                if let Some(other) = keys.insert(k, t.name.clone()) {
+                    return Err(invalid(format!("an API key is listed for both {other:?} and {:?}", t.name)));
+                }
+            }
+        }
+        if keys.is_empty() {
+            return Err(invalid("no tenants".into()));
+        }
+        Ok(TenantAuth::Keys(keys))
+    }
+
+    /// The tenant of a call with these headers and this body `tenant` field ("" = unset).
+    pub fn resolve(&self, md: &MetadataMap, body: &str) -> Result<String, ServiceError> {
+        let header = |name: &str| -> Result<Option<String>, ServiceError> {
+            match md.get(name) {
+                None => Ok(None),
+                Some(v) => v
+                    .to_str()
+                    .map(|s| Some(s.trim().to_string()))
+                    .map_err(|_| ServiceError::InvalidArgument(format!("the {name} header is not ASCII text"))),
+            }
+        };
+        let named: Vec<String> = [header(TENANT_HEADER)?, Some(body.trim().to_string())].into_iter().flatten().filter(|s| !s.is_empty()).collect();
+        let tenant = match self {
+            TenantAuth::Open => {
+                let tenant = named.first().cloned().unwrap_or_else(|| DEFAULT_TENANT.to_string());
+                if let Some(other) = named.iter().find(|n| **n != tenant) {
+                    return Err(ServiceError::InvalidArgument(format!("the {TENANT_HEADER} header says {tenant:?} but the request says {other:?}")));
+                }
+                tenant
+            }
+            TenantAuth::Keys(keys) => {
+                let bearer = header("authorization")?.and_then(|a| a.strip_prefix("Bearer ").map(|k| k.trim().to_string()));
+                let key = header(API_KEY_HEADER)?.or(bearer).ok_or_else(|| {
+                    ServiceError::Unauthenticated(format!("this server needs an API key: send {API_KEY_HEADER}: KEY or authorization: Bearer KEY"))
+                })?;
+                let tenant = keys.get(&key).cloned().ok_or_else(|| ServiceError::Unauthenticated("unknown API key".into()))?;
+                if let Some(other) = named.iter().find(|n| **n != tenant) {
+                    return Err(ServiceError::PermissionDenied(format!("this API key belongs to tenant {tenant:?}, not {other:?}")));
+                }
+                tenant
+            }
+        };
+        if !valid_tenant_name(&tenant) {
+            return Err(ServiceError::InvalidArgument(format!("tenant name {tenant:?} must be 1-64 characters of A-Z a-z 0-9 . _ -")));
+        }
+        Ok(tenant)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tonic::Code;
+
+    fn md(pairs: &[(&'static str, &str)]) -> MetadataMap {
+        let mut m = MetadataMap::new();
+        for (k, v) in pairs {
+            m.insert(*k, v.parse().expect("ascii"));
+        }
+        m
+    }
+
+    fn code(r: Result<String, ServiceError>) -> Code {
+        r.map_err(tonic::Status::from).expect_err("must fail").code()
+    }
+
+    #[test]
+    fn open_mode_uses_header_or_body() {
+        let a = TenantAuth::Open;
+        assert_eq!(a.resolve(&md(&[]), "").expect("ok"), "default");
+        assert_eq!(a.resolve(&md(&[(TENANT_HEADER, "acme")]), "").expect("ok"), "acme");
+        assert_eq!(a.resolve(&md(&[]), "acme").expect("ok"), "acme");
+        assert_eq!(a.resolve(&md(&[(TENANT_HEADER, "acme")]), "acme").expect("ok"), "acme");
+        assert_eq!(code(a.resolve(&md(&[(TENANT_HEADER, "acme")]), "globex")), Code::InvalidArgument);
+        assert_eq!(code(a.resolve(&md(&[(TENANT_HEADER, "bad name")]), "")), Code::InvalidArgument);
+    }
+
+    #[test]
+    fn keys_mode() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("tenants.toml");
+        std::fs::write(&path, "[[tenants]]\nname = \"acme\"\napi_keys = [\"acme-key-1\"]\n[[tenants]]\nname = \"globex\"\napi_keys = [\"globex-key-1\"]\n")
+            .expect("write");
+        let a = TenantAuth::load(&path).expect("load");
+        assert_eq!(a.resolve(&md(&[(API_KEY_HEADER, "acme-key-1")]), "").expect("ok"), "acme");
+        assert_eq!(a.resolve(&md(&[("authorization", "Bearer globex-key-1")]), "globex").expect("ok"), "globex");
+        assert_eq!(code(a.resolve(&md(&[]), "")), Code::Unauthenticated);
+        assert_eq!(code(a.resolve(&md(&[(API_KEY_HEADER, "nope-nope-nope")]), "")), Code::Unauthenticated);
+        assert_eq!(code(a.resolve(&md(&[(API_KEY_HEADER, "acme-key-1"), (TENANT_HEADER, "globex")]), "")), Code::PermissionDenied);
+        assert_eq!(code(a.resolve(&md(&[(API_KEY_HEADER, "acme-key-1")]), "globex")), Code::PermissionDenied);
+    }
+
+    #[test]
+    fn bad_files() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("t.toml");
+        for bad in ["tenants = []", "[[tenants]]\nname = \"a b\"\napi_keys = [\"12345678\"]", "[[tenants]]\nname = \"a\"\napi_keys = [\"short\"]",
+            "[[tenants]]\nname = \"a\"\napi_keys = [\"12345678\"]\n[[tenants]]\nname = \"b\"\napi_keys = [\"12345678\"]", "nonsense ="] {
+            std::fs::write(&path, bad).expect("write");
+            assert!(TenantAuth::load(&path).is_err(), "{bad}");
+        }
+        assert!(matches!(TenantAuth::load(&dir.path().join("missing.toml")), Err(TenantsError::Read { .. })));
+    }
+}

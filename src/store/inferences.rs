@@ -1,0 +1,225 @@
+//! `inferences`: one row per request. The rows of computed, cacheable answers are also the
+//! persistent layer of the exact cache: a lookup is the newest MODEL row with the key that no
+//! REFRESH has superseded.
+
+use rusqlite::{named_params, OptionalExtension};
+
+use super::{now_sql, CacheMode, ServedFrom, Store, StoreError};
+use crate::engine::generate::StopReason;
+
+/// Everything recorded about one request.
+#[derive(Debug, Clone)]
+pub struct NewInference<'a> {
+    pub tenant: &'a str,
+    pub question: Option<&'a str>,
+    pub prompt: &'a str,
+    pub prompt_hash: &'a str,
+    pub model: &'a str,
+    pub model_id: &'a str,
+    /// JSON object of the request's generation parameters.
+    pub params: &'a str,
+    pub cache_mode: CacheMode,
+    pub cache_key: Option<&'a str>,
+    pub served_from: ServedFrom,
+    pub source_inference_id: Option<i64>,
+    pub source_fact_id: Option<i64>,
+    pub similarity: Option<f64>,
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+    pub tokens_computed: usize,
+    pub tokens_reused: usize,
+    pub stop_reason: StopReason,
+    pub response: &'a str,
+    pub response_tokens: &'a [u32],
+    pub queue_ms: f64,
+    pub prefill_ms: f64,
+    pub decode_ms: f64,
+    pub latency_ms: f64,
+    pub backend: &'a str,
+}
+
+/// A computed answer the exact cache can replay.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CachedAnswer {
+    pub inference_id: i64,
+    pub response: String,
+    pub response_tokens: Vec<u32>,
+    pub stop_reason: StopReason,
+    /// Positions the model computed for it (what a replay saves).
+    pub tokens_computed: usize,
+}
+
+pub fn stop_reason_str(s: StopReason) -> &'static str {
+    match s {
+        StopReason::Stop => "stop",
+        StopReason::Length => "length",
+        StopReason::ContextFull => "context_full",
+        StopReason::Cancelled => "cancelled",
+    }
+}
+
+fn parse_stop_reason(s: &str) -> Result<StopReason, StoreError> {
+    Ok(match s {
+        "stop" => StopReason::Stop,
+        "length" => StopReason::Length,
+        "context_full" => StopReason::ContextFull,
+        "cancelled" => StopReason::Cancelled,
+        other => return Err(StoreError::Malformed(format!("stop_reason {other:?}"))),
+    })
+}
+
+impl Store {
+    /// Records a request and what it implies, in one transaction: a REFRESH answer supersedes
+    /// the earlier answers under its cache key; an EXACT replay counts as a reuse of the source
+    /// answer's reasoning chain; a FACT answer counts as a reuse of the fact. Returns the row id.
+    pub fn record_inference(&self, r: &NewInference<'_>) -> Result<i64, StoreError> {
+        let tokens = serde_json::to_string(r.response_tokens).map_err(|e| StoreError::Malformed(e.to_string()))?;
+        let mut conn = self.conn();
+        let tx = conn.transaction()?;
+        tx.execute(
+            "INSERT INTO inferences (tenant, question, prompt, prompt_hash, model, model_id, params, cache_mode,
+                 cache_key, served_from, source_inference_id, source_fact_id, similarity, prompt_tokens,
+                 completion_tokens, tokens_computed, tokens_reused, stop_reason, response, response_tokens,
+                 queue_ms, prefill_ms, decode_ms, latency_ms, backend)
+             VALUES (:tenant, :question, :prompt, :prompt_hash, :model, :model_id, :params, :cache_mode,
+                 :cache_key, :served_from, :source_inference_id, :source_fact_id, :similarity, :prompt_tokens,
+                 :completion_tokens, :tokens_computed, :tokens_reused, :stop_reason, :response, :response_tokens,
+                 :queue_ms, :prefill_ms, :decode_ms, :latency_ms, :backend)",
+            named_params! {
+                ":tenant": r.tenant, ":question": r.question, ":prompt": r.prompt, ":prompt_hash": r.prompt_hash,
+                ":model": r.model, ":model_id": r.model_id, ":params": r.params, ":cache_mode": r.cache_mode.as_str(),
+                ":cache_key": r.cache_key, ":served_from": r.served_from.as_str(),
+                ":source_inference_id": r.source_inference_id, ":source_fact_id": r.source_fact_id,
+                ":similarity": r.similarity, ":prompt_tokens": r.prompt_tokens as i64,
+                ":completion_tokens": r.completion_tokens as i64, ":tokens_computed": r.tokens_computed as i64,
+                ":tokens_reused": r.tokens_reused as i64, ":stop_reason": stop_reason_str(r.stop_reason),
+                ":response": r.response, ":response_tokens": tokens, ":queue_ms": r.queue_ms,
+                ":prefill_ms": r.prefill_ms, ":decode_ms": r.decode_ms, ":latency_ms": r.latency_ms,
+                ":backend": r.backend,
+            },
+        )?;
+        let id = tx.last_insert_rowid();
+        match (r.served_from, r.cache_mode, r.cache_key) {
+            (ServedFrom::Model, CacheMode::Refresh, Some(key)) => {
+                tx.execute(
+                    "UPDATE inferences SET superseded_by = ?1
+                     WHERE tenant = ?2 AND cache_key = ?3 AND served_from = 'MODEL' AND superseded_by IS NULL AND id != ?1",
+                    rusqlite::params![id, r.tenant, key],
+                )?;
+            }
+            (ServedFrom::Exact, _, _) => {
+                tx.execute(
+                    concat!(
+                        "UPDATE reasoning_chains SET reuse_count = reuse_count + 1, last_reused_at = ",
+                        now_sql!(),
+                        " WHERE tenant = ?1 AND inference_id = ?2"
+                    ),
+                    rusqlite::params![r.tenant, r.source_inference_id],
+                )?;
+            }
+            (ServedFrom::Fact, _, _) => {
+                tx.execute(
+                    concat!(
+                        "UPDATE facts SET reuse_count = reuse_count + 1, last_reused_at = ",
+                        now_sql!(),
+                        " WHERE tenant = ?1 AND id = ?2"
+                    ),
+                    rusqlite::params![r.tenant, r.source_fact_id],
+                )?;
+            }
+            _ => {}
+        }
+        tx.commit()?;
+        Ok(id)
+    }
+
+    /// The answer the exact cache holds for `key` in `tenant`: the newest computed, complete
+    /// (not cancelled), not superseded answer recorded under it.
+    pub fn find_exact(&self, tenant: &str, key: &str) -> Result<Option<CachedAnswer>, StoreError> {
+        let row = self
+            .conn()
+            .query_row(
+                "SELECT id, response, response_tokens, stop_reason, tokens_computed FROM inferences
+                 WHERE tenant = ?1 AND cache_key = ?2 AND served_from = 'MODEL' AND superseded_by IS NULL
+                   AND stop_reason != 'cancelled'
+                 ORDER BY id DESC LIMIT 1",
+                rusqlite::params![tenant, key],
+                |r| Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?, r.get::<_, String>(2)?, r.get::<_, String>(3)?, r.get::<_, i64>(4)?)),
+            )
+            .optional()?;
+        let Some((inference_id, response, tokens, stop, computed)) = row else {
+            return Ok(None);
+        };
+        let response_tokens: Vec<u32> =
+            serde_json::from_str(&tokens).map_err(|e| StoreError::Malformed(format!("inference {inference_id} response_tokens: {e}")))?;
+        Ok(Some(CachedAnswer {
+            inference_id,
+            response,
+            response_tokens,
+            stop_reason: parse_stop_reason(&stop)?,
+            tokens_computed: computed.max(0) as usize,
+        }))
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    pub(crate) fn sample<'a>(tenant: &'a str, key: Option<&'a str>, served_from: ServedFrom, mode: CacheMode) -> NewInference<'a> {
+        NewInference {
+            tenant,
+            question: Some("What is the capital of France?"),
+            prompt: "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n",
+            prompt_hash: "ph",
+            model: "m",
+            model_id: "mid",
+            params: "{}",
+            cache_mode: mode,
+            cache_key: key,
+            served_from,
+            source_inference_id: None,
+            source_fact_id: None,
+            similarity: None,
+            prompt_tokens: 10,
+            completion_tokens: 3,
+            tokens_computed: 12,
+            tokens_reused: 0,
+            stop_reason: StopReason::Stop,
+            response: "Paris.",
+            response_tokens: &[1, 2, 3],
+            queue_ms: 0.0,
+            prefill_ms: 1.0,
+            decode_ms: 2.0,
+            latency_ms: 3.5,
+            backend: "test",
+        }
+    }
+
+    #[test]
+    fn exact_lookup_is_per_tenant_and_refresh_supersedes() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = Store::open(dir.path().join("s.db")).expect("open");
+        assert_eq!(store.find_exact("a", "k").expect("lookup"), None);
+        let first = store.record_inference(&sample("a", Some("k"), ServedFrom::Model, CacheMode::Auto)).expect("record");
+        let hit = store.find_exact("a", "k").expect("lookup").expect("hit");
+        assert_eq!((hit.inference_id, hit.response.as_str(), hit.response_tokens.as_slice()), (first, "Paris.", &[1u32, 2, 3][..]));
+        assert_eq!(store.find_exact("b", "k").expect("lookup"), None, "another tenant must not see it");
+
+        let second = store.record_inference(&sample("a", Some("k"), ServedFrom::Model, CacheMode::Refresh)).expect("record");
+        assert_eq!(store.find_exact("a", "k").expect("lookup").expect("hit").inference_id, second);
+        let by: Option<i64> =
+            store.conn().query_row("SELECT superseded_by FROM inferences WHERE id = ?1", [first], |r| r.get(0)).expect("row");
+        assert_eq!(by, Some(second));
+    }
+
+    #[test]
+    fn cancelled_answers_are_not_replayed() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = Store::open(dir.path().join("s.db")).expect("open");
+        let mut r = sample("a", Some("k"), ServedFrom::Model, CacheMode::Auto);
+        r.stop_reason = StopReason::Cancelled;
+        store.record_inference(&r).expect("record");
+        assert_eq!(store.find_exact("a", "k").expect("lookup"), None);
+    }
+}

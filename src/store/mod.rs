@@ -1,0 +1,296 @@
+//! The knowledge store: one SQLite file (rusqlite, bundled SQLite, WAL) holding every request
+//! (`inferences`), the facts its answers left behind (`facts`, `fact_relationships`,
+//! `reasoning_chains`), and tables later tiers fill (`kv_lineage`, `semantic_fragments`).
+//! The schema lives in `migrations/NNNN_*.sql`, applied in order at open and tracked with
+//! `PRAGMA user_version`; `docs/schema.md` documents it. sqlite-vec is registered for every
+//! connection this process opens.
+//!
+//! * `inferences` — recording requests, exact-cache lookups, REFRESH superseding
+//! * `claims` — splitting answers into claims, normalizing text for dedup and question lookup
+//! * `facts` — fact extraction, PutFact, InvalidateFacts, search, the FACT tier's lookup
+//! * `stats` — hit rates, tokens and time saved, latency percentiles
+//! * `query` — read-only connections and the guarded ad-hoc query runner (`forge-cache sql`)
+//!
+//! Every read and write takes the tenant: nothing crosses tenants.
+
+pub mod claims;
+pub mod facts;
+pub mod inferences;
+pub mod query;
+pub mod stats;
+
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::time::Duration;
+
+use rusqlite::{Connection, OpenFlags};
+use sha2::{Digest, Sha256};
+
+pub use facts::{Fact, InvalidateRequest, LearnReport, PutFactReport};
+pub use inferences::{CachedAnswer, NewInference};
+pub use query::QueryResult;
+pub use stats::{Stats, StatsFilter, TierStats};
+
+/// The current UTC time as the store writes timestamps (sortable ISO-8601 text, milliseconds).
+macro_rules! now_sql {
+    () => {
+        "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')"
+    };
+}
+pub(crate) use now_sql;
+
+/// The migrations, in order; `user_version` = how many have been applied. A test checks that
+/// every file in `migrations/` is listed here.
+pub const MIGRATIONS: &[(&str, &str)] = &[("0001_init.sql", include_str!("../../migrations/0001_init.sql"))];
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("{}: cannot open the database: {source}", path.display())]
+    Open {
+        path: PathBuf,
+        #[source]
+        source: rusqlite::Error,
+    },
+    #[error("{}: not a usable SQLite database ({source}); the file was left untouched", path.display())]
+    Corrupt {
+        path: PathBuf,
+        #[source]
+        source: rusqlite::Error,
+    },
+    #[error("{}: schema version {found} is newer than this build knows ({known}); use a newer forge-cache", path.display())]
+    TooNew { path: PathBuf, found: i64, known: usize },
+    #[error("migration {name} failed: {source}")]
+    Migration {
+        name: &'static str,
+        #[source]
+        source: rusqlite::Error,
+    },
+    #[error("registering sqlite-vec failed with SQLite code {0}")]
+    SqliteVec(i32),
+    #[error("database error: {0}")]
+    Sqlite(#[from] rusqlite::Error),
+    #[error("stored value is malformed: {0}")]
+    Malformed(String),
+    #[error("fact {0} does not exist for this tenant")]
+    NoSuchFact(i64),
+    #[error("{0}")]
+    Invalid(String),
+    #[error("refused: {0}")]
+    Refused(String),
+}
+
+/// Registers sqlite-vec as an auto-extension (once per process): every connection opened
+/// afterwards has `vec_version()`, `vec_distance_cosine()`, `vec0` tables, ...
+pub fn register_sqlite_vec() -> Result<(), StoreError> {
+    static RC: OnceLock<i32> = OnceLock::new();
+    let rc = *RC.get_or_init(|| {
+        // SAFETY: `sqlite3_vec_init` is sqlite-vec's C entry point with the signature SQLite
+        // expects of an extension init function (db, pzErrMsg, pApi); sqlite-vec's crate
+        // declares it without arguments, so the pointer is cast to the type
+        // `sqlite3_auto_extension` takes, as sqlite-vec documents. It is compiled against the
+        // same (bundled) SQLite that rusqlite links, and registering an auto-extension has no
+        // other precondition.
+        unsafe {
+            rusqlite::ffi::sqlite3_auto_extension(Some(std::mem::transmute::<
+                *const (),
+                unsafe extern "C" fn(
+                    *mut rusqlite::ffi::sqlite3,
+                    *mut *mut std::os::raw::c_char,
+                    *const rusqlite::ffi::sqlite3_api_routines,
+                ) -> std::os::raw::c_int,
+            >(sqlite_vec::sqlite3_vec_init as *const ())))
+        }
+    });
+    if rc == rusqlite::ffi::SQLITE_OK {
+        Ok(())
+    } else {
+        Err(StoreError::SqliteVec(rc))
+    }
+}
+
+/// sha256 of `bytes` as lower-case hex: the store's hash for prompts, questions, cache keys and
+/// model files.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    hex(&Sha256::digest(bytes))
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// sha256 (hex) of a file's content, read in 1 MiB pieces.
+pub fn sha256_file(path: &Path) -> std::io::Result<String> {
+    use std::io::Read;
+    let mut f = std::fs::File::open(path)?;
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = f.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+    }
+    Ok(hex(&h.finalize()))
+}
+
+/// The read-write store of a service. Cheap to share behind an `Arc`; calls block (run them
+/// off the async executor).
+pub struct Store {
+    conn: Mutex<Connection>,
+    path: PathBuf,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store").field("path", &self.path).finish()
+    }
+}
+
+impl Store {
+    /// Opens (creating if missing) the database at `path`, checks that it is a readable SQLite
+    /// file before changing anything in it, switches it to WAL and applies pending migrations.
+    /// A file that is not a database is an error and is not modified.
+    pub fn open(path: impl AsRef<Path>) -> Result<Store, StoreError> {
+        let path = path.as_ref().to_path_buf();
+        register_sqlite_vec()?;
+        let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+        let mut conn = Connection::open_with_flags(&path, flags).map_err(|source| StoreError::Open { path: path.clone(), source })?;
+        // The first statement reads the header and schema: a non-database fails here, before any write.
+        conn.query_row("SELECT count(*) FROM sqlite_master", [], |r| r.get::<_, i64>(0))
+            .map_err(|source| StoreError::Corrupt { path: path.clone(), source })?;
+        conn.busy_timeout(Duration::from_secs(5))?;
+        let mode: String = conn.query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))?;
+        if !mode.eq_ignore_ascii_case("wal") {
+            return Err(StoreError::Invalid(format!("{}: journal mode is {mode}, WAL could not be set", path.display())));
+        }
+        conn.pragma_update(None, "synchronous", "NORMAL")?;
+        conn.pragma_update(None, "foreign_keys", "ON")?;
+        migrate(&mut conn, &path)?;
+        Ok(Store { conn: Mutex::new(conn), path })
+    }
+
+    /// The connection. A panic while it was held cannot leave a transaction open (rusqlite rolls
+    /// back on drop), so a poisoned lock is taken over.
+    pub(crate) fn conn(&self) -> MutexGuard<'_, Connection> {
+        self.conn.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The schema version (`PRAGMA user_version`).
+    pub fn schema_version(&self) -> Result<i64, StoreError> {
+        Ok(self.conn().query_row("PRAGMA user_version", [], |r| r.get(0))?)
+    }
+}
+
+fn migrate(conn: &mut Connection, path: &Path) -> Result<(), StoreError> {
+    let version: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+    if version < 0 || version as usize > MIGRATIONS.len() {
+        return Err(StoreError::TooNew { path: path.to_path_buf(), found: version, known: MIGRATIONS.len() });
+    }
+    for (i, (name, sql)) in MIGRATIONS.iter().enumerate().skip(version as usize) {
+        let wrap = |source| StoreError::Migration { name, source };
+        let tx = conn.transaction().map_err(wrap)?;
+        tx.execute_batch(sql).map_err(wrap)?;
+        tx.pragma_update(None, "user_version", (i + 1) as i64).map_err(wrap)?;
+        tx.commit().map_err(wrap)?;
+    }
+    Ok(())
+}
+
+/// How a request used the caches (stored in `inferences.cache_mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CacheMode {
+    Auto,
+    Bypass,
+    Refresh,
+}
+
+impl CacheMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CacheMode::Auto => "auto",
+            CacheMode::Bypass => "bypass",
+            CacheMode::Refresh => "refresh",
+        }
+    }
+}
+
+/// Where an answer came from (stored in `inferences.served_from`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum ServedFrom {
+    Model,
+    Exact,
+    Fact,
+}
+
+impl ServedFrom {
+    pub const ALL: [ServedFrom; 3] = [ServedFrom::Model, ServedFrom::Exact, ServedFrom::Fact];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ServedFrom::Model => "MODEL",
+            ServedFrom::Exact => "EXACT",
+            ServedFrom::Fact => "FACT",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<ServedFrom> {
+        ServedFrom::ALL.into_iter().find(|t| t.as_str() == s)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_migration_file_is_listed_in_order() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations");
+        let mut files: Vec<String> = std::fs::read_dir(&dir)
+            .expect("migrations dir")
+            .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+            .filter(|n| n.ends_with(".sql"))
+            .collect();
+        files.sort();
+        let listed: Vec<&str> = MIGRATIONS.iter().map(|(n, _)| *n).collect();
+        assert_eq!(files, listed);
+        for (i, name) in listed.iter().enumerate() {
+            assert!(name.starts_with(&format!("{:04}_", i + 1)), "{name} is out of sequence");
+        }
+    }
+
+    #[test]
+    fn open_migrates_once_and_loads_sqlite_vec() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("t.db");
+        let store = Store::open(&path).expect("open");
+        assert_eq!(store.schema_version().expect("version"), MIGRATIONS.len() as i64);
+        let v: String = store.conn().query_row("SELECT vec_version()", [], |r| r.get(0)).expect("sqlite-vec");
+        assert!(v.starts_with('v'), "{v}");
+        drop(store);
+        let store = Store::open(&path).expect("reopen");
+        assert_eq!(store.schema_version().expect("version"), MIGRATIONS.len() as i64);
+    }
+
+    #[test]
+    fn a_file_that_is_not_a_database_is_refused_and_kept() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("bad.db");
+        let junk: Vec<u8> = (0..4096u32).map(|i| (i.wrapping_mul(2654435761) >> 13) as u8).collect();
+        std::fs::write(&path, &junk).expect("write");
+        let err = Store::open(&path).expect_err("must fail");
+        assert!(matches!(err, StoreError::Corrupt { .. }), "{err}");
+        assert!(err.to_string().contains("left untouched"), "{err}");
+        assert_eq!(std::fs::read(&path).expect("read"), junk);
+    }
+
+    #[test]
+    fn a_newer_schema_is_refused() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("new.db");
+        Connection::open(&path).expect("create").pragma_update(None, "user_version", 99).expect("set");
+        assert!(matches!(Store::open(&path), Err(StoreError::TooNew { found: 99, .. })));
+    }
+}

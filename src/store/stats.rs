@@ -1,0 +1,205 @@
+//! What the caches are worth: per tenant and tier (served_from), requests and hit rate, tokens
+//! computed and reused, latency p50/p95; tokens saved (reused) and time saved (an EXACT replay
+//! saves its source answer's latency minus its own); fact and chain counts. Works on any
+//! connection, so `forge-cache stats` reads the file directly through a read-only one.
+
+use std::collections::BTreeMap;
+
+use rusqlite::Connection;
+
+use super::{ServedFrom, Store, StoreError};
+
+#[derive(Debug, Clone, Default)]
+pub struct StatsFilter {
+    /// Only this tenant (the service always sets it; the CLI may not).
+    pub tenant: Option<String>,
+    /// Only requests of the last N seconds.
+    pub since_seconds: Option<u64>,
+}
+
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct TierStats {
+    pub served_from: ServedFrom,
+    pub requests: u64,
+    /// This tier's share of the tenant's requests.
+    pub hit_rate: f64,
+    pub tokens_computed: u64,
+    pub tokens_reused: u64,
+    pub latency_p50_ms: f64,
+    pub latency_p95_ms: f64,
+}
+
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Stats {
+    /// The tenant, or `*` for all tenants together.
+    pub tenant: String,
+    pub requests: u64,
+    /// Every tier, MODEL first (zeros where unused).
+    pub tiers: Vec<TierStats>,
+    pub tokens_saved: u64,
+    pub time_saved_ms: f64,
+    pub live_facts: u64,
+    pub degraded_facts: u64,
+    pub reasoning_chains: u64,
+}
+
+struct Row {
+    tenant: String,
+    served_from: ServedFrom,
+    latency_ms: f64,
+    computed: u64,
+    reused: u64,
+    source_latency_ms: Option<f64>,
+}
+
+/// Nearest-rank percentile of sorted values (0 when empty).
+pub fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let rank = (p * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+fn summarize(tenant: String, rows: &[&Row], counts: (u64, u64, u64)) -> Stats {
+    let n = rows.len() as u64;
+    let tiers = ServedFrom::ALL
+        .into_iter()
+        .map(|tier| {
+            let mine: Vec<&&Row> = rows.iter().filter(|r| r.served_from == tier).collect();
+            let mut lat: Vec<f64> = mine.iter().map(|r| r.latency_ms).collect();
+            lat.sort_by(f64::total_cmp);
+            TierStats {
+                served_from: tier,
+                requests: mine.len() as u64,
+                hit_rate: if n == 0 { 0.0 } else { mine.len() as f64 / n as f64 },
+                tokens_computed: mine.iter().map(|r| r.computed).sum(),
+                tokens_reused: mine.iter().map(|r| r.reused).sum(),
+                latency_p50_ms: percentile(&lat, 0.50),
+                latency_p95_ms: percentile(&lat, 0.95),
+            }
+        })
+        .collect();
+    let time_saved_ms = rows
+        .iter()
+        .filter(|r| r.served_from == ServedFrom::Exact)
+        .filter_map(|r| r.source_latency_ms.map(|s| (s - r.latency_ms).max(0.0)))
+        .sum();
+    Stats {
+        tenant,
+        requests: n,
+        tiers,
+        tokens_saved: rows.iter().map(|r| r.reused).sum(),
+        time_saved_ms,
+        live_facts: counts.0,
+        degraded_facts: counts.1,
+        reasoning_chains: counts.2,
+    }
+}
+
+/// One [`Stats`] per tenant (sorted by name), then, when no tenant was asked for and there is
+/// more than one, the total over all of them (tenant `*`).
+pub fn compute(conn: &Connection, filter: &StatsFilter) -> Result<Vec<Stats>, StoreError> {
+    let since = filter.since_seconds.map(|s| format!("-{s} seconds"));
+    let mut stmt = conn.prepare(
+        "SELECT i.tenant, i.served_from, i.latency_ms, i.tokens_computed, i.tokens_reused, s.latency_ms
+         FROM inferences i LEFT JOIN inferences s ON s.id = i.source_inference_id
+         WHERE (?1 IS NULL OR i.tenant = ?1)
+           AND (?2 IS NULL OR i.created_at >= strftime('%Y-%m-%dT%H:%M:%fZ', 'now', ?2))",
+    )?;
+    let rows = stmt
+        .query_map(rusqlite::params![filter.tenant, since], |r| {
+            let tier: String = r.get(1)?;
+            Ok((r.get::<_, String>(0)?, tier, r.get::<_, f64>(2)?, r.get::<_, i64>(3)?, r.get::<_, i64>(4)?, r.get::<_, Option<f64>>(5)?))
+        })?
+        .map(|row| {
+            let (tenant, tier, latency_ms, computed, reused, source_latency_ms) = row?;
+            let served_from = ServedFrom::parse(&tier).ok_or_else(|| StoreError::Malformed(format!("served_from {tier:?}")))?;
+            Ok(Row { tenant, served_from, latency_ms, computed: computed.max(0) as u64, reused: reused.max(0) as u64, source_latency_ms })
+        })
+        .collect::<Result<Vec<Row>, StoreError>>()?;
+
+    let mut counts: BTreeMap<String, (u64, u64, u64)> = BTreeMap::new();
+    let mut stmt = conn.prepare(
+        "SELECT tenant, SUM(degraded_at IS NULL), SUM(degraded_at IS NOT NULL), 0 FROM facts WHERE ?1 IS NULL OR tenant = ?1 GROUP BY tenant
+         UNION ALL
+         SELECT tenant, 0, 0, COUNT(*) FROM reasoning_chains WHERE ?1 IS NULL OR tenant = ?1 GROUP BY tenant",
+    )?;
+    for row in stmt.query_map([&filter.tenant], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?, r.get::<_, i64>(2)?, r.get::<_, i64>(3)?)))? {
+        let (tenant, live, degraded, chains) = row?;
+        let c = counts.entry(tenant).or_default();
+        c.0 += live.max(0) as u64;
+        c.1 += degraded.max(0) as u64;
+        c.2 += chains.max(0) as u64;
+    }
+
+    let mut tenants: Vec<String> = rows.iter().map(|r| r.tenant.clone()).chain(counts.keys().cloned()).collect();
+    if let Some(t) = &filter.tenant {
+        tenants.push(t.clone());
+    }
+    tenants.sort();
+    tenants.dedup();
+    let mut out: Vec<Stats> = tenants
+        .iter()
+        .map(|t| {
+            let mine: Vec<&Row> = rows.iter().filter(|r| &r.tenant == t).collect();
+            summarize(t.clone(), &mine, counts.get(t).copied().unwrap_or_default())
+        })
+        .collect();
+    if filter.tenant.is_none() && out.len() > 1 {
+        let all: Vec<&Row> = rows.iter().collect();
+        let total = counts.values().fold((0, 0, 0), |a, c| (a.0 + c.0, a.1 + c.1, a.2 + c.2));
+        out.push(summarize("*".into(), &all, total));
+    }
+    Ok(out)
+}
+
+impl Store {
+    /// Stats of one tenant.
+    pub fn tenant_stats(&self, tenant: &str, since_seconds: Option<u64>) -> Result<Stats, StoreError> {
+        let filter = StatsFilter { tenant: Some(tenant.to_string()), since_seconds };
+        compute(&self.conn(), &filter)?
+            .into_iter()
+            .next()
+            .ok_or_else(|| StoreError::Malformed("no stats row for the tenant".into()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::inferences::tests::sample;
+    use crate::store::CacheMode;
+
+    #[test]
+    fn percentiles_are_nearest_rank() {
+        let v: Vec<f64> = (1..=20).map(f64::from).collect();
+        assert_eq!((percentile(&v, 0.5), percentile(&v, 0.95)), (10.0, 19.0));
+        assert_eq!(percentile(&[3.0], 0.95), 3.0);
+        assert_eq!(percentile(&[], 0.5), 0.0);
+    }
+
+    #[test]
+    fn stats_per_tenant_and_total() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let s = Store::open(dir.path().join("s.db")).expect("open");
+        let src = s.record_inference(&sample("a", Some("k"), ServedFrom::Model, CacheMode::Auto)).expect("model");
+        let mut hit = sample("a", Some("k"), ServedFrom::Exact, CacheMode::Auto);
+        (hit.source_inference_id, hit.latency_ms, hit.tokens_computed, hit.tokens_reused) = (Some(src), 0.5, 0, 13);
+        s.record_inference(&hit).expect("hit");
+        s.record_inference(&sample("b", None, ServedFrom::Model, CacheMode::Bypass)).expect("b");
+
+        let a = s.tenant_stats("a", None).expect("stats");
+        assert_eq!((a.requests, a.tokens_saved, a.time_saved_ms), (2, 13, 3.0));
+        let exact = &a.tiers[1];
+        assert_eq!((exact.served_from, exact.requests, exact.hit_rate, exact.latency_p50_ms), (ServedFrom::Exact, 1, 0.5, 0.5));
+        assert_eq!(s.tenant_stats("nobody", None).expect("stats").requests, 0);
+
+        let all = compute(&s.conn(), &StatsFilter::default()).expect("all");
+        let names: Vec<&str> = all.iter().map(|x| x.tenant.as_str()).collect();
+        assert_eq!(names, ["a", "b", "*"]);
+        assert_eq!(all[2].requests, 3);
+        let recent = compute(&s.conn(), &StatsFilter { tenant: None, since_seconds: Some(3600) }).expect("recent");
+        assert_eq!(recent[2].requests, 3);
+    }
+}
