@@ -3,6 +3,7 @@
 mod embed;
 mod generate;
 mod hardware;
+mod synth_model;
 
 use clap::{Parser, Subcommand};
 
@@ -22,6 +23,8 @@ pub enum Command {
     Embed(embed::EmbedArgs),
     /// Show the detected CPU, SIMD level, memory, GPUs and execution tier.
     Hardware(hardware::HardwareArgs),
+    /// Write a GGUF model with random weights in a real model's shape (for speed measurements).
+    SynthModel(synth_model::SynthModelArgs),
 }
 
 /// Runs the parsed command.
@@ -30,6 +33,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Generate(args) => generate::run(&args),
         Command::Embed(args) => embed::run(&args),
         Command::Hardware(args) => hardware::run(&args),
+        Command::SynthModel(args) => synth_model::run(&args),
     }
 }
 
@@ -50,5 +54,14 @@ mod tests {
         let cli = Cli::try_parse_from(["forge-cache", "hardware"]).expect("parses");
         assert!(matches!(cli.command, Command::Hardware(hardware::HardwareArgs { json: false })));
         assert!(Cli::try_parse_from(["forge-cache", "hardware", "--bogus"]).is_err());
+    }
+
+    #[test]
+    fn parses_synth_model() {
+        let cli = Cli::try_parse_from(["forge-cache", "synth-model", "--shape", "tinyllama-1.1b", "--quant", "q4_0", "-o", "m.gguf"]).expect("parses");
+        let Command::SynthModel(a) = cli.command else { panic!("not synth-model") };
+        assert_eq!((a.shape.as_str(), a.quant.as_str(), a.seed), ("tinyllama-1.1b", "q4_0", 0));
+        assert_eq!(a.output, std::path::PathBuf::from("m.gguf"));
+        assert!(Cli::try_parse_from(["forge-cache", "synth-model", "--shape", "x"]).is_err());
     }
 }
