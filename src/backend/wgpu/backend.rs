@@ -116,7 +116,7 @@ impl WgpuBackend {
         let row_bytes = (wdata.len() / rows) as u32;
         let kernel = self.ctx.kernels.matmul.get(&w.ty).ok_or_else(|| WgpuError::Unsupported(w.ty.name().into()))?;
         let grid = self.ctx.matmul_grid(rows, n_tok);
-        let params = [rows as u32, cols32 as u32, n_tok as u32, row_bytes];
+        let params = [rows as u32, cols32 as u32, n_tok as u32, row_bytes, rows as u32, 0, 0, 0];
         let args = [Arg::Bytes(wdata), Arg::Bytes(bytemuck::cast_slice(xdata)), Arg::Zeroed((out.len() * 4) as u64)];
         self.run(kernel, &params, &args, grid, 2, out)
     }
@@ -162,7 +162,7 @@ impl WgpuBackend {
             return Err(WgpuError::Unsupported("position beyond the RoPE table".into()));
         }
         let input = x.to_vec();
-        let params = [n as u32, n_head as u32, head_dim as u32, 0];
+        let params = [n as u32, n_head as u32, head_dim as u32, (n_head * head_dim) as u32];
         let args = [Arg::Bytes(bytemuck::cast_slice(&input)), Arg::Bytes(bytemuck::cast_slice(cos_sin)), Arg::Bytes(bytemuck::cast_slice(positions))];
         self.run(&self.ctx.kernels.rope, &params, &args, grid_1d(n * n_head * head_dim / 2), 0, x)
     }
@@ -176,7 +176,7 @@ impl WgpuBackend {
             return Err(WgpuError::BadShape { got: a.q.len(), expected: n * a.n_head * hd });
         }
         let scale = 1.0 / (hd as f32).sqrt();
-        let params = [n as u32, a.n_head as u32, a.n_kv_head as u32, hd as u32, a.capacity as u32, 1, scale.to_bits(), 0];
+        let params = [n as u32, a.n_head as u32, a.n_kv_head as u32, hd as u32, a.capacity as u32, 1, scale.to_bits(), (a.n_head * hd) as u32];
         let bits = |c: &[f16]| c.iter().map(|h| h.to_bits()).collect::<Vec<u16>>();
         let (kc, vc) = (bits(a.k_cache), bits(a.v_cache));
         let args = [
@@ -211,7 +211,7 @@ impl WgpuBackend {
             return Err(WgpuError::ContextFull { needed: capacity + 1, capacity });
         }
         let words = n_kv_head * capacity * head_dim / if f16 { 2 } else { 1 };
-        let params = [n as u32, n_kv_head as u32, head_dim as u32, capacity as u32, f16 as u32, 0, 0, 0];
+        let params = [n as u32, n_kv_head as u32, head_dim as u32, capacity as u32, f16 as u32, (n_kv_head * head_dim) as u32, 0, 0];
         let grid = grid_1d(n * n_kv_head * head_dim / 2);
         let mut out = [vec![0f32; words], vec![0f32; words]];
         for (i, o) in out.iter_mut().enumerate() {
@@ -228,7 +228,20 @@ impl WgpuBackend {
         Ok((kc, vc))
     }
 
-    fn elementwise(&self, kernel: &Kernel, x: &mut [f32], y: &[f32]) -> Result<(), WgpuError> {
+    pub fn try_silu_mul(&self, gate: &mut [f32], up: &[f32]) -> Result<(), WgpuError> {
+        if gate.len() != up.len() {
+            return Err(WgpuError::BadShape { got: up.len(), expected: gate.len() });
+        }
+        if gate.is_empty() {
+            return Ok(());
+        }
+        let input = gate.to_vec();
+        let params = [1, gate.len() as u32, gate.len() as u32, 0];
+        let args = [Arg::Bytes(bytemuck::cast_slice(&input)), Arg::Bytes(bytemuck::cast_slice(up)), Arg::Zeroed((gate.len() * 4) as u64)];
+        self.run(&self.ctx.kernels.silu_mul, &params, &args, grid_1d(gate.len()), 2, gate)
+    }
+
+    pub fn try_add(&self, x: &mut [f32], y: &[f32]) -> Result<(), WgpuError> {
         if x.len() != y.len() {
             return Err(WgpuError::BadShape { got: y.len(), expected: x.len() });
         }
@@ -238,15 +251,7 @@ impl WgpuBackend {
         let input = x.to_vec();
         let params = [x.len() as u32, 0, 0, 0];
         let args = [Arg::Bytes(bytemuck::cast_slice(&input)), Arg::Bytes(bytemuck::cast_slice(y))];
-        self.run(kernel, &params, &args, grid_1d(x.len()), 0, x)
-    }
-
-    pub fn try_silu_mul(&self, gate: &mut [f32], up: &[f32]) -> Result<(), WgpuError> {
-        self.elementwise(&self.ctx.kernels.silu_mul, gate, up)
-    }
-
-    pub fn try_add(&self, x: &mut [f32], y: &[f32]) -> Result<(), WgpuError> {
-        self.elementwise(&self.ctx.kernels.add, x, y)
+        self.run(&self.ctx.kernels.add, &params, &args, grid_1d(x.len()), 0, x)
     }
 }
 

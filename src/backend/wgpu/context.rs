@@ -9,8 +9,6 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use wgpu::util::DeviceExt;
-
 use super::WgpuError;
 use crate::gguf::GgmlType;
 
@@ -80,6 +78,8 @@ pub struct WgpuContext {
     pub(crate) max_binding: u64,
     /// Threads per matmul row; 256 / lanes rows per workgroup.
     pub(crate) lanes: u32,
+    /// Whether GPU timestamps can be written at compute pass boundaries.
+    pub(crate) timestamps: bool,
     /// The first error wgpu reported outside an error scope (validation, device loss).
     uncaptured: Arc<Mutex<Option<String>>>,
 }
@@ -167,13 +167,15 @@ impl WgpuContext {
         let limits = adapter.limits();
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
             label: Some("forge-cache"),
-            required_features: wgpu::Features::empty(),
+            // Timestamps only serve WgpuLayers::forward_profiled; asked for when offered.
+            required_features: adapter.features() & wgpu::Features::TIMESTAMP_QUERY,
             required_limits: limits.clone(),
             experimental_features: wgpu::ExperimentalFeatures::default(),
             memory_hints: wgpu::MemoryHints::Performance,
             trace: wgpu::Trace::Off,
         }))
         .map_err(|e| WgpuError::Device(e.to_string()))?;
+        let timestamps = device.features().contains(wgpu::Features::TIMESTAMP_QUERY);
         let uncaptured = Arc::new(Mutex::new(None));
         let sink = uncaptured.clone();
         device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
@@ -197,6 +199,7 @@ impl WgpuContext {
             uniform_align: u64::from(limits.min_uniform_buffer_offset_alignment).max(16),
             max_binding: limits.max_storage_buffer_binding_size,
             lanes,
+            timestamps,
             uncaptured,
         }))
     }
@@ -232,21 +235,30 @@ impl WgpuContext {
 
     /// A storage buffer holding `bytes` (zero-padded to whole words), usable as a copy source too.
     pub(crate) fn storage_init(&self, label: &str, bytes: &[u8]) -> Result<wgpu::Buffer, WgpuError> {
-        self.fits(label, bytes.len() as u64)?;
-        if bytes.len() % 4 == 0 && !bytes.is_empty() {
-            return Ok(self.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
-                label: Some(label),
-                contents: bytes,
-                usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
-            }));
-        }
-        let mut padded = bytes.to_vec();
-        padded.resize(bytes.len().div_ceil(4).max(1) * 4, 0);
-        Ok(self.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+        self.storage_concat(label, &[bytes])
+    }
+
+    /// A storage buffer holding `parts` one after the other (zero-padded to whole words), written
+    /// straight into the mapped buffer.
+    pub(crate) fn storage_concat(&self, label: &str, parts: &[&[u8]]) -> Result<wgpu::Buffer, WgpuError> {
+        let len: usize = parts.iter().map(|p| p.len()).sum();
+        self.fits(label, len as u64)?;
+        let buf = self.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some(label),
-            contents: &padded,
+            size: (len.div_ceil(4).max(1) * 4) as u64,
             usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
-        }))
+            mapped_at_creation: true,
+        });
+        {
+            let mut view = buf.slice(..).get_mapped_range_mut().map_err(|e| WgpuError::Gpu(format!("{label}: {e:?}")))?;
+            let mut at = 0;
+            for p in parts {
+                view.slice(at..at + p.len()).copy_from_slice(p);
+                at += p.len();
+            }
+        }
+        buf.unmap();
+        Ok(buf)
     }
 
     /// A zeroed storage buffer of at least `size` bytes.
@@ -295,36 +307,42 @@ impl WgpuContext {
         self.device.create_bind_group(&wgpu::BindGroupDescriptor { label: None, layout: &kernel.layout, entries: &entries })
     }
 
-    /// Copies `n` f32 from `src` (at byte `offset`) to the host, waiting for all queued work.
+    /// Copies `out.len()` f32 from `src` (at byte `offset`) to the host, waiting for all queued work.
     pub(crate) fn read_f32(&self, encoder: wgpu::CommandEncoder, src: &wgpu::Buffer, offset: u64, out: &mut [f32]) -> Result<(), WgpuError> {
-        let bytes = (out.len() * 4) as u64;
-        let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("readback"),
-            size: bytes.max(4),
-            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        });
+        let staging = self.staging("readback", (out.len() * 4) as u64);
         self.submit_and_read(encoder, src, offset, &staging, out)
     }
 
     /// Records `src → staging`, submits `encoder`, waits and copies the result into `out`.
     pub(crate) fn submit_and_read(
         &self,
-        mut encoder: wgpu::CommandEncoder,
+        encoder: wgpu::CommandEncoder,
         src: &wgpu::Buffer,
         offset: u64,
         staging: &wgpu::Buffer,
         out: &mut [f32],
     ) -> Result<(), WgpuError> {
-        let bytes = (out.len() * 4) as u64;
-        if bytes > 0 {
-            encoder.copy_buffer_to_buffer(src, offset, staging, 0, bytes);
+        self.map_read(encoder, src, offset, staging, (out.len() * 4) as u64, |b| out.copy_from_slice(bytemuck::cast_slice(b)))
+    }
+
+    /// Records a copy of `len` bytes `src → staging`, submits, waits, maps and hands the bytes to `f`.
+    pub(crate) fn map_read(
+        &self,
+        mut encoder: wgpu::CommandEncoder,
+        src: &wgpu::Buffer,
+        offset: u64,
+        staging: &wgpu::Buffer,
+        len: u64,
+        f: impl FnOnce(&[u8]),
+    ) -> Result<(), WgpuError> {
+        if len > 0 {
+            encoder.copy_buffer_to_buffer(src, offset, staging, 0, len);
         }
         self.queue.submit([encoder.finish()]);
-        if bytes == 0 {
+        if len == 0 {
             return self.check();
         }
-        let slice = staging.slice(..bytes);
+        let slice = staging.slice(..len);
         let done = Arc::new(Mutex::new(None));
         let d2 = done.clone();
         slice.map_async(wgpu::MapMode::Read, move |r| {
@@ -340,10 +358,20 @@ impl WgpuContext {
         }
         {
             let view = slice.get_mapped_range().map_err(|e| WgpuError::Gpu(format!("mapped range: {e:?}")))?;
-            out.copy_from_slice(bytemuck::cast_slice(&view[..]));
+            f(&view[..]);
         }
         staging.unmap();
         Ok(())
+    }
+
+    /// A buffer the host can map for reading, of `size` bytes.
+    pub(crate) fn staging(&self, label: &str, size: u64) -> wgpu::Buffer {
+        self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size: size.div_ceil(4).max(1) * 4,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        })
     }
 
     pub(crate) fn encoder(&self) -> wgpu::CommandEncoder {
@@ -392,7 +420,7 @@ fn build_kernels(device: &wgpu::Device, lanes: u32) -> Result<Kernels, WgpuError
             include_str!("kernels/wgsl/attention.wgsl").into(),
             &[B::Uniform, B::Read, B::Read, B::Read, B::Read, B::Rw],
         )?,
-        silu_mul: k("silu_mul", include_str!("kernels/wgsl/silu_mul.wgsl").into(), &[B::Uniform, B::Rw, B::Read])?,
+        silu_mul: k("silu_mul", include_str!("kernels/wgsl/silu_mul.wgsl").into(), &[B::Uniform, B::Read, B::Read, B::Rw])?,
         add: k("add", include_str!("kernels/wgsl/add.wgsl").into(), &[B::Uniform, B::Rw, B::Read])?,
     })
 }

@@ -25,7 +25,8 @@ pub enum KvPrecision {
     F32,
 }
 
-/// A weight matrix on the GPU.
+/// Weight rows on the GPU: one matrix, or several of one type stacked (q|k|v, gate|up) so that
+/// a single dispatch computes them all.
 struct GpuMatrix {
     /// [rows, row_bytes] raw GGUF blocks
     buf: wgpu::Buffer,
@@ -33,19 +34,20 @@ struct GpuMatrix {
     rows: usize,
     cols: usize,
     row_bytes: usize,
+    /// First output column of these rows in the destination row.
+    y_off: usize,
 }
 
 struct GpuLayer {
     /// [n_embd] f32
     attn_norm: wgpu::Buffer,
-    wq: GpuMatrix,
-    wk: GpuMatrix,
-    wv: GpuMatrix,
+    /// wq|wk|wv stacked when they share a type, else the three
+    qkv: Vec<GpuMatrix>,
     wo: GpuMatrix,
     /// [n_embd] f32
     ffn_norm: wgpu::Buffer,
-    w_gate: GpuMatrix,
-    w_up: GpuMatrix,
+    /// w_gate|w_up stacked when they share a type, else the two
+    gate_up: Vec<GpuMatrix>,
     w_down: GpuMatrix,
     /// [n_head_kv, capacity, head_dim] f16 pairs or f32, as u32 words
     k_cache: wgpu::Buffer,
@@ -56,13 +58,14 @@ struct GpuLayer {
 /// What one dispatch computes; with the batch size it gives the parameters and the grid.
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Step {
-    MatMul { rows: usize, cols: usize, row_bytes: usize },
+    /// `accumulate`: add into the destination (the residual stream) instead of writing.
+    MatMul { rows: usize, cols: usize, row_bytes: usize, y_stride: usize, y_off: usize, accumulate: bool },
     RmsNorm { dim: usize, eps: f32 },
-    Rope { n_head: usize },
+    /// RoPE on the query and key heads of the q|k|v rows.
+    Rope,
     KvStore,
     Attention,
     SiluMul,
-    Add,
 }
 
 /// One recorded dispatch: pipeline, bind group (with its parameter slot), what it computes.
@@ -70,6 +73,8 @@ struct Dispatch {
     pipeline: wgpu::ComputePipeline,
     bind: wgpu::BindGroup,
     step: Step,
+    /// For profiles: "attention", "matmul qkv", ...
+    label: &'static str,
 }
 
 pub struct WgpuLayers {
@@ -88,7 +93,7 @@ pub struct WgpuLayers {
     pos: wgpu::Buffer,
     /// [kv_capacity, head_dim / 2, 2] RoPE (cos, sin) table
     _rope: wgpu::Buffer,
-    /// [n_steps] parameter slots, `ctx.uniform_align` bytes apart
+    /// [n_slots] parameter slots, `ctx.uniform_align` bytes apart
     params: wgpu::Buffer,
     /// [max_tokens, n_embd] f32, MAP_READ
     staging: wgpu::Buffer,
@@ -96,8 +101,8 @@ pub struct WgpuLayers {
     slots: Vec<Step>,
     /// every dispatch of a step, in order
     dispatches: Vec<Dispatch>,
-    /// activation buffers, kept alive for the bind groups: xn [max, n_embd], q [max, n_head*hd],
-    /// k, v [max, kv_dim], att [max, n_head*hd], proj [max, n_embd], gate, up [max, n_ff]
+    /// activation buffers, kept alive for the bind groups: xn [max, n_embd],
+    /// qkv [max, n_head*hd + 2*kv_dim], att [max, n_head*hd], gu [max, 2*n_ff], act [max, n_ff]
     _activations: Vec<wgpu::Buffer>,
 }
 
@@ -132,60 +137,57 @@ impl WgpuLayers {
         let mut gpu = Vec::with_capacity(layers.len());
         for li in layers.clone() {
             let lw = &model.weights.layers[li];
-            let m = |w: &Matrix, name: &str| upload_matrix(&ctx, model, w, &format!("blk.{li}.{name}"));
             let norm = |v: &[f32], name: &str| ctx.storage_init(&format!("blk.{li}.{name}"), bytemuck::cast_slice(v));
             gpu.push(GpuLayer {
                 attn_norm: norm(&lw.attn_norm, "attn_norm")?,
-                wq: m(&lw.wq, "attn_q")?,
-                wk: m(&lw.wk, "attn_k")?,
-                wv: m(&lw.wv, "attn_v")?,
-                wo: m(&lw.wo, "attn_output")?,
+                qkv: upload_rows(&ctx, model, &[&lw.wq, &lw.wk, &lw.wv], &format!("blk.{li}.attn_qkv"))?,
+                wo: upload_rows(&ctx, model, &[&lw.wo], &format!("blk.{li}.attn_output"))?.remove(0),
                 ffn_norm: norm(&lw.ffn_norm, "ffn_norm")?,
-                w_gate: m(&lw.w_gate, "ffn_gate")?,
-                w_up: m(&lw.w_up, "ffn_up")?,
-                w_down: m(&lw.w_down, "ffn_down")?,
+                gate_up: upload_rows(&ctx, model, &[&lw.w_gate, &lw.w_up], &format!("blk.{li}.ffn_gate_up"))?,
+                w_down: upload_rows(&ctx, model, &[&lw.w_down], &format!("blk.{li}.ffn_down"))?.remove(0),
                 k_cache: ctx.storage("k_cache", kv_bytes)?,
                 v_cache: ctx.storage("v_cache", kv_bytes)?,
             });
         }
+        let qkvd = qd + 2 * kvd;
         let x = ctx.storage("x", f32s(max_tokens * e))?;
-        let [xn, q, k, v, att, proj, gate, up] = [e, qd, kvd, kvd, qd, e, ff, ff].map(|w| ctx.storage("activation", f32s(max_tokens * w)));
-        let (xn, q, k, v, att, proj, gate, up) = (xn?, q?, k?, v?, att?, proj?, gate?, up?);
+        let [xn, qkv, att, gu, act] = [e, qkvd, qd, 2 * ff, ff].map(|w| ctx.storage("activation", f32s(max_tokens * w)));
+        let (xn, qkv, att, gu, act) = (xn?, qkv?, att?, gu?, act?);
         let pos = ctx.storage("pos", (max_tokens * 4) as u64)?;
         let rope = ctx.storage_init("rope", bytemuck::cast_slice(&rope_table(capacity, hd, c.rope_dims, c.rope_base)))?;
-        let staging = ctx.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("staging"),
-            size: f32s(max_tokens * e),
-            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        });
+        let staging = ctx.staging("staging", f32s(max_tokens * e));
 
         // The steps of each layer with their buffers (binding 1.. of each kernel).
         let kern = &ctx.kernels;
-        let mut plan: Vec<(&Kernel, Step, Vec<&wgpu::Buffer>)> = Vec::new();
+        let mut plan: Vec<(&Kernel, Step, &'static str, Vec<&wgpu::Buffer>)> = Vec::new();
         for g in &gpu {
-            let mm = |w: &GpuMatrix| Step::MatMul { rows: w.rows, cols: w.cols, row_bytes: w.row_bytes };
+            let mm = |w: &GpuMatrix, y_stride: usize, accumulate: bool| Step::MatMul {
+                rows: w.rows,
+                cols: w.cols,
+                row_bytes: w.row_bytes,
+                y_stride,
+                y_off: w.y_off,
+                accumulate,
+            };
             let mmk = |w: &GpuMatrix| kern.matmul.get(&w.ty).ok_or_else(|| WgpuError::Unsupported(w.ty.name().into()));
             let norm = Step::RmsNorm { dim: e, eps: c.rms_eps };
-            plan.push((&kern.rmsnorm, norm, vec![&x, &g.attn_norm, &xn]));
-            plan.push((mmk(&g.wq)?, mm(&g.wq), vec![&g.wq.buf, &xn, &q]));
-            plan.push((mmk(&g.wk)?, mm(&g.wk), vec![&g.wk.buf, &xn, &k]));
-            plan.push((mmk(&g.wv)?, mm(&g.wv), vec![&g.wv.buf, &xn, &v]));
-            plan.push((&kern.rope, Step::Rope { n_head: c.n_head }, vec![&q, &rope, &pos]));
-            plan.push((&kern.rope, Step::Rope { n_head: c.n_head_kv }, vec![&k, &rope, &pos]));
-            plan.push((&kern.kv_store, Step::KvStore, vec![&k, &v, &g.k_cache, &g.v_cache, &pos]));
-            plan.push((&kern.attention, Step::Attention, vec![&q, &g.k_cache, &g.v_cache, &pos, &att]));
-            plan.push((mmk(&g.wo)?, mm(&g.wo), vec![&g.wo.buf, &att, &proj]));
-            plan.push((&kern.add, Step::Add, vec![&x, &proj]));
-            plan.push((&kern.rmsnorm, norm, vec![&x, &g.ffn_norm, &xn]));
-            plan.push((mmk(&g.w_gate)?, mm(&g.w_gate), vec![&g.w_gate.buf, &xn, &gate]));
-            plan.push((mmk(&g.w_up)?, mm(&g.w_up), vec![&g.w_up.buf, &xn, &up]));
-            plan.push((&kern.silu_mul, Step::SiluMul, vec![&gate, &up]));
-            plan.push((mmk(&g.w_down)?, mm(&g.w_down), vec![&g.w_down.buf, &gate, &proj]));
-            plan.push((&kern.add, Step::Add, vec![&x, &proj]));
+            plan.push((&kern.rmsnorm, norm, "rmsnorm", vec![&x, &g.attn_norm, &xn]));
+            for w in &g.qkv {
+                plan.push((mmk(w)?, mm(w, qkvd, false), "matmul qkv", vec![&w.buf, &xn, &qkv]));
+            }
+            plan.push((&kern.rope, Step::Rope, "rope", vec![&qkv, &rope, &pos]));
+            plan.push((&kern.kv_store, Step::KvStore, "kv_store", vec![&qkv, &qkv, &g.k_cache, &g.v_cache, &pos]));
+            plan.push((&kern.attention, Step::Attention, "attention", vec![&qkv, &g.k_cache, &g.v_cache, &pos, &att]));
+            plan.push((mmk(&g.wo)?, mm(&g.wo, e, true), "matmul o + add", vec![&g.wo.buf, &att, &x]));
+            plan.push((&kern.rmsnorm, norm, "rmsnorm", vec![&x, &g.ffn_norm, &xn]));
+            for w in &g.gate_up {
+                plan.push((mmk(w)?, mm(w, 2 * ff, false), "matmul gate_up", vec![&w.buf, &xn, &gu]));
+            }
+            plan.push((&kern.silu_mul, Step::SiluMul, "silu_mul", vec![&gu, &gu, &act]));
+            plan.push((mmk(&g.w_down)?, mm(&g.w_down, e, true), "matmul down + add", vec![&g.w_down.buf, &act, &x]));
         }
         let mut slots: Vec<Step> = Vec::new();
-        for (_, s, _) in &plan {
+        for (_, s, _, _) in &plan {
             if !slots.contains(s) {
                 slots.push(*s);
             }
@@ -193,11 +195,11 @@ impl WgpuLayers {
         let params = ctx.params("layer params", slots.len());
         let dispatches = plan
             .iter()
-            .map(|(kernel, step, bufs)| {
+            .map(|(kernel, step, label, bufs)| {
                 let slot = slots.iter().position(|s| s == step).unwrap_or(0) as u64;
                 let mut binds = vec![(&params, slot * ctx.uniform_align, Some(32))];
                 binds.extend(bufs.iter().map(|b| (*b, 0, None)));
-                Dispatch { pipeline: kernel.pipeline.clone(), bind: ctx.bind(kernel, &binds), step: *step }
+                Dispatch { pipeline: kernel.pipeline.clone(), bind: ctx.bind(kernel, &binds), step: *step, label }
             })
             .collect();
         ctx.check()?;
@@ -216,7 +218,7 @@ impl WgpuLayers {
             staging,
             slots,
             dispatches,
-            _activations: vec![xn, q, k, v, att, proj, gate, up],
+            _activations: vec![xn, qkv, att, gu, act],
             ctx,
         })
     }
@@ -252,7 +254,7 @@ impl WgpuLayers {
         self.gpu
             .iter()
             .map(|g| {
-                [&g.wq, &g.wk, &g.wv, &g.wo, &g.w_gate, &g.w_up, &g.w_down].iter().map(|m| m.buf.size()).sum::<u64>()
+                g.qkv.iter().chain(&g.gate_up).chain([&g.wo, &g.w_down]).map(|m| m.buf.size()).sum::<u64>()
                     + g.k_cache.size()
                     + g.v_cache.size()
             })
@@ -263,6 +265,17 @@ impl WgpuLayers {
     /// for tokens at `positions`, which must continue the sequence: `len(), len()+1, ...`.
     /// Their keys and values are appended to the GPU KV cache.
     pub fn forward(&mut self, hidden: &mut [f32], positions: &[u32]) -> Result<(), WgpuError> {
+        self.step(hidden, positions, false).map(|_| ())
+    }
+
+    /// [`forward`](Self::forward) with each dispatch in its own compute pass between GPU
+    /// timestamps: milliseconds of GPU time per kind of dispatch, in order of first appearance.
+    /// `None` (after a plain forward) when the adapter has no timestamp queries.
+    pub fn forward_profiled(&mut self, hidden: &mut [f32], positions: &[u32]) -> Result<Option<Vec<(&'static str, f64)>>, WgpuError> {
+        self.step(hidden, positions, self.ctx.timestamps)
+    }
+
+    fn step(&mut self, hidden: &mut [f32], positions: &[u32], profile: bool) -> Result<Option<Vec<(&'static str, f64)>>, WgpuError> {
         let n = positions.len();
         let e = self.config.n_embd;
         if n > self.max_tokens {
@@ -278,7 +291,7 @@ impl WgpuLayers {
             return Err(WgpuError::ContextFull { needed: self.len + n, capacity: self.capacity });
         }
         if n == 0 {
-            return Ok(());
+            return Ok(None);
         }
         let ctx = &self.ctx;
         ctx.queue.write_buffer(&self.x, 0, bytemuck::cast_slice(hidden));
@@ -292,36 +305,79 @@ impl WgpuLayers {
         ctx.queue.write_buffer(&self.params, 0, bytemuck::cast_slice(&words));
 
         let mut enc = ctx.encoder();
-        {
+        let queries = profile.then(|| {
+            ctx.device.create_query_set(&wgpu::QuerySetDescriptor {
+                label: Some("profile"),
+                ty: wgpu::QueryType::Timestamp,
+                count: 2 * self.dispatches.len() as u32,
+            })
+        });
+        if let Some(qs) = &queries {
+            for (i, d) in self.dispatches.iter().enumerate() {
+                let writes = wgpu::ComputePassTimestampWrites {
+                    query_set: qs,
+                    beginning_of_pass_write_index: Some(2 * i as u32),
+                    end_of_pass_write_index: Some(2 * i as u32 + 1),
+                };
+                let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(d.label), timestamp_writes: Some(writes) });
+                self.record(&mut pass, d, n);
+            }
+        } else {
             let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("layers"), timestamp_writes: None });
             for d in &self.dispatches {
-                let (gx, gy) = self.grid_of(d.step, n);
-                pass.set_pipeline(&d.pipeline);
-                pass.set_bind_group(0, &d.bind, &[]);
-                pass.dispatch_workgroups(gx, gy, 1);
+                self.record(&mut pass, d, n);
             }
         }
         ctx.submit_and_read(enc, &self.x, 0, &self.staging, hidden)?;
         self.len += n;
-        Ok(())
+        let Some(qs) = queries else { return Ok(None) };
+
+        let bytes = 16 * self.dispatches.len() as u64;
+        let resolved = ctx.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("timestamps"),
+            size: bytes,
+            usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+            mapped_at_creation: false,
+        });
+        let mut enc = ctx.encoder();
+        enc.resolve_query_set(&qs, 0..2 * self.dispatches.len() as u32, &resolved, 0);
+        let mut ticks = vec![0u64; 2 * self.dispatches.len()];
+        ctx.map_read(enc, &resolved, 0, &ctx.staging("timestamps", bytes), bytes, |b| ticks.copy_from_slice(bytemuck::cast_slice(b)))?;
+        let ns_per_tick = f64::from(ctx.queue.get_timestamp_period());
+        let mut out: Vec<(&'static str, f64)> = Vec::new();
+        for (d, t) in self.dispatches.iter().zip(ticks.chunks_exact(2)) {
+            let ms = t[1].saturating_sub(t[0]) as f64 * ns_per_tick / 1e6;
+            match out.iter_mut().find(|(l, _)| *l == d.label) {
+                Some((_, total)) => *total += ms,
+                None => out.push((d.label, ms)),
+            }
+        }
+        Ok(Some(out))
+    }
+
+    fn record(&self, pass: &mut wgpu::ComputePass<'_>, d: &Dispatch, n: usize) {
+        let (gx, gy) = self.grid_of(d.step, n);
+        pass.set_pipeline(&d.pipeline);
+        pass.set_bind_group(0, &d.bind, &[]);
+        pass.dispatch_workgroups(gx, gy, 1);
     }
 
     /// The uniform parameters of `step` for a batch of `n` tokens (layouts in the .wgsl headers).
     fn params_of(&self, step: Step, n: usize) -> [u32; 8] {
         let c = &self.config;
-        let n32 = n as u32;
+        let (n32, hd, qd, kvd) = (n as u32, c.head_dim as u32, (c.n_head * c.head_dim) as u32, c.kv_dim() as u32);
         match step {
-            Step::MatMul { rows, cols, row_bytes } => [rows as u32, cols as u32, n32, row_bytes as u32, 0, 0, 0, 0],
+            Step::MatMul { rows, cols, row_bytes, y_stride, y_off, accumulate } => {
+                [rows as u32, cols as u32, n32, row_bytes as u32, y_stride as u32, y_off as u32, accumulate as u32, 0]
+            }
             Step::RmsNorm { dim, eps } => [dim as u32, n32, eps.to_bits(), 0, 0, 0, 0, 0],
-            Step::Rope { n_head } => [n32, n_head as u32, c.head_dim as u32, 0, 0, 0, 0, 0],
-            Step::KvStore => [n32, c.n_head_kv as u32, c.head_dim as u32, self.capacity as u32, self.kv_f16(), 0, 0, 0],
+            Step::Rope => [n32, (c.n_head + c.n_head_kv) as u32, hd, qd + 2 * kvd, 0, 0, 0, 0],
+            Step::KvStore => [n32, c.n_head_kv as u32, hd, self.capacity as u32, self.kv_f16(), qd + 2 * kvd, qd, qd + kvd],
             Step::Attention => {
                 let scale = 1.0 / (c.head_dim as f32).sqrt();
-                let (h, kvh, hd) = (c.n_head as u32, c.n_head_kv as u32, c.head_dim as u32);
-                [n32, h, kvh, hd, self.capacity as u32, self.kv_f16(), scale.to_bits(), 0]
+                [n32, c.n_head as u32, c.n_head_kv as u32, hd, self.capacity as u32, self.kv_f16(), scale.to_bits(), qd + 2 * kvd]
             }
-            Step::SiluMul => [(n * c.n_ff) as u32, 0, 0, 0, 0, 0, 0, 0],
-            Step::Add => [(n * c.n_embd) as u32, 0, 0, 0, 0, 0, 0, 0],
+            Step::SiluMul => [n32, c.n_ff as u32, 2 * c.n_ff as u32, c.n_ff as u32, 0, 0, 0, 0],
         }
     }
 
@@ -334,25 +390,34 @@ impl WgpuLayers {
         match step {
             Step::MatMul { rows, .. } => self.ctx.matmul_grid(rows, n),
             Step::RmsNorm { .. } => (n as u32, 1),
-            Step::Rope { n_head } => grid_1d(n * n_head * c.head_dim / 2),
+            Step::Rope => grid_1d(n * (c.n_head + c.n_head_kv) * c.head_dim / 2),
             Step::KvStore => grid_1d(n * c.n_head_kv * c.head_dim / 2),
             Step::Attention => (c.n_head as u32, n as u32),
             Step::SiluMul => grid_1d(n * c.n_ff),
-            Step::Add => grid_1d(n * c.n_embd),
         }
     }
 }
 
-fn upload_matrix(ctx: &WgpuContext, model: &Model, w: &Matrix, name: &str) -> Result<GpuMatrix, WgpuError> {
-    let view = w.view(&model.gguf);
-    if view.cols % 32 != 0 {
-        return Err(WgpuError::Unsupported(format!("{name}: rows of {} values (need a multiple of 32)", view.cols)));
+/// Uploads matrices that feed one destination row (q|k|v or gate|up): stacked in one buffer when
+/// they share a type (one dispatch), else one buffer each; `y_off` places each in the row.
+fn upload_rows(ctx: &WgpuContext, model: &Model, mats: &[&Matrix], name: &str) -> Result<Vec<GpuMatrix>, WgpuError> {
+    let views: Vec<_> = mats.iter().map(|m| m.view(&model.gguf)).collect();
+    if let Some(v) = views.iter().find(|v| v.cols % 32 != 0 || v.cols != views[0].cols) {
+        return Err(WgpuError::Unsupported(format!("{name}: rows of {} values (need a multiple of 32, all alike)", v.cols)));
     }
-    Ok(GpuMatrix {
-        buf: ctx.storage_init(name, view.data)?,
-        ty: view.ty,
-        rows: view.rows,
-        cols: view.cols,
-        row_bytes: view.row_bytes(),
-    })
+    let gm = |buf, ty, rows, v: &crate::backend::WeightView<'_>, y_off| GpuMatrix { buf, ty, rows, cols: v.cols, row_bytes: v.row_bytes(), y_off };
+    if views.iter().all(|v| v.ty == views[0].ty) {
+        let parts: Vec<&[u8]> = views.iter().map(|v| v.data).collect();
+        let rows = views.iter().map(|v| v.rows).sum();
+        return Ok(vec![gm(ctx.storage_concat(name, &parts)?, views[0].ty, rows, &views[0], 0)]);
+    }
+    let mut y_off = 0;
+    views
+        .iter()
+        .map(|v| {
+            let m = gm(ctx.storage_init(name, v.data)?, v.ty, v.rows, v, y_off);
+            y_off += v.rows;
+            Ok(m)
+        })
+        .collect()
 }

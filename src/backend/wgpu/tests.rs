@@ -424,3 +424,79 @@ fn detection_never_fails() {
         assert!(!c.is_software());
     }
 }
+
+/// Logits of every token: CPU embedding, all layers on `WgpuLayers`, CPU norm and output.
+fn logits_through_wgpu(ctx: &Arc<WgpuContext>, model: &crate::engine::Model, tokens: &[u32], profiled: bool) -> Vec<f32> {
+    let (c, g) = (&model.config, &model.gguf);
+    let emb = model.weights.token_embd.view(g);
+    let mut hidden = vec![0f32; tokens.len() * c.n_embd];
+    for (row, &t) in hidden.chunks_exact_mut(c.n_embd).zip(tokens) {
+        dequantize_row(emb.ty, emb.row(t as usize), row);
+    }
+    let mut l = WgpuLayers::new(ctx.clone(), model, 0..c.n_layer, tokens.len(), tokens.len()).expect("layers");
+    let pos: Vec<u32> = (0..tokens.len() as u32).collect();
+    if profiled {
+        let profile = l.forward_profiled(&mut hidden, &pos).expect("forward");
+        if let Some(p) = profile {
+            assert!(p.iter().any(|(k, ms)| *k == "attention" && *ms >= 0.0), "{p:?}");
+        }
+    } else {
+        l.forward(&mut hidden, &pos).expect("forward");
+    }
+    let b = model.backend();
+    let mut normed = vec![0f32; hidden.len()];
+    b.rmsnorm(&hidden, &model.weights.output_norm, c.rms_eps, &mut normed);
+    let mut logits = vec![0f32; tokens.len() * c.vocab_size];
+    b.matmul(model.weights.output.view(g), &normed, tokens.len(), &mut logits);
+    logits
+}
+
+/// A copy of the GGUF at `src` with attn_v and ffn_up stored as F16: q|k|v and gate|up then
+/// have mixed types, which the layer runner computes as separate dispatches into one row.
+fn with_f16_v_and_up(src: &std::path::Path, dst: &std::path::Path) {
+    let g = crate::gguf::GgufFile::open(src).expect("open");
+    let mut w = crate::gguf::writer::GgufWriter::new();
+    for (k, v) in &g.metadata {
+        w.meta(k, v.clone());
+    }
+    for t in &g.tensors {
+        if t.name.ends_with("attn_v.weight") || t.name.ends_with("ffn_up.weight") {
+            let mut bytes = Vec::new();
+            crate::gguf::synth::quantize_row(GgmlType::F16, &g.tensor(&t.name).expect("tensor").to_f32(), &mut bytes).expect("f16");
+            w.tensor(&t.name, &t.dims, GgmlType::F16, bytes);
+        } else {
+            w.tensor(&t.name, &t.dims, t.ty, g.data(t).to_vec());
+        }
+    }
+    w.write_to(&mut std::fs::File::create(dst).expect("create")).expect("write");
+}
+
+/// The whole model on an F32 synthetic model: the CPU then also uses f32 activations, so the
+/// two paths differ only in summation order and the logits must agree to 1e-3 of their scale.
+/// Covers stacked q|k|v and gate|up (one type) and separate ones (mixed types).
+#[test]
+fn wgpu_layers_match_the_cpu_engine_on_f32_weights() {
+    if contexts().is_empty() {
+        return eprintln!("skipped: no wgpu adapter");
+    }
+    let dir = tempfile::tempdir().expect("tmp");
+    let (f32_path, mixed_path) = (dir.path().join("f32.gguf"), dir.path().join("mixed.gguf"));
+    write_synth_model(&tiny_shape(), GgmlType::F32, 5, None, &f32_path, |_| {}).expect("synth");
+    with_f16_v_and_up(&f32_path, &mixed_path);
+    let tokens: Vec<u32> = (0..11).map(|i| (i * 37 + 5) % 320).collect();
+    for path in [&f32_path, &mixed_path] {
+        let model = crate::engine::Model::load(path, Arc::new(CpuBackend::with_simd(1, SimdLevel::Scalar).expect("pool"))).expect("load");
+        let mut state = model.new_state(tokens.len());
+        let mut kv = model.new_kv(tokens.len());
+        let seq = crate::engine::SeqBatch { kv: &mut kv, tokens: &tokens, logits: crate::engine::Logits::All };
+        model.forward(&mut state, &mut [seq]).expect("cpu forward");
+        let cpu: Vec<f32> = (0..tokens.len()).flat_map(|i| model.logits(&state, i).to_vec()).collect();
+        let scale = cpu.iter().fold(0f32, |m, v| m.max(v.abs()));
+        for (i, ctx) in contexts().iter().enumerate() {
+            let gpu = logits_through_wgpu(ctx, &model, &tokens, i == 0);
+            let worst = gpu.iter().zip(&cpu).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+            eprintln!("{}: max |wgpu - cpu| logit {worst:e} (scale {scale})", path.display());
+            assert!(worst <= 1e-3 * scale, "{}: logits differ by {worst} (scale {scale})", path.display());
+        }
+    }
+}

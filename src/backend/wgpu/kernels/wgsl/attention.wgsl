@@ -1,8 +1,9 @@
 // attention.wgsl — causal attention of a batch of query tokens of one sequence over its KV cache.
 //
 // Bindings (group 0):
-//   0 uniform P { n_tok, n_head, n_kv_head, head_dim, capacity, kv_f16, scale (f32), _ }
-//   1 storage read  Q: array<f32>   [n_tok, n_head * head_dim] (RoPE applied)
+//   0 uniform P { n_tok, n_head, n_kv_head, head_dim, capacity, kv_f16, scale (f32), q_stride }
+//   1 storage read  Q: array<f32>   [n_tok, q_stride]; the first n_head * head_dim values of a row
+//                                    are the token's query heads (RoPE applied)
 //   2 storage read  KC: array<u32>  [n_kv_head, capacity, head_dim], f16 pairs (kv_f16 = 1) or f32 bits
 //   3 storage read  VC: array<u32>  same layout as KC
 //   4 storage read  POS: array<u32> [n_tok] position of each query; it attends to keys 0..=POS[t]
@@ -13,8 +14,9 @@
 // Keys are scanned in position order in tiles of 64 at absolute positions 0, 64, 128, ...: thread
 // j scores key tile+j (a fused multiply-add chain over head_dim), the tile's max and sum of
 // exponentials come from fixed trees, and each output dimension accumulates the tile's values in
-// key order (online softmax, as ops::attend_head). Nothing depends on the other queries of the
-// batch, so a token's output is bitwise the same in decode and prefill.
+// key order (online softmax, as ops::attend_head; the loops are unrolled by hand so that loads
+// issue together, the order of the additions is unchanged). Nothing depends on the other queries
+// of the batch, so a token's output is bitwise the same in decode and prefill.
 
 struct P {
     n_tok: u32,
@@ -24,7 +26,7 @@ struct P {
     capacity: u32,
     kv_f16: u32,
     scale: f32,
-    _pad: u32,
+    q_stride: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: P;
@@ -67,7 +69,8 @@ fn main(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wg: ve
     let t = wg.y;
     let hd = p.head_dim;
     let kvh = h / (p.n_head / p.n_kv_head);
-    let qoff = (t * p.n_head + h) * hd;
+    let qoff = t * p.q_stride + h * hd;
+    let ooff = (t * p.n_head + h) * hd;
     for (var d = tid; d < hd; d += AT) {
         qv[d] = Q[qoff + d];
     }
@@ -85,10 +88,25 @@ fn main(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wg: ve
         if (j < n_keys) {
             let kb = (kv0 + j) * hd;
             var dot = 0.0;
-            for (var d = 0u; d < hd; d += 2u) {
-                let k2 = k_pair(kb + d);
-                dot = fma(qv[d], k2.x, dot);
-                dot = fma(qv[d + 1u], k2.y, dot);
+            var d = 0u;
+            for (; d + 8u <= hd; d += 8u) {
+                let k0 = k_pair(kb + d);
+                let k1 = k_pair(kb + d + 2u);
+                let k2 = k_pair(kb + d + 4u);
+                let k3 = k_pair(kb + d + 6u);
+                dot = fma(qv[d], k0.x, dot);
+                dot = fma(qv[d + 1u], k0.y, dot);
+                dot = fma(qv[d + 2u], k1.x, dot);
+                dot = fma(qv[d + 3u], k1.y, dot);
+                dot = fma(qv[d + 4u], k2.x, dot);
+                dot = fma(qv[d + 5u], k2.y, dot);
+                dot = fma(qv[d + 6u], k3.x, dot);
+                dot = fma(qv[d + 7u], k3.y, dot);
+            }
+            for (; d < hd; d += 2u) {
+                let k0 = k_pair(kb + d);
+                dot = fma(qv[d], k0.x, dot);
+                dot = fma(qv[d + 1u], k0.y, dot);
             }
             s = dot * p.scale;
         }
@@ -122,8 +140,20 @@ fn main(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wg: ve
             let d = tid + i * AT;
             if (d < hd) {
                 var a = o[i] * corr;
-                for (var jj = 0u; jj < nk; jj++) {
-                    a = fma(es[jj], v_at((kv0 + start + jj) * hd + d), a);
+                let vb = (kv0 + start) * hd + d;
+                var jj = 0u;
+                for (; jj + 4u <= nk; jj += 4u) {
+                    let v0 = v_at(vb + jj * hd);
+                    let v1 = v_at(vb + (jj + 1u) * hd);
+                    let v2 = v_at(vb + (jj + 2u) * hd);
+                    let v3 = v_at(vb + (jj + 3u) * hd);
+                    a = fma(es[jj], v0, a);
+                    a = fma(es[jj + 1u], v1, a);
+                    a = fma(es[jj + 2u], v2, a);
+                    a = fma(es[jj + 3u], v3, a);
+                }
+                for (; jj < nk; jj++) {
+                    a = fma(es[jj], v_at(vb + jj * hd), a);
                 }
                 o[i] = a;
             }
@@ -138,7 +168,7 @@ fn main(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wg: ve
     for (var i = 0u; i < 4u; i++) {
         let d = tid + i * AT;
         if (d < hd) {
-            O[qoff + d] = o[i] * inv;
+            O[ooff + d] = o[i] * inv;
         }
     }
 }

@@ -5,10 +5,12 @@
 // per row on GPUs, 1 on software rasterizers, where workgroup-memory reductions are slow.
 //
 // Bindings (group 0):
-//   0 uniform P { rows, cols, n_tok, row_bytes }
+//   0 uniform P { rows, cols, n_tok, row_bytes, y_stride, y_off, accumulate, _ }
 //   1 storage read  W: array<u32>        [rows, row_bytes] raw GGUF blocks (zero-padded to words)
 //   2 storage read  X: array<vec4<f32>>  [n_tok, cols] f32 activations (cols a multiple of 32)
-//   3 storage rw    Y: array<f32>        [n_tok, rows]
+//   3 storage rw    Y: array<f32>        [n_tok, y_stride]; output (t, r) is Y[t * y_stride + y_off + r],
+//                                        written, or added to (accumulate = 1: a fused residual add,
+//                                        the same single f32 addition as add.wgsl)
 // Dispatch: (ceil(rows / ROWS), ceil(n_tok / 8), 1) workgroups of 256 = ROWS rows x LANES lanes.
 //
 // Batch invariance: a (row, token) dot is split into 32-element chunks; lane l of the row's LANES
@@ -23,6 +25,10 @@ struct P {
     cols: u32,
     n_tok: u32,
     row_bytes: u32,
+    y_stride: u32,
+    y_off: u32,
+    accumulate: u32,
+    _pad: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: P;
@@ -85,7 +91,13 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec
     }
     if (r < p.rows) {
         for (var t = lane; t < nt; t += LANES) {
-            Y[(t0 + t) * p.rows + r] = part[(t * ROWS + rl) * LANES];
+            let y = (t0 + t) * p.y_stride + p.y_off + r;
+            let v = part[(t * ROWS + rl) * LANES];
+            if (p.accumulate != 0u) {
+                Y[y] = Y[y] + v;
+            } else {
+                Y[y] = v;
+            }
         }
     }
 }

@@ -1,8 +1,10 @@
 // rope.wgsl — rotary embedding on adjacent pairs (GGML "normal" mode), in place.
 //
 // Bindings (group 0):
-//   0 uniform P { n_tok, n_head, head_dim, _ }
-//   1 storage rw    X: array<f32>    [n_tok, n_head * head_dim]
+//   0 uniform P { n_tok, n_head, head_dim, stride }
+//   1 storage rw    X: array<f32>    [n_tok, stride]; heads 0..n_head are the first n_head * head_dim
+//                                    values of each row (the layer runner ropes the query and key
+//                                    heads of its fused q|k|v rows in one dispatch)
 //   2 storage read  CS: array<f32>   [n_pos, head_dim / 2, 2] (cos, sin), as ops::rope_table
 //   3 storage read  POS: array<u32>  [n_tok] position of each token (< n_pos, checked by the host)
 // Dispatch: one thread per (token, head, pair), 256 per workgroup, workgroups (x, y) with linear
@@ -12,7 +14,7 @@ struct P {
     n_tok: u32,
     n_head: u32,
     head_dim: u32,
-    _pad: u32,
+    stride: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: P;
@@ -30,7 +32,7 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec
     }
     let t = i / per_tok;
     let k = i % per_tok; // head * half + pair
-    let x = t * p.n_head * p.head_dim + 2u * k;
+    let x = t * p.stride + 2u * k;
     let cs = POS[t] * p.head_dim + 2u * (k % half);
     let c = CS[cs];
     let s = CS[cs + 1u];
