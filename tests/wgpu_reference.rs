@@ -200,8 +200,11 @@ fn wgpu_speed_of(tier: &mut Tier<'_>, prompt: &[u32], n_decode: usize) -> (Speed
     (Speed { prefill: n / prefill, decode: d / decode }, Speed { prefill: n / prefill_layers, decode: d / decode_layers })
 }
 
-/// GPU milliseconds per kind of dispatch for a prefill of `prompt` and one decode step after it.
-fn profile(tier: &mut Tier<'_>, prompt: &[u32]) -> Option<(Vec<(&'static str, f64)>, Vec<(&'static str, f64)>)> {
+/// GPU milliseconds per kind of dispatch.
+type Profile = Vec<(&'static str, f64)>;
+
+/// The profiles of a prefill of `prompt` and of one decode step after it.
+fn profile(tier: &mut Tier<'_>, prompt: &[u32]) -> Option<(Profile, Profile)> {
     let e = tier.model.config.n_embd;
     tier.layers.truncate(0);
     let mut h = vec![0.01f32; prompt.len() * e];
