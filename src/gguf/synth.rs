@@ -15,6 +15,7 @@ use half::f16;
 
 use super::writer::GgufWriter;
 use super::{GgmlType, GgufFile, Value, QK};
+pub use crate::engine::sampler::Rng;
 
 /// Hyper-parameters of a synthetic Llama model.
 #[derive(Debug, Clone, PartialEq)]
@@ -105,34 +106,16 @@ fn file_type(ty: GgmlType) -> u32 {
     }
 }
 
-/// splitmix64: small, fast, good enough for random weights.
-#[derive(Debug, Clone)]
-pub struct Rng(u64);
+/// The random stream of one weight row (the sampler's splitmix64).
+fn row_stream(seed: u64) -> Rng {
+    Rng::new(seed ^ 0x5DEE_CE66_D1CE_4E5B)
+}
 
-impl Rng {
-    pub fn new(seed: u64) -> Rng {
-        Rng(seed ^ 0x5DEE_CE66_D1CE_4E5B)
-    }
-
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in [0, 1).
-    pub fn uniform(&mut self) -> f32 {
-        (self.next_u64() >> 40) as f32 / (1u64 << 24) as f32
-    }
-
-    /// Standard normal (Box-Muller).
-    pub fn normal(&mut self) -> f32 {
-        let u1 = 1.0 - self.uniform(); // (0, 1]
-        let u2 = self.uniform();
-        (-2.0 * u1.ln()).sqrt() * (std::f32::consts::TAU * u2).cos()
-    }
+/// Standard normal (Box-Muller).
+pub fn normal(rng: &mut Rng) -> f32 {
+    let u1 = 1.0 - rng.next_f32(); // (0, 1]
+    let u2 = rng.next_f32();
+    (-2.0 * u1.ln()).sqrt() * (std::f32::consts::TAU * u2).cos()
 }
 
 /// The element formats [`quantize_row`] writes.
@@ -220,8 +203,8 @@ pub fn random_matrix(ty: GgmlType, rows: usize, cols: usize, mean: f32, std: f32
             s.spawn(move || {
                 let mut q = Vec::with_capacity(rb);
                 for (j, dst) in part.chunks_exact_mut(rb.max(1)).enumerate() {
-                    let mut rng = Rng::new(seed.wrapping_mul(0x1000_0000_01B3) ^ (i * rows_per + j) as u64);
-                    let x: Vec<f32> = (0..cols).map(|_| mean + std * rng.normal()).collect();
+                    let mut rng = row_stream(seed.wrapping_mul(0x1000_0000_01B3) ^ (i * rows_per + j) as u64);
+                    let x: Vec<f32> = (0..cols).map(|_| mean + std * normal(&mut rng)).collect();
                     q.clear();
                     qz.write(&x, &mut q);
                     dst.copy_from_slice(&q);
@@ -417,8 +400,10 @@ mod tests {
     #[test]
     fn quantizers_round_trip_within_half_a_step() {
         let mut rng = Rng::new(3);
-        let x: Vec<f32> = (0..256).map(|_| rng.normal()).collect();
-        for (ty, steps) in [(GgmlType::Q4_0, 16.0), (GgmlType::Q4_1, 15.0), (GgmlType::Q8_0, 254.0)] {
+        let x: Vec<f32> = (0..256).map(|_| normal(&mut rng)).collect();
+        // Q4_0 maps the largest magnitude to -8, so the other sign reaches only 7/8 of it:
+        // values there may be off by a whole step (amax / 8), not half of one.
+        for (ty, steps) in [(GgmlType::Q4_0, 8.0), (GgmlType::Q4_1, 15.0), (GgmlType::Q8_0, 254.0)] {
             let mut q = Vec::new();
             quantize_row(ty, &x, &mut q).expect("quantize");
             let mut y = vec![0f32; x.len()];

@@ -12,17 +12,8 @@ use std::sync::{Arc, Mutex};
 use super::WgpuError;
 use crate::gguf::GgmlType;
 
-/// Weight types the matmul and embedding kernels decode.
-pub const WEIGHT_TYPES: [GgmlType; 8] = [
-    GgmlType::F32,
-    GgmlType::F16,
-    GgmlType::BF16,
-    GgmlType::Q4_0,
-    GgmlType::Q4_1,
-    GgmlType::Q8_0,
-    GgmlType::Q4K,
-    GgmlType::Q6K,
-];
+/// Weight types the matmul and embedding kernels decode: all of them.
+pub const WEIGHT_TYPES: [GgmlType; 8] = GgmlType::ALL;
 
 /// Threads per workgroup of the element-wise kernels (embed, rope, kv_store, silu_mul, add).
 pub const WG: u32 = 256;
@@ -108,16 +99,18 @@ fn rank(t: wgpu::DeviceType) -> Option<u8> {
     })
 }
 
-fn weight_source(ty: GgmlType) -> &'static str {
+/// The `dequant_chunk` source of `ty` (16-bit floats share one, with their own `pair16`).
+fn weight_source(ty: GgmlType) -> String {
+    let half = |pair: &str| format!("{pair}\n{}", include_str!("kernels/wgsl/dequant_16bit.wgsl"));
     match ty {
-        GgmlType::F32 => include_str!("kernels/wgsl/dequant_f32.wgsl"),
-        GgmlType::F16 => include_str!("kernels/wgsl/dequant_f16.wgsl"),
-        GgmlType::BF16 => include_str!("kernels/wgsl/dequant_bf16.wgsl"),
-        GgmlType::Q4_0 => include_str!("kernels/wgsl/dequant_q4_0.wgsl"),
-        GgmlType::Q4_1 => include_str!("kernels/wgsl/dequant_q4_1.wgsl"),
-        GgmlType::Q8_0 => include_str!("kernels/wgsl/dequant_q8_0.wgsl"),
-        GgmlType::Q4K => include_str!("kernels/wgsl/dequant_q4_k.wgsl"),
-        GgmlType::Q6K => include_str!("kernels/wgsl/dequant_q6_k.wgsl"),
+        GgmlType::F32 => include_str!("kernels/wgsl/dequant_f32.wgsl").into(),
+        GgmlType::F16 => half(include_str!("kernels/wgsl/pair_f16.wgsl")),
+        GgmlType::BF16 => half(include_str!("kernels/wgsl/pair_bf16.wgsl")),
+        GgmlType::Q4_0 => include_str!("kernels/wgsl/dequant_q4_0.wgsl").into(),
+        GgmlType::Q4_1 => include_str!("kernels/wgsl/dequant_q4_1.wgsl").into(),
+        GgmlType::Q8_0 => include_str!("kernels/wgsl/dequant_q8_0.wgsl").into(),
+        GgmlType::Q4K => include_str!("kernels/wgsl/dequant_q4_k.wgsl").into(),
+        GgmlType::Q6K => include_str!("kernels/wgsl/dequant_q6_k.wgsl").into(),
     }
 }
 

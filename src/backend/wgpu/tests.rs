@@ -94,7 +94,7 @@ fn no_gpu_errors(all: &[Present]) {
 
 fn uniform(seed: u64, n: usize) -> Vec<f32> {
     let mut r = Rng::new(seed);
-    (0..n).map(|_| r.uniform() * 2.0 - 1.0).collect()
+    (0..n).map(|_| r.next_f32() * 2.0 - 1.0).collect()
 }
 
 /// Random weights of any type: quantized N(0, 1) values, or for K-quants random blocks with
@@ -108,10 +108,10 @@ fn weights(ty: GgmlType, rows: usize, cols: usize, seed: u64) -> Vec<u8> {
     for blk in b.chunks_exact_mut(ty.block_bytes()) {
         let mut put = |at: usize, v: f32| blk[at..at + 2].copy_from_slice(&f16::from_f32(v).to_le_bytes());
         if ty == GgmlType::Q4K {
-            put(0, 0.01 + 0.02 * r.uniform());
-            put(2, 0.004 * r.uniform());
+            put(0, 0.01 + 0.02 * r.next_f32());
+            put(2, 0.004 * r.next_f32());
         } else {
-            put(208, 0.005 + 0.01 * r.uniform());
+            put(208, 0.005 + 0.01 * r.next_f32());
         }
     }
     b
