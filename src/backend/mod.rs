@@ -13,6 +13,7 @@
 
 pub mod cpu;
 pub mod hardware;
+pub mod wgpu;
 
 use crate::gguf::GgmlType;
 

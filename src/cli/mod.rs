@@ -9,6 +9,7 @@ mod health;
 mod serve;
 mod sql;
 mod stats;
+mod synth_model;
 
 use clap::{Parser, Subcommand};
 
@@ -44,6 +45,8 @@ pub enum Command {
     Bench(bench::BenchArgs),
     /// Show the detected CPU, SIMD level, memory, GPUs and execution tier.
     Hardware(hardware::HardwareArgs),
+    /// Write a GGUF model with random weights in a real model's shape (for speed measurements).
+    SynthModel(synth_model::SynthModelArgs),
 }
 
 /// Runs the parsed command.
@@ -57,6 +60,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Embed(args) => embed::run(&args),
         Command::Bench(args) => bench::run(&args),
         Command::Hardware(args) => hardware::run(&args),
+        Command::SynthModel(args) => synth_model::run(&args),
     }
 }
 
@@ -119,5 +123,14 @@ mod tests {
     fn tables_align_and_cut() {
         let t = table(&["a".into(), "bb".into()], &[vec!["xxx".into(), "line\nbreak and more".into()]], 8);
         assert_eq!(t, "a    bb\nxxx  line⏎br…\n");
+    }
+
+    #[test]
+    fn parses_synth_model() {
+        let cli = Cli::try_parse_from(["forge-cache", "synth-model", "--shape", "tinyllama-1.1b", "--quant", "q4_0", "-o", "m.gguf"]).expect("parses");
+        let Command::SynthModel(a) = cli.command else { panic!("not synth-model") };
+        assert_eq!((a.shape.as_str(), a.quant.as_str(), a.seed), ("tinyllama-1.1b", "q4_0", 0));
+        assert_eq!(a.output, std::path::PathBuf::from("m.gguf"));
+        assert!(Cli::try_parse_from(["forge-cache", "synth-model", "--shape", "x"]).is_err());
     }
 }

@@ -3,9 +3,13 @@
 //!
 //! Every count, length, rank, offset and size read from the file is bounds-checked, so a
 //! truncated or corrupt file is a [`GgufError`] naming the problem, never a panic.
+//!
+//! `writer` writes GGUF v3 files; `synth` builds synthetic Llama models (random weights in a real
+//! model's shape) with it, for speed measurements without downloads.
 
 mod parse;
 pub mod types;
+pub mod synth;
 pub mod writer;
 
 use std::collections::BTreeMap;

@@ -23,6 +23,18 @@ pub const QK: usize = 32; // elements per Q4_0 / Q4_1 / Q8_0 block
 pub const QK_K: usize = 256; // elements per K-quant super-block
 
 impl GgmlType {
+    /// Every supported type, in enum order.
+    pub const ALL: [GgmlType; 8] = [
+        GgmlType::F32,
+        GgmlType::F16,
+        GgmlType::Q4_0,
+        GgmlType::Q4_1,
+        GgmlType::Q8_0,
+        GgmlType::Q4K,
+        GgmlType::Q6K,
+        GgmlType::BF16,
+    ];
+
     /// Maps a GGML type id to a supported type; `None` for types this engine cannot run.
     pub fn from_id(id: u32) -> Option<GgmlType> {
         Some(match id {

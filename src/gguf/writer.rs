@@ -81,8 +81,8 @@ impl GgufWriter {
         self
     }
 
-    /// Serializes the whole file.
-    pub fn to_bytes(&self) -> Vec<u8> {
+    /// Header, metadata and tensor infos, padded to the start of the data section.
+    fn header(&self) -> Vec<u8> {
         let mut out = Vec::new();
         out.extend(b"GGUF");
         out.extend(3u32.to_le_bytes());
@@ -93,7 +93,6 @@ impl GgufWriter {
             out.extend(value_type(v).to_le_bytes());
             put_value(&mut out, v);
         }
-        let align = |x: u64| x.div_ceil(self.alignment) * self.alignment;
         let mut rel = 0u64;
         for (name, dims, ty, bytes) in &self.tensors {
             put_str(&mut out, name);
@@ -103,20 +102,39 @@ impl GgufWriter {
             }
             out.extend(ty.id().to_le_bytes());
             out.extend(rel.to_le_bytes());
-            rel = align(rel + bytes.len() as u64);
+            rel = self.align(rel + bytes.len() as u64);
         }
-        out.resize(align(out.len() as u64) as usize, 0);
-        for (i, (_, _, _, bytes)) in self.tensors.iter().enumerate() {
-            if i > 0 {
-                out.resize(align(out.len() as u64) as usize, 0);
-            }
-            out.extend(bytes);
-        }
+        out.resize(self.align(out.len() as u64) as usize, 0);
         out
     }
 
+    fn align(&self, x: u64) -> u64 {
+        x.div_ceil(self.alignment) * self.alignment
+    }
+
+    /// Serializes the whole file.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        // Writing into a Vec cannot fail.
+        let _ = self.write_to(&mut out);
+        out
+    }
+
+    /// Streams the file to `w` (tensor data is not copied into one buffer first).
     pub fn write_to(&self, w: &mut impl Write) -> std::io::Result<()> {
-        w.write_all(&self.to_bytes())
+        let header = self.header();
+        w.write_all(&header)?;
+        let mut at = 0u64;
+        for (i, (_, _, _, bytes)) in self.tensors.iter().enumerate() {
+            if i > 0 {
+                let pad = self.align(at) - at;
+                w.write_all(&vec![0u8; pad as usize])?;
+                at += pad;
+            }
+            w.write_all(bytes)?;
+            at += bytes.len() as u64;
+        }
+        Ok(())
     }
 }
 

@@ -20,8 +20,12 @@ pub fn smollm2_path() -> PathBuf {
     p
 }
 
+/// `$FORGE_REFERENCE_DIR`, else `../shared/reference` beside the checkout.
 pub fn reference(name: &str) -> PathBuf {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/reference").join(name);
+    let dir = std::env::var_os("FORGE_REFERENCE_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/reference"));
+    let p = dir.join(name);
     assert!(p.exists(), "{} is missing: the tests need ../shared/reference beside the checkout", p.display());
     p
 }

@@ -1,0 +1,463 @@
+//! The wgpu device: adapter choice, the compute pipelines (built once), and small helpers to
+//! make buffers, record dispatches and read results back.
+//!
+//! Adapter order: an integrated GPU first (it shares the CPU's memory and usually idles), then a
+//! discrete one, then virtual / other adapters; software rasterizers (llvmpipe / lavapipe, device
+//! type `Cpu`) only when [`WgpuOptions::allow_software`] is set. Detection never fails:
+//! [`WgpuContext::detect`] answers `None` when there is no usable adapter.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use super::WgpuError;
+use crate::gguf::GgmlType;
+
+/// Weight types the matmul and embedding kernels decode: all of them.
+pub const WEIGHT_TYPES: [GgmlType; 8] = GgmlType::ALL;
+
+/// Threads per workgroup of the element-wise kernels (embed, rope, kv_store, silu_mul, add).
+pub const WG: u32 = 256;
+/// Tokens per matmul workgroup (see matmul.wgsl).
+pub const MM_TOKENS: u32 = 8;
+/// Largest head_dim the attention kernel takes.
+pub const MAX_HEAD_DIM: usize = 256;
+
+#[derive(Debug, Clone, Copy, Default)]
+pub struct WgpuOptions {
+    /// Accept a software adapter (llvmpipe / lavapipe) when no hardware one exists. Tests set it.
+    pub allow_software: bool,
+    /// Threads per matmul row (1, 2, 4, ..., 256); `None`: 32 on GPUs, 1 on software adapters.
+    /// It fixes the reduction order, so results are bitwise stable for one setting only.
+    pub matmul_lanes: Option<u32>,
+}
+
+/// What was chosen, for logs and `forge-cache hardware`.
+#[derive(Debug, Clone)]
+pub struct AdapterSummary {
+    pub name: String,
+    pub device_type: String,
+    pub backend: String,
+    pub driver: String,
+}
+
+/// A compute pipeline and the layout of its one bind group.
+pub(crate) struct Kernel {
+    pub pipeline: wgpu::ComputePipeline,
+    pub layout: wgpu::BindGroupLayout,
+}
+
+/// Every pipeline, compiled once per context.
+pub(crate) struct Kernels {
+    pub matmul: HashMap<GgmlType, Kernel>,
+    pub embed: HashMap<GgmlType, Kernel>,
+    pub rmsnorm: Kernel,
+    pub rope: Kernel,
+    pub kv_store: Kernel,
+    pub attention: Kernel,
+    pub silu_mul: Kernel,
+    pub add: Kernel,
+}
+
+pub struct WgpuContext {
+    pub(crate) device: wgpu::Device,
+    pub(crate) queue: wgpu::Queue,
+    pub(crate) kernels: Kernels,
+    summary: AdapterSummary,
+    /// Byte alignment of uniform-buffer offsets.
+    pub(crate) uniform_align: u64,
+    /// Largest storage buffer binding, bytes.
+    pub(crate) max_binding: u64,
+    /// Threads per matmul row; 256 / lanes rows per workgroup.
+    pub(crate) lanes: u32,
+    /// Whether GPU timestamps can be written at compute pass boundaries.
+    pub(crate) timestamps: bool,
+    /// The first error wgpu reported outside an error scope (validation, device loss).
+    uncaptured: Arc<Mutex<Option<String>>>,
+}
+
+impl std::fmt::Debug for WgpuContext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WgpuContext").field("adapter", &self.summary).finish()
+    }
+}
+
+/// Binding kinds of a kernel's bind group, in binding order.
+#[derive(Clone, Copy)]
+enum B {
+    Uniform,
+    Read,
+    Rw,
+}
+
+fn rank(t: wgpu::DeviceType) -> Option<u8> {
+    Some(match t {
+        wgpu::DeviceType::IntegratedGpu => 0,
+        wgpu::DeviceType::DiscreteGpu => 1,
+        wgpu::DeviceType::VirtualGpu => 2,
+        wgpu::DeviceType::Other => 3,
+        wgpu::DeviceType::Cpu => return None,
+    })
+}
+
+/// The `dequant_chunk` source of `ty` (16-bit floats share one, with their own `pair16`).
+fn weight_source(ty: GgmlType) -> String {
+    let half = |pair: &str| format!("{pair}\n{}", include_str!("kernels/wgsl/dequant_16bit.wgsl"));
+    match ty {
+        GgmlType::F32 => include_str!("kernels/wgsl/dequant_f32.wgsl").into(),
+        GgmlType::F16 => half(include_str!("kernels/wgsl/pair_f16.wgsl")),
+        GgmlType::BF16 => half(include_str!("kernels/wgsl/pair_bf16.wgsl")),
+        GgmlType::Q4_0 => include_str!("kernels/wgsl/dequant_q4_0.wgsl").into(),
+        GgmlType::Q4_1 => include_str!("kernels/wgsl/dequant_q4_1.wgsl").into(),
+        GgmlType::Q8_0 => include_str!("kernels/wgsl/dequant_q8_0.wgsl").into(),
+        GgmlType::Q4K => include_str!("kernels/wgsl/dequant_q4_k.wgsl").into(),
+        GgmlType::Q6K => include_str!("kernels/wgsl/dequant_q6_k.wgsl").into(),
+    }
+}
+
+const BYTES: &str = include_str!("kernels/wgsl/bytes.wgsl");
+
+impl WgpuContext {
+    /// The best adapter under `opts`, or `None` (never an error): the caller stays on the CPU.
+    pub fn detect(opts: WgpuOptions) -> Option<Arc<WgpuContext>> {
+        WgpuContext::new(opts).ok()
+    }
+
+    /// Like [`detect`](Self::detect), saying why there is no context.
+    pub fn new(opts: WgpuOptions) -> Result<Arc<WgpuContext>, WgpuError> {
+        let instance = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle());
+        let adapters = pollster::block_on(instance.enumerate_adapters(wgpu::Backends::all()));
+        let mut seen = Vec::new();
+        let mut best: Option<(u8, wgpu::Adapter)> = None;
+        for a in adapters {
+            let info = a.get_info();
+            seen.push(format!("{} ({:?}, {:?})", info.name, info.device_type, info.backend));
+            let r = match rank(info.device_type) {
+                Some(r) => r,
+                None if opts.allow_software => 4,
+                None => continue,
+            };
+            if !a.get_downlevel_capabilities().flags.contains(wgpu::DownlevelFlags::COMPUTE_SHADERS) {
+                continue;
+            }
+            if best.as_ref().is_none_or(|(b, _)| r < *b) {
+                best = Some((r, a));
+            }
+        }
+        let Some((_, adapter)) = best else {
+            let seen = if seen.is_empty() { "none".to_string() } else { seen.join(", ") };
+            let hint = if opts.allow_software { "" } else { " (software adapters not allowed)" };
+            return Err(WgpuError::NoAdapter(format!("adapters seen: {seen}{hint}")));
+        };
+        Self::with_adapter(adapter, opts)
+    }
+
+    fn with_adapter(adapter: wgpu::Adapter, opts: WgpuOptions) -> Result<Arc<WgpuContext>, WgpuError> {
+        let info = adapter.get_info();
+        let lanes = opts.matmul_lanes.unwrap_or(if info.device_type == wgpu::DeviceType::Cpu { 1 } else { 32 });
+        if !lanes.is_power_of_two() || lanes > WG {
+            return Err(WgpuError::Unsupported(format!("{lanes} matmul lanes (a power of two up to {WG})")));
+        }
+        let limits = adapter.limits();
+        let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+            label: Some("forge-cache"),
+            // Timestamps only serve WgpuLayers::forward_profiled; asked for when offered.
+            required_features: adapter.features() & wgpu::Features::TIMESTAMP_QUERY,
+            required_limits: limits.clone(),
+            experimental_features: wgpu::ExperimentalFeatures::default(),
+            memory_hints: wgpu::MemoryHints::Performance,
+            trace: wgpu::Trace::Off,
+        }))
+        .map_err(|e| WgpuError::Device(e.to_string()))?;
+        let timestamps = device.features().contains(wgpu::Features::TIMESTAMP_QUERY);
+        let uncaptured = Arc::new(Mutex::new(None));
+        let sink = uncaptured.clone();
+        device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
+            let mut s = sink.lock().unwrap_or_else(|p| p.into_inner());
+            if s.is_none() {
+                *s = Some(e.to_string());
+            }
+        }));
+        let kernels = build_kernels(&device, lanes)?;
+        let summary = AdapterSummary {
+            name: info.name.clone(),
+            device_type: format!("{:?}", info.device_type),
+            backend: format!("{:?}", info.backend),
+            driver: format!("{} {}", info.driver, info.driver_info).trim().to_string(),
+        };
+        Ok(Arc::new(WgpuContext {
+            device,
+            queue,
+            kernels,
+            summary,
+            uniform_align: u64::from(limits.min_uniform_buffer_offset_alignment).max(16),
+            max_binding: limits.max_storage_buffer_binding_size,
+            lanes,
+            timestamps,
+            uncaptured,
+        }))
+    }
+
+    pub fn adapter(&self) -> &AdapterSummary {
+        &self.summary
+    }
+
+    /// Threads per matmul row (see [`WgpuOptions::matmul_lanes`]).
+    pub fn matmul_lanes(&self) -> u32 {
+        self.lanes
+    }
+
+    /// Matmul workgroups for `rows` outputs of `n_tok` tokens.
+    pub(crate) fn matmul_grid(&self, rows: usize, n_tok: usize) -> (u32, u32) {
+        let per_group = (WG / self.lanes) as usize;
+        (rows.div_ceil(per_group) as u32, n_tok.div_ceil(MM_TOKENS as usize) as u32)
+    }
+
+    /// Whether the adapter is a software rasterizer (lavapipe / llvmpipe).
+    pub fn is_software(&self) -> bool {
+        self.summary.device_type == format!("{:?}", wgpu::DeviceType::Cpu)
+    }
+
+    /// Fails with the first error wgpu reported since the last check.
+    pub(crate) fn check(&self) -> Result<(), WgpuError> {
+        let mut s = self.uncaptured.lock().unwrap_or_else(|p| p.into_inner());
+        match s.take() {
+            Some(e) => Err(WgpuError::Gpu(e)),
+            None => Ok(()),
+        }
+    }
+
+    /// A storage buffer holding `bytes` (zero-padded to whole words), usable as a copy source too.
+    pub(crate) fn storage_init(&self, label: &str, bytes: &[u8]) -> Result<wgpu::Buffer, WgpuError> {
+        self.storage_concat(label, &[bytes])
+    }
+
+    /// A storage buffer holding `parts` one after the other (zero-padded to whole words), written
+    /// straight into the mapped buffer.
+    pub(crate) fn storage_concat(&self, label: &str, parts: &[&[u8]]) -> Result<wgpu::Buffer, WgpuError> {
+        let len: usize = parts.iter().map(|p| p.len()).sum();
+        self.fits(label, len as u64)?;
+        let buf = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size: (len.div_ceil(4).max(1) * 4) as u64,
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: true,
+        });
+        {
+            let mut view = buf.slice(..).get_mapped_range_mut().map_err(|e| WgpuError::Gpu(format!("{label}: {e:?}")))?;
+            let mut at = 0;
+            for p in parts {
+                view.slice(at..at + p.len()).copy_from_slice(p);
+                at += p.len();
+            }
+        }
+        buf.unmap();
+        Ok(buf)
+    }
+
+    /// A zeroed storage buffer of at least `size` bytes.
+    pub(crate) fn storage(&self, label: &str, size: u64) -> Result<wgpu::Buffer, WgpuError> {
+        self.fits(label, size)?;
+        Ok(self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size: size.div_ceil(16).max(1) * 16,
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        }))
+    }
+
+    fn fits(&self, label: &str, size: u64) -> Result<(), WgpuError> {
+        if size > self.max_binding {
+            return Err(WgpuError::TooLarge { what: label.to_string(), bytes: size, max: self.max_binding });
+        }
+        Ok(())
+    }
+
+    /// A uniform buffer of `slots` parameter slots, each [`uniform_align`](Self) bytes apart.
+    pub(crate) fn params(&self, label: &str, slots: usize) -> wgpu::Buffer {
+        self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size: self.uniform_align * slots.max(1) as u64,
+            usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        })
+    }
+
+    /// A bind group of `kernel` over `buffers` (binding i = buffers[i]); a `(buffer, offset)`
+    /// with `Some(size)` binds that window (used for parameter slots).
+    pub(crate) fn bind(&self, kernel: &Kernel, buffers: &[(&wgpu::Buffer, u64, Option<u64>)]) -> wgpu::BindGroup {
+        let entries: Vec<wgpu::BindGroupEntry<'_>> = buffers
+            .iter()
+            .enumerate()
+            .map(|(i, (b, offset, size))| wgpu::BindGroupEntry {
+                binding: i as u32,
+                resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                    buffer: b,
+                    offset: *offset,
+                    size: size.and_then(wgpu::BufferSize::new),
+                }),
+            })
+            .collect();
+        self.device.create_bind_group(&wgpu::BindGroupDescriptor { label: None, layout: &kernel.layout, entries: &entries })
+    }
+
+    /// Copies `out.len()` f32 from `src` (at byte `offset`) to the host, waiting for all queued work.
+    pub(crate) fn read_f32(&self, encoder: wgpu::CommandEncoder, src: &wgpu::Buffer, offset: u64, out: &mut [f32]) -> Result<(), WgpuError> {
+        let staging = self.staging("readback", (out.len() * 4) as u64);
+        self.submit_and_read(encoder, src, offset, &staging, out)
+    }
+
+    /// Records `src → staging`, submits `encoder`, waits and copies the result into `out`.
+    pub(crate) fn submit_and_read(
+        &self,
+        encoder: wgpu::CommandEncoder,
+        src: &wgpu::Buffer,
+        offset: u64,
+        staging: &wgpu::Buffer,
+        out: &mut [f32],
+    ) -> Result<(), WgpuError> {
+        self.map_read(encoder, src, offset, staging, (out.len() * 4) as u64, |b| out.copy_from_slice(bytemuck::cast_slice(b)))
+    }
+
+    /// Records a copy of `len` bytes `src → staging`, submits, waits, maps and hands the bytes to `f`.
+    pub(crate) fn map_read(
+        &self,
+        mut encoder: wgpu::CommandEncoder,
+        src: &wgpu::Buffer,
+        offset: u64,
+        staging: &wgpu::Buffer,
+        len: u64,
+        f: impl FnOnce(&[u8]),
+    ) -> Result<(), WgpuError> {
+        if len > 0 {
+            encoder.copy_buffer_to_buffer(src, offset, staging, 0, len);
+        }
+        self.queue.submit([encoder.finish()]);
+        if len == 0 {
+            return self.check();
+        }
+        let slice = staging.slice(..len);
+        let done = Arc::new(Mutex::new(None));
+        let d2 = done.clone();
+        slice.map_async(wgpu::MapMode::Read, move |r| {
+            *d2.lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
+        });
+        self.device.poll(wgpu::PollType::wait_indefinitely()).map_err(|e| WgpuError::Gpu(e.to_string()))?;
+        self.check()?;
+        let mapped = done.lock().unwrap_or_else(|p| p.into_inner()).take();
+        match mapped {
+            Some(Ok(())) => {}
+            Some(Err(e)) => return Err(WgpuError::Gpu(format!("map failed: {e}"))),
+            None => return Err(WgpuError::Gpu("map did not complete".into())),
+        }
+        {
+            let view = slice.get_mapped_range().map_err(|e| WgpuError::Gpu(format!("mapped range: {e:?}")))?;
+            f(&view[..]);
+        }
+        staging.unmap();
+        Ok(())
+    }
+
+    /// A buffer the host can map for reading, of `size` bytes.
+    pub(crate) fn staging(&self, label: &str, size: u64) -> wgpu::Buffer {
+        self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size: size.div_ceil(4).max(1) * 4,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        })
+    }
+
+    pub(crate) fn encoder(&self) -> wgpu::CommandEncoder {
+        self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None })
+    }
+}
+
+/// Workgroup counts (x, y) covering `n` threads of [`WG`] per group; x stays within the 65535 limit.
+pub(crate) fn grid_1d(n: usize) -> (u32, u32) {
+    let groups = n.div_ceil(WG as usize).max(1);
+    let x = groups.min(65535);
+    (x as u32, groups.div_ceil(x) as u32)
+}
+
+fn build_kernels(device: &wgpu::Device, lanes: u32) -> Result<Kernels, WgpuError> {
+    let k = |name: &str, src: String, binds: &[B]| kernel(device, name, &src, binds);
+    let mm = [B::Uniform, B::Read, B::Read, B::Rw];
+    let matmul_src = include_str!("kernels/wgsl/matmul.wgsl");
+    let (l_line, r_line) = ("const LANES: u32 = 32u;", "const ROWS: u32 = 8u;");
+    if !matmul_src.contains(l_line) || !matmul_src.contains(r_line) {
+        return Err(WgpuError::Shader { kernel: "matmul".into(), msg: "LANES / ROWS lines not found".into() });
+    }
+    let matmul_src = matmul_src
+        .replace(l_line, &format!("const LANES: u32 = {lanes}u;"))
+        .replace(r_line, &format!("const ROWS: u32 = {}u;", WG / lanes));
+    let mut matmul = HashMap::new();
+    let mut embed = HashMap::new();
+    for ty in WEIGHT_TYPES {
+        let deq = weight_source(ty);
+        let name = ty.name();
+        matmul.insert(ty, k(&format!("matmul_{name}"), format!("{BYTES}\n{deq}\n{matmul_src}"), &mm)?);
+        embed.insert(ty, k(&format!("embed_{name}"), format!("{BYTES}\n{deq}\n{}", include_str!("kernels/wgsl/embed.wgsl")), &mm)?);
+    }
+    Ok(Kernels {
+        matmul,
+        embed,
+        rmsnorm: k("rmsnorm", include_str!("kernels/wgsl/rmsnorm.wgsl").into(), &[B::Uniform, B::Read, B::Read, B::Rw])?,
+        rope: k("rope", include_str!("kernels/wgsl/rope.wgsl").into(), &[B::Uniform, B::Rw, B::Read, B::Read])?,
+        kv_store: k(
+            "kv_store",
+            include_str!("kernels/wgsl/kv_store.wgsl").into(),
+            &[B::Uniform, B::Read, B::Read, B::Rw, B::Rw, B::Read],
+        )?,
+        attention: k(
+            "attention",
+            include_str!("kernels/wgsl/attention.wgsl").into(),
+            &[B::Uniform, B::Read, B::Read, B::Read, B::Read, B::Rw],
+        )?,
+        silu_mul: k("silu_mul", include_str!("kernels/wgsl/silu_mul.wgsl").into(), &[B::Uniform, B::Read, B::Read, B::Rw])?,
+        add: k("add", include_str!("kernels/wgsl/add.wgsl").into(), &[B::Uniform, B::Rw, B::Read])?,
+    })
+}
+
+fn kernel(device: &wgpu::Device, name: &str, src: &str, binds: &[B]) -> Result<Kernel, WgpuError> {
+    let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
+    let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
+        label: Some(name),
+        source: wgpu::ShaderSource::Wgsl(src.into()),
+    });
+    let entries: Vec<wgpu::BindGroupLayoutEntry> = binds
+        .iter()
+        .enumerate()
+        .map(|(i, b)| wgpu::BindGroupLayoutEntry {
+            binding: i as u32,
+            visibility: wgpu::ShaderStages::COMPUTE,
+            ty: wgpu::BindingType::Buffer {
+                ty: match b {
+                    B::Uniform => wgpu::BufferBindingType::Uniform,
+                    B::Read => wgpu::BufferBindingType::Storage { read_only: true },
+                    B::Rw => wgpu::BufferBindingType::Storage { read_only: false },
+                },
+                has_dynamic_offset: false,
+                min_binding_size: None,
+            },
+            count: None,
+        })
+        .collect();
+    let layout = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor { label: Some(name), entries: &entries });
+    let pl = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+        label: Some(name),
+        bind_group_layouts: &[Some(&layout)],
+        immediate_size: 0,
+    });
+    let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+        label: Some(name),
+        layout: Some(&pl),
+        module: &module,
+        entry_point: Some("main"),
+        compilation_options: Default::default(),
+        cache: None,
+    });
+    if let Some(e) = pollster::block_on(scope.pop()) {
+        return Err(WgpuError::Shader { kernel: name.to_string(), msg: e.to_string() });
+    }
+    Ok(Kernel { pipeline, layout })
+}

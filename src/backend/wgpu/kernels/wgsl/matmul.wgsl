@@ -1,0 +1,103 @@
+// matmul.wgsl — Y[t, r] = sum_c W[r, c] * X[t, c] for weights stored as raw GGUF blocks.
+// Used for matrix-vector (decode, n_tok = 1) and matrix-matrix (prefill) alike: one pipeline, one
+// reduction order. Composed at pipeline creation as bytes.wgsl + dequant_<type>.wgsl + this file,
+// with the `LANES` and `ROWS` lines replaced by the context's choice (LANES * ROWS = 256): 32 lanes
+// per row on GPUs, 1 on software rasterizers, where workgroup-memory reductions are slow.
+//
+// Bindings (group 0):
+//   0 uniform P { rows, cols, n_tok, row_bytes, y_stride, y_off, accumulate, _ }
+//   1 storage read  W: array<u32>        [rows, row_bytes] raw GGUF blocks (zero-padded to words)
+//   2 storage read  X: array<vec4<f32>>  [n_tok, cols] f32 activations (cols a multiple of 32)
+//   3 storage rw    Y: array<f32>        [n_tok, y_stride]; output (t, r) is Y[t * y_stride + y_off + r],
+//                                        written, or added to (accumulate = 1: a fused residual add,
+//                                        the same single f32 addition as add.wgsl)
+// Dispatch: (ceil(rows / ROWS), ceil(n_tok / 8), 1) workgroups of 256 = ROWS rows x LANES lanes.
+//
+// Batch invariance: a (row, token) dot is split into 32-element chunks; lane l of the row's LANES
+// lanes sums chunks l, l+LANES, l+2*LANES, ... in that order (each chunk a chain of 32 fused
+// multiply-adds from zero, then added to the lane's sum), and the lane sums are added by a fixed
+// tree (strides LANES/2, ..., 2, 1). Tokens only share the dequantized weights (8 tokens per
+// workgroup); nothing about a token's arithmetic depends on how many tokens are in the batch or
+// where it sits.
+
+struct P {
+    rows: u32,
+    cols: u32,
+    n_tok: u32,
+    row_bytes: u32,
+    y_stride: u32,
+    y_off: u32,
+    accumulate: u32,
+    _pad: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: P;
+@group(0) @binding(1) var<storage, read> W: array<u32>;
+@group(0) @binding(2) var<storage, read> X: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read_write> Y: array<f32>;
+
+const LANES: u32 = 32u;
+const ROWS: u32 = 8u;
+const TT: u32 = 8u;
+
+// [TT][ROWS][LANES] lane partial sums
+var<workgroup> part: array<f32, 2048>;
+
+fn dot4(s: f32, w: vec4<f32>, x: vec4<f32>) -> f32 {
+    return fma(w.w, x.w, fma(w.z, x.z, fma(w.y, x.y, fma(w.x, x.x, s))));
+}
+
+@compute @workgroup_size(256)
+fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec3<u32>) {
+    let lane = li % LANES;
+    let rl = li / LANES;
+    let r = wg.x * ROWS + rl;
+    let t0 = wg.y * TT;
+    let nt = min(TT, p.n_tok - t0);
+    for (var t = 0u; t < nt; t++) {
+        part[(t * ROWS + rl) * LANES + lane] = 0.0;
+    }
+    if (r < p.rows) {
+        let row = r * p.row_bytes;
+        let nc = p.cols / 32u;
+        let xs = p.cols / 4u;
+        for (var c = lane; c < nc; c += LANES) {
+            let w = dequant_chunk(row, c);
+            for (var t = 0u; t < nt; t++) {
+                let xb = (t0 + t) * xs + c * 8u;
+                var s = 0.0;
+                s = dot4(s, w[0], X[xb]);
+                s = dot4(s, w[1], X[xb + 1u]);
+                s = dot4(s, w[2], X[xb + 2u]);
+                s = dot4(s, w[3], X[xb + 3u]);
+                s = dot4(s, w[4], X[xb + 4u]);
+                s = dot4(s, w[5], X[xb + 5u]);
+                s = dot4(s, w[6], X[xb + 6u]);
+                s = dot4(s, w[7], X[xb + 7u]);
+                let i = (t * ROWS + rl) * LANES + lane;
+                part[i] = part[i] + s;
+            }
+        }
+    }
+    workgroupBarrier();
+    for (var st = LANES / 2u; st > 0u; st = st >> 1u) {
+        if (lane < st) {
+            for (var t = 0u; t < nt; t++) {
+                let i = (t * ROWS + rl) * LANES + lane;
+                part[i] = part[i] + part[i + st];
+            }
+        }
+        workgroupBarrier();
+    }
+    if (r < p.rows) {
+        for (var t = lane; t < nt; t += LANES) {
+            let y = (t0 + t) * p.y_stride + p.y_off + r;
+            let v = part[(t * ROWS + rl) * LANES];
+            if (p.accumulate != 0u) {
+                Y[y] = Y[y] + v;
+            } else {
+                Y[y] = v;
+            }
+        }
+    }
+}

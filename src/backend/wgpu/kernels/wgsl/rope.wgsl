@@ -1,0 +1,43 @@
+// rope.wgsl — rotary embedding on adjacent pairs (GGML "normal" mode), in place.
+//
+// Bindings (group 0):
+//   0 uniform P { n_tok, n_head, head_dim, stride }
+//   1 storage rw    X: array<f32>    [n_tok, stride]; heads 0..n_head are the first n_head * head_dim
+//                                    values of each row (the layer runner ropes the query and key
+//                                    heads of its fused q|k|v rows in one dispatch)
+//   2 storage read  CS: array<f32>   [n_pos, head_dim / 2, 2] (cos, sin), as ops::rope_table
+//   3 storage read  POS: array<u32>  [n_tok] position of each token (< n_pos, checked by the host)
+// Dispatch: one thread per (token, head, pair), 256 per workgroup, workgroups (x, y) with linear
+// index y * num_workgroups.x + x. (x0, x1) -> (x0 cos - x1 sin, x0 sin + x1 cos).
+
+struct P {
+    n_tok: u32,
+    n_head: u32,
+    head_dim: u32,
+    stride: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: P;
+@group(0) @binding(1) var<storage, read_write> X: array<f32>;
+@group(0) @binding(2) var<storage, read> CS: array<f32>;
+@group(0) @binding(3) var<storage, read> POS: array<u32>;
+
+@compute @workgroup_size(256)
+fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
+    let i = (wg.y * nw.x + wg.x) * 256u + li;
+    let half = p.head_dim / 2u;
+    let per_tok = p.n_head * half;
+    if (i >= p.n_tok * per_tok) {
+        return;
+    }
+    let t = i / per_tok;
+    let k = i % per_tok; // head * half + pair
+    let x = t * p.stride + 2u * k;
+    let cs = POS[t] * p.head_dim + 2u * (k % half);
+    let c = CS[cs];
+    let s = CS[cs + 1u];
+    let x0 = X[x];
+    let x1 = X[x + 1u];
+    X[x] = x0 * c - x1 * s;
+    X[x + 1u] = x0 * s + x1 * c;
+}

@@ -1,0 +1,33 @@
+// silu_mul.wgsl — OUT = silu(G) * U = (G / (1 + exp(-G))) * U, elementwise.
+//
+// Bindings (group 0):
+//   0 uniform P { n_tok, width, in_stride, up_off }
+//   1 storage read  G: array<f32>    [n_tok, in_stride]; token t's gate values at t * in_stride
+//   2 storage read  U: array<f32>    [n_tok, in_stride]; its up values at t * in_stride + up_off (G and
+//                                     U may be the same buffer: the layer runner's fused gate|up rows)
+//   3 storage rw    OUT: array<f32>  [n_tok, width]
+// Dispatch: one thread per output element, 256 per workgroup, workgroups (x, y) with linear index
+// y * num_workgroups.x + x.
+
+struct P {
+    n_tok: u32,
+    width: u32,
+    in_stride: u32,
+    up_off: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: P;
+@group(0) @binding(1) var<storage, read> G: array<f32>;
+@group(0) @binding(2) var<storage, read> U: array<f32>;
+@group(0) @binding(3) var<storage, read_write> OUT: array<f32>;
+
+@compute @workgroup_size(256)
+fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
+    let i = (wg.y * nw.x + wg.x) * 256u + li;
+    if (i < p.n_tok * p.width) {
+        let t = i / p.width;
+        let j = t * p.in_stride + i % p.width;
+        let g = G[j];
+        OUT[i] = g / (1.0 + exp(-g)) * U[j + p.up_off];
+    }
+}

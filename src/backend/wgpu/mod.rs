@@ -1,0 +1,52 @@
+//! wgpu backend: WGSL compute kernels for integrated (and discrete) GPUs through Vulkan, Metal or
+//! DX12, with the CPU as the fallback whenever no adapter exists.
+//!
+//! * `context` — adapter choice ([`WgpuContext::detect`]: integrated, then discrete; software only
+//!   when asked), the compute pipelines (compiled once), buffer and read-back helpers.
+//! * `backend` — [`WgpuBackend`]: the [`Backend`](super::Backend) trait op by op (upload, one
+//!   dispatch, read back). Slow by design; it is what the kernel tests compare with the CPU.
+//! * `layers` — [`WgpuLayers`]: a range of a model's layers resident on the GPU (weights uploaded
+//!   once, KV cache on the GPU); a forward step records every dispatch in one command buffer and
+//!   reads back only the final hidden state.
+//!
+//! Kernels live in `kernels/wgsl/*.wgsl`, each with a header describing its bindings and layout.
+//! Weights stay raw GGUF block bytes in storage buffers and are decoded in the shader; activations
+//! are f32 throughout (WGSL has no 8-bit dot product), so results differ from the CPU backend's
+//! 8-bit-activation matmuls by that rounding: the tolerances are stated in the tests. Every
+//! reduction has a fixed order that does not depend on the batch, so on this backend a token's
+//! outputs are bitwise the same in decode and prefill.
+
+mod backend;
+mod context;
+mod layers;
+
+#[cfg(test)]
+mod tests;
+
+pub use backend::WgpuBackend;
+pub use context::{AdapterSummary, WgpuContext, WgpuOptions, WEIGHT_TYPES};
+pub use layers::{KvPrecision, WgpuLayers};
+
+#[derive(Debug, thiserror::Error)]
+pub enum WgpuError {
+    #[error("no usable GPU adapter: {0}")]
+    NoAdapter(String),
+    #[error("could not open the GPU device: {0}")]
+    Device(String),
+    #[error("kernel {kernel} failed to compile: {msg}")]
+    Shader { kernel: String, msg: String },
+    #[error("GPU error: {0}")]
+    Gpu(String),
+    #[error("{what}: {bytes} bytes exceed the adapter's storage binding limit of {max}")]
+    TooLarge { what: String, bytes: u64, max: u64 },
+    #[error("not supported on the wgpu backend: {0}")]
+    Unsupported(String),
+    #[error("batch of {got} tokens exceeds the layer runner's {max}")]
+    BatchTooLarge { got: usize, max: usize },
+    #[error("positions must continue the sequence at {expected}, got {got}")]
+    BadPositions { expected: usize, got: u32 },
+    #[error("sequence would reach position {needed}, KV capacity is {capacity}")]
+    ContextFull { needed: usize, capacity: usize },
+    #[error("hidden state has {got} values, expected {expected}")]
+    BadShape { got: usize, expected: usize },
+}

@@ -1,0 +1,502 @@
+//! Every WGSL kernel against the CPU scalar reference: one test body per op, run on every backend
+//! present (CPU scalar, CPU SIMD, and wgpu when an adapter exists, software adapters allowed; with
+//! none the wgpu part is skipped with a message). Then wgpu-only checks: exact dequantization,
+//! batch invariance of the kernels, and decode vs prefill through [`WgpuLayers`].
+//!
+//! Tolerances, `|backend - scalar reference|` per output:
+//! * matmul, F32 / F16 / BF16 weights: `4e-5 · Σ|w·x| + 1e-6` — both sides accumulate f32 in a
+//!   different order; the worst-case recursive-summation bound for 512 terms is 512 · 2^-24 ≈ 3.1e-5.
+//! * matmul, Q4_0 / Q8_0 / Q4_1 weights: the same plus the CPU reference's own 8-bit activation
+//!   rounding, bounded per 32-block b by `amax_b · (1/254 + 2^-11) · (Σ_b|w| + 65·|m_b|)`: half a
+//!   step of amax/127 per activation plus the f16 rounding of the block scale, and for Q4_1 the
+//!   f16 rounding of its block-sum term (m_b is Q4_1's block minimum, 0 otherwise). The GPU uses
+//!   f32 activations, so this is the whole expected difference.
+//! * matmul, Q4_K / Q6_K: per 256-block `amax_b / 254 · Σ_b|w|` (Q8_K activations keep an f32 scale).
+//! * wgpu matmul is also checked against the exact (f64) product of the dequantized weights at
+//!   `4e-5 · Σ|w·x| + 1e-6`, so a dequantization bug cannot hide inside the 8-bit allowance.
+//! * RMSNorm: `2e-5 · |ref| + 1e-7` (sum of squares in another order, ≤ 3.1e-5 relative worst case
+//!   and halved by the square root, plus WGSL's 2.5-ulp sqrt and division).
+//! * RoPE: `2.4e-7 · (|x0| + |x1|)` (a fused multiply-add versus two rounded products, |cos|,|sin| ≤ 1).
+//! * attention: `2e-5` absolute on values in [-1, 1] (WGSL exp is within 3 + 2|x| ulp, ≤ 35 ulp
+//!   here; the tile sums use a tree instead of a chain).
+//! * SiLU·mul: `2e-6 · |ref| + 1e-7` (exp ≤ 5 ulp for |x| ≤ 1, 2.5-ulp division, one product).
+//! * residual add, embedding lookup, KV store: bitwise.
+
+use std::sync::{Arc, OnceLock};
+
+use half::f16;
+
+use super::{KvPrecision, WgpuBackend, WgpuContext, WgpuLayers, WgpuOptions, WEIGHT_TYPES};
+use crate::backend::cpu::ops::rope_table;
+use crate::backend::cpu::{CpuBackend, SimdLevel};
+use crate::backend::{AttentionArgs, Backend, WeightView};
+use crate::gguf::synth::{random_matrix, tiny_shape, write_synth_model, Rng};
+use crate::gguf::{dequantize_row, GgmlType, QK, QK_K};
+
+/// The shared test contexts (software adapters allowed): the default one, plus one with 32
+/// matmul lanes when the default differs (software adapters default to 1), so that both
+/// reduction layouts are tested here. Empty, with a message, when there is no adapter.
+fn contexts() -> &'static [Arc<WgpuContext>] {
+    static CTX: OnceLock<Vec<Arc<WgpuContext>>> = OnceLock::new();
+    CTX.get_or_init(|| match WgpuContext::new(WgpuOptions { allow_software: true, matmul_lanes: None }) {
+        Ok(c) => {
+            eprintln!("wgpu tests run on {:?}, {} matmul lanes", c.adapter(), c.matmul_lanes());
+            let mut v = vec![c.clone()];
+            if c.matmul_lanes() != 32 {
+                v.extend(WgpuContext::new(WgpuOptions { allow_software: true, matmul_lanes: Some(32) }).ok());
+            }
+            v
+        }
+        Err(e) => {
+            eprintln!("wgpu: {e}; skipping the wgpu backend in these tests");
+            Vec::new()
+        }
+    })
+}
+
+fn context() -> Option<Arc<WgpuContext>> {
+    contexts().first().cloned()
+}
+
+struct Present {
+    name: String,
+    backend: Arc<dyn Backend>,
+    wgpu: Option<Arc<WgpuBackend>>,
+}
+
+/// Every backend on this machine, the CPU scalar reference first.
+fn backends() -> Vec<Present> {
+    let cpu = |s| -> Present {
+        let b = Arc::new(CpuBackend::with_simd(2, s).expect("pool"));
+        Present { name: b.name(), backend: b, wgpu: None }
+    };
+    let mut v = vec![cpu(SimdLevel::Scalar)];
+    if SimdLevel::detect() != SimdLevel::Scalar {
+        v.push(cpu(SimdLevel::detect()));
+    }
+    for ctx in contexts() {
+        let w = Arc::new(WgpuBackend::new(ctx.clone()));
+        v.push(Present { name: w.name(), backend: w.clone(), wgpu: Some(w) });
+    }
+    if contexts().is_empty() {
+        eprintln!("(no wgpu adapter: this test checks the CPU backends only)");
+    }
+    v
+}
+
+fn no_gpu_errors(all: &[Present]) {
+    for p in all {
+        if let Some(e) = p.wgpu.as_ref().and_then(|w| w.take_error()) {
+            panic!("{}: GPU error: {e}", p.name);
+        }
+    }
+}
+
+fn uniform(seed: u64, n: usize) -> Vec<f32> {
+    let mut r = Rng::new(seed);
+    (0..n).map(|_| r.next_f32() * 2.0 - 1.0).collect()
+}
+
+/// Random weights of any type: quantized N(0, 1) values, or for K-quants random blocks with
+/// small positive scales.
+fn weights(ty: GgmlType, rows: usize, cols: usize, seed: u64) -> Vec<u8> {
+    if !matches!(ty, GgmlType::Q4K | GgmlType::Q6K) {
+        return random_matrix(ty, rows, cols, 0.0, 1.0, seed).expect("quantizable");
+    }
+    let mut r = Rng::new(seed);
+    let mut b: Vec<u8> = (0..rows * ty.row_bytes(cols).expect("blocks")).map(|_| r.next_u64() as u8).collect();
+    for blk in b.chunks_exact_mut(ty.block_bytes()) {
+        let mut put = |at: usize, v: f32| blk[at..at + 2].copy_from_slice(&f16::from_f32(v).to_le_bytes());
+        if ty == GgmlType::Q4K {
+            put(0, 0.01 + 0.02 * r.next_f32());
+            put(2, 0.004 * r.next_f32());
+        } else {
+            put(208, 0.005 + 0.01 * r.next_f32());
+        }
+    }
+    b
+}
+
+/// The allowed difference from the CPU scalar reference for output (row, token); see the module doc.
+fn matmul_tolerance(ty: GgmlType, w: &[f32], wbytes: &[u8], x: &[f32]) -> f64 {
+    let abs: f64 = w.iter().zip(x).map(|(a, b)| (*a as f64 * *b as f64).abs()).sum();
+    let block = |n: usize, e: f64, m: &dyn Fn(usize) -> f64| -> f64 {
+        (0..w.len() / n)
+            .map(|b| {
+                let r = b * n..(b + 1) * n;
+                let amax = x[r.clone()].iter().fold(0f64, |a, v| a.max(v.abs() as f64));
+                let wsum: f64 = w[r].iter().map(|v| v.abs() as f64).sum();
+                amax * e * (wsum + 65.0 * m(b))
+            })
+            .sum()
+    };
+    let q8 = 1.0 / 254.0 + 2f64.powi(-11);
+    let quant = match ty {
+        GgmlType::Q4_0 | GgmlType::Q8_0 => block(QK, q8, &|_| 0.0),
+        GgmlType::Q4_1 => block(QK, q8, &|b| f16::from_le_bytes([wbytes[20 * b + 2], wbytes[20 * b + 3]]).to_f64().abs()),
+        GgmlType::Q4K | GgmlType::Q6K => block(QK_K, 1.0 / 254.0, &|_| 0.0),
+        GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => 0.0,
+    };
+    4e-5 * abs + 1e-6 + quant * 1.001
+}
+
+#[test]
+fn matmul_every_type_on_every_backend() {
+    let all = backends();
+    for ty in WEIGHT_TYPES {
+        let shapes: &[(usize, usize, usize)] = if matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16) {
+            &[(37, 512, 11), (9, 72, 3)]
+        } else {
+            &[(37, 512, 11)]
+        };
+        for &(rows, cols, n_tok) in shapes {
+            let data = weights(ty, rows, cols, 100 + cols as u64);
+            let w = WeightView::new(ty, rows, cols, &data).expect("view");
+            let x = uniform(1, n_tok * cols);
+            let mut wf = vec![0f32; rows * cols];
+            for (r, dst) in wf.chunks_exact_mut(cols).enumerate() {
+                dequantize_row(ty, w.row(r), dst);
+            }
+            let mut reference = vec![0f32; n_tok * rows];
+            all[0].backend.matmul(w, &x, n_tok, &mut reference);
+            for p in &all {
+                let mut out = vec![f32::NAN; n_tok * rows];
+                p.backend.matmul(w, &x, n_tok, &mut out);
+                for t in 0..n_tok {
+                    for r in 0..rows {
+                        let (wr, xt) = (&wf[r * cols..(r + 1) * cols], &x[t * cols..(t + 1) * cols]);
+                        let (got, want) = (out[t * rows + r], reference[t * rows + r]);
+                        let tol = matmul_tolerance(ty, wr, w.row(r), xt);
+                        assert!(((got - want) as f64).abs() <= tol, "{} {ty:?} {rows}x{cols} [t {t}, r {r}]: {got} vs reference {want} (tol {tol:e})", p.name);
+                        if p.wgpu.is_some() {
+                            let exact: f64 = wr.iter().zip(xt).map(|(a, b)| *a as f64 * *b as f64).sum();
+                            let tol = 4e-5 * wr.iter().zip(xt).map(|(a, b)| (*a as f64 * *b as f64).abs()).sum::<f64>() + 1e-6;
+                            assert!((got as f64 - exact).abs() <= tol, "{} {ty:?} [t {t}, r {r}]: {got} vs exact {exact}", p.name);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    no_gpu_errors(&all);
+}
+
+#[test]
+fn rmsnorm_on_every_backend() {
+    let all = backends();
+    let (dim, n) = (576, 5);
+    let x: Vec<f32> = uniform(2, n * dim).iter().map(|v| v * 3.0).collect();
+    let g: Vec<f32> = uniform(3, dim).iter().map(|v| 1.0 + 0.1 * v).collect();
+    let mut reference = vec![0f32; n * dim];
+    all[0].backend.rmsnorm(&x, &g, 1e-5, &mut reference);
+    for p in &all {
+        let mut out = vec![f32::NAN; n * dim];
+        p.backend.rmsnorm(&x, &g, 1e-5, &mut out);
+        for (i, (a, r)) in out.iter().zip(&reference).enumerate() {
+            assert!((a - r).abs() <= 2e-5 * r.abs() + 1e-7, "{} [{i}]: {a} vs {r}", p.name);
+        }
+    }
+    no_gpu_errors(&all);
+}
+
+#[test]
+fn rope_on_every_backend() {
+    let all = backends();
+    let (n_head, hd) = (3, 64);
+    let table = rope_table(300, hd, hd, 100000.0);
+    let positions: Vec<u32> = vec![0, 1, 7, 128, 299];
+    let x0 = uniform(4, positions.len() * n_head * hd);
+    let mut reference = x0.clone();
+    all[0].backend.rope(&mut reference, &positions, n_head, hd, &table);
+    for p in &all {
+        let mut x = x0.clone();
+        p.backend.rope(&mut x, &positions, n_head, hd, &table);
+        for (i, (a, r)) in x.iter().zip(&reference).enumerate() {
+            let pair = i & !1;
+            let tol = 2.4e-7 * (x0[pair].abs() + x0[pair + 1].abs());
+            assert!((a - r).abs() <= tol, "{} [{i}]: {a} vs {r}", p.name);
+        }
+    }
+    no_gpu_errors(&all);
+}
+
+fn f16s(seed: u64, n: usize) -> Vec<f16> {
+    uniform(seed, n).into_iter().map(f16::from_f32).collect()
+}
+
+fn attention(b: &dyn Backend, q: &[f32], k: &[f16], v: &[f16], cap: usize, pos: &[u32], heads: (usize, usize, usize)) -> Vec<f32> {
+    let (n_head, n_kv_head, head_dim) = heads;
+    let mut out = vec![f32::NAN; q.len()];
+    b.attention(AttentionArgs { q, k_cache: k, v_cache: v, capacity: cap, positions: pos, n_head, n_kv_head, head_dim, out: &mut out });
+    out
+}
+
+#[test]
+fn attention_on_every_backend() {
+    let all = backends();
+    let (n_head, n_kv, hd, cap) = (4, 2, 64, 300);
+    let (k, v) = (f16s(5, n_kv * cap * hd), f16s(6, n_kv * cap * hd));
+    // Decode-like (one late position), prefill-like (a run crossing tile edges) and position 0.
+    for positions in [vec![299u32], (120..140).collect::<Vec<u32>>(), vec![0]] {
+        let q = uniform(7, positions.len() * n_head * hd);
+        let reference = attention(&*all[0].backend, &q, &k, &v, cap, &positions, (n_head, n_kv, hd));
+        for p in &all {
+            let out = attention(&*p.backend, &q, &k, &v, cap, &positions, (n_head, n_kv, hd));
+            for (i, (a, r)) in out.iter().zip(&reference).enumerate() {
+                assert!((a - r).abs() <= 2e-5, "{} positions {:?} [{i}]: {a} vs {r}", p.name, &positions[..1]);
+            }
+        }
+    }
+    no_gpu_errors(&all);
+}
+
+#[test]
+fn silu_mul_and_add_on_every_backend() {
+    let all = backends();
+    let n = 1000;
+    let (g0, u) = (uniform(8, n), uniform(9, n));
+    let mut reference = g0.clone();
+    all[0].backend.silu_mul(&mut reference, &u);
+    let mut sum_ref = g0.clone();
+    all[0].backend.add(&mut sum_ref, &u);
+    for p in &all {
+        let mut g = g0.clone();
+        p.backend.silu_mul(&mut g, &u);
+        for (i, (a, r)) in g.iter().zip(&reference).enumerate() {
+            assert!((a - r).abs() <= 2e-6 * r.abs() + 1e-7, "{} silu_mul [{i}]: {a} vs {r}", p.name);
+        }
+        let mut s = g0.clone();
+        p.backend.add(&mut s, &u);
+        assert!(s.iter().zip(&sum_ref).all(|(a, r)| a.to_bits() == r.to_bits()), "{}: add is not bitwise equal", p.name);
+    }
+    no_gpu_errors(&all);
+}
+
+#[test]
+fn wgpu_embedding_is_exact_dequantization() {
+    let Some(ctx) = context() else { return eprintln!("skipped: no wgpu adapter") };
+    let gpu = WgpuBackend::new(ctx);
+    let (rows, cols) = (50, 512);
+    let ids = [0u32, 49, 7, 7, 23];
+    for ty in WEIGHT_TYPES {
+        let data = weights(ty, rows, cols, 11);
+        let w = WeightView::new(ty, rows, cols, &data).expect("view");
+        let mut out = vec![f32::NAN; ids.len() * cols];
+        gpu.embed(w, &ids, &mut out).expect("embed");
+        for (t, &id) in ids.iter().enumerate() {
+            let mut want = vec![0f32; cols];
+            dequantize_row(ty, w.row(id as usize), &mut want);
+            let got = &out[t * cols..(t + 1) * cols];
+            assert!(got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "{ty:?}: row {id} differs from dequantize_row");
+        }
+    }
+    assert!(gpu.embed(WeightView::new(GgmlType::F32, 2, 32, &[0; 256]).expect("view"), &[2], &mut [0.0; 32]).is_err());
+}
+
+#[test]
+fn wgpu_kv_store_rounds_like_the_cpu_cache() {
+    let Some(ctx) = context() else { return eprintln!("skipped: no wgpu adapter") };
+    let gpu = WgpuBackend::new(ctx);
+    let (n_kv, hd, cap) = (2, 64, 20);
+    let positions = [3u32, 4, 5, 19];
+    let k: Vec<f32> = uniform(12, positions.len() * n_kv * hd).iter().map(|v| v * 7.3).collect();
+    let v = uniform(13, k.len());
+    for f16_cache in [true, false] {
+        let (kc, vc) = gpu.kv_store(&k, &v, &positions, n_kv, hd, cap, f16_cache).expect("kv_store");
+        for (t, &p) in positions.iter().enumerate() {
+            for h in 0..n_kv {
+                for d in 0..hd {
+                    let (src, dst) = ((t * n_kv + h) * hd + d, (h * cap + p as usize) * hd + d);
+                    for (cache, x) in [(&kc, &k), (&vc, &v)] {
+                        let got = if f16_cache { (cache[dst / 2] >> (16 * (dst % 2))) & 0xFFFF } else { cache[dst] };
+                        let want = if f16_cache { u32::from(f16::from_f32(x[src]).to_bits()) } else { x[src].to_bits() };
+                        assert_eq!(got, want, "f16 {f16_cache}: token {t} head {h} dim {d}");
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn wgpu_kernels_are_batch_invariant() {
+    if contexts().is_empty() {
+        return eprintln!("skipped: no wgpu adapter");
+    }
+    for ctx in contexts() {
+        batch_invariance_on(WgpuBackend::new(ctx.clone()));
+    }
+}
+
+fn batch_invariance_on(gpu: WgpuBackend) {
+    let (rows, cols, n) = (29, 256, 13);
+    let x = uniform(14, n * cols);
+    for ty in WEIGHT_TYPES {
+        let data = weights(ty, rows, cols, 15);
+        let w = WeightView::new(ty, rows, cols, &data).expect("view");
+        let mut batch = vec![0f32; n * rows];
+        gpu.try_matmul(w, &x, n, &mut batch).expect("matmul");
+        // Alone, and in a batch that puts the token in another slot of the 8-token tile.
+        for t in 0..n {
+            let mut one = vec![0f32; rows];
+            gpu.try_matmul(w, &x[t * cols..(t + 1) * cols], 1, &mut one).expect("matmul");
+            assert!(one.iter().zip(&batch[t * rows..]).all(|(a, b)| a.to_bits() == b.to_bits()), "{ty:?}: token {t} alone");
+        }
+        let mut part = vec![0f32; 5 * rows];
+        gpu.try_matmul(w, &x[3 * cols..8 * cols], 5, &mut part).expect("matmul");
+        assert!(part.iter().zip(&batch[3 * rows..8 * rows]).all(|(a, b)| a.to_bits() == b.to_bits()), "{ty:?}: tokens 3..8");
+    }
+    let (n_head, n_kv, hd, cap) = (4, 2, 64, 300);
+    let (k, v) = (f16s(16, n_kv * cap * hd), f16s(17, n_kv * cap * hd));
+    let positions: Vec<u32> = (250..300).collect();
+    let q = uniform(18, positions.len() * n_head * hd);
+    let batch = attention(&gpu, &q, &k, &v, cap, &positions, (n_head, n_kv, hd));
+    let wdt = n_head * hd;
+    for (t, p) in positions.iter().enumerate() {
+        let one = attention(&gpu, &q[t * wdt..(t + 1) * wdt], &k, &v, cap, &[*p], (n_head, n_kv, hd));
+        assert!(one.iter().zip(&batch[t * wdt..]).all(|(a, c)| a.to_bits() == c.to_bits()), "attention token {t}");
+    }
+    assert!(gpu.take_error().is_none());
+}
+
+/// Runs `hidden` through a fresh runner in chunks of the given sizes; returns the outputs.
+fn run_chunks(ctx: &Arc<WgpuContext>, model: &crate::engine::Model, layers: std::ops::Range<usize>, kv: KvPrecision, hidden: &[f32], chunks: &[usize]) -> Vec<f32> {
+    let e = model.config.n_embd;
+    let mut l = WgpuLayers::with_kv(ctx.clone(), model, layers, 16, 64, kv).expect("layers");
+    let mut out = hidden.to_vec();
+    let mut at = 0;
+    for &c in chunks {
+        let pos: Vec<u32> = (at as u32..(at + c) as u32).collect();
+        l.forward(&mut out[at * e..(at + c) * e], &pos).expect("forward");
+        at += c;
+    }
+    assert_eq!(l.len(), at);
+    out
+}
+
+#[test]
+fn wgpu_layers_decode_equals_prefill_bitwise() {
+    if contexts().is_empty() {
+        return eprintln!("skipped: no wgpu adapter");
+    }
+    for ctx in contexts() {
+        decode_equals_prefill_on(ctx);
+    }
+}
+
+fn decode_equals_prefill_on(ctx: &Arc<WgpuContext>) {
+    let f = tempfile::NamedTempFile::new().expect("tmp");
+    write_synth_model(&tiny_shape(), GgmlType::Q4_0, 3, None, f.path(), |_| {}).expect("synth");
+    let model = crate::engine::Model::load(f.path(), Arc::new(CpuBackend::new(1).expect("pool"))).expect("load");
+    let (n, e) = (13, model.config.n_embd);
+    let hidden = uniform(19, n * e);
+    for kv in [KvPrecision::F16, KvPrecision::F32] {
+        for layers in [0..1, 0..2] {
+            let prefill = run_chunks(ctx, &model, layers.clone(), kv, &hidden, &[n]);
+            assert!(prefill.iter().all(|v| v.is_finite()) && prefill != hidden);
+            for chunks in [vec![1; n], vec![5, 8], vec![9, 1, 3]] {
+                let other = run_chunks(ctx, &model, layers.clone(), kv, &hidden, &chunks);
+                assert!(
+                    other.iter().zip(&prefill).all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{kv:?} layers {layers:?}: chunks {chunks:?} differ from one prefill"
+                );
+            }
+        }
+        // Truncating and recomputing the tail reproduces it.
+        let mut l = WgpuLayers::with_kv(ctx.clone(), &model, 0..2, 16, 64, kv).expect("layers");
+        let pos: Vec<u32> = (0..n as u32).collect();
+        let mut all = hidden.clone();
+        l.forward(&mut all, &pos).expect("forward");
+        l.truncate(7);
+        let mut tail = hidden[7 * e..].to_vec();
+        l.forward(&mut tail, &pos[7..]).expect("forward");
+        assert!(tail.iter().zip(&all[7 * e..]).all(|(a, b)| a.to_bits() == b.to_bits()), "{kv:?}: after truncate");
+        assert!(matches!(l.forward(&mut tail[..e], &[3]), Err(super::WgpuError::BadPositions { .. })));
+    }
+}
+
+#[test]
+fn detection_never_fails() {
+    // Without software adapters this machine may have none: that is `None`, not a panic.
+    let hw = WgpuContext::detect(WgpuOptions::default());
+    eprintln!("hardware adapter: {:?}", hw.as_ref().map(|c| c.adapter().clone()));
+    if let Some(c) = hw {
+        assert!(!c.is_software());
+    }
+}
+
+/// Logits of every token: CPU embedding, all layers on `WgpuLayers`, CPU norm and output.
+fn logits_through_wgpu(ctx: &Arc<WgpuContext>, model: &crate::engine::Model, tokens: &[u32], profiled: bool) -> Vec<f32> {
+    let (c, g) = (&model.config, &model.gguf);
+    let emb = model.weights.token_embd.view(g);
+    let mut hidden = vec![0f32; tokens.len() * c.n_embd];
+    for (row, &t) in hidden.chunks_exact_mut(c.n_embd).zip(tokens) {
+        dequantize_row(emb.ty, emb.row(t as usize), row);
+    }
+    let mut l = WgpuLayers::new(ctx.clone(), model, 0..c.n_layer, tokens.len(), tokens.len()).expect("layers");
+    let pos: Vec<u32> = (0..tokens.len() as u32).collect();
+    if profiled {
+        let profile = l.forward_profiled(&mut hidden, &pos).expect("forward");
+        if let Some(p) = profile {
+            assert!(p.iter().any(|(k, ms)| *k == "attention" && *ms >= 0.0), "{p:?}");
+        }
+    } else {
+        l.forward(&mut hidden, &pos).expect("forward");
+    }
+    let b = model.backend();
+    let mut normed = vec![0f32; hidden.len()];
+    b.rmsnorm(&hidden, &model.weights.output_norm, c.rms_eps, &mut normed);
+    let mut logits = vec![0f32; tokens.len() * c.vocab_size];
+    b.matmul(model.weights.output.view(g), &normed, tokens.len(), &mut logits);
+    logits
+}
+
+/// A copy of the GGUF at `src` with attn_v and ffn_up stored as F16: q|k|v and gate|up then
+/// have mixed types, which the layer runner computes as separate dispatches into one row.
+fn with_f16_v_and_up(src: &std::path::Path, dst: &std::path::Path) {
+    let g = crate::gguf::GgufFile::open(src).expect("open");
+    let mut w = crate::gguf::writer::GgufWriter::new();
+    for (k, v) in &g.metadata {
+        w.meta(k, v.clone());
+    }
+    for t in &g.tensors {
+        if t.name.ends_with("attn_v.weight") || t.name.ends_with("ffn_up.weight") {
+            let mut bytes = Vec::new();
+            crate::gguf::synth::quantize_row(GgmlType::F16, &g.tensor(&t.name).expect("tensor").to_f32(), &mut bytes).expect("f16");
+            w.tensor(&t.name, &t.dims, GgmlType::F16, bytes);
+        } else {
+            w.tensor(&t.name, &t.dims, t.ty, g.data(t).to_vec());
+        }
+    }
+    w.write_to(&mut std::fs::File::create(dst).expect("create")).expect("write");
+}
+
+/// The whole model on an F32 synthetic model: the CPU then also uses f32 activations, so the
+/// two paths differ only in summation order and the logits must agree to 1e-3 of their scale.
+/// Covers stacked q|k|v and gate|up (one type) and separate ones (mixed types).
+#[test]
+fn wgpu_layers_match_the_cpu_engine_on_f32_weights() {
+    if contexts().is_empty() {
+        return eprintln!("skipped: no wgpu adapter");
+    }
+    let dir = tempfile::tempdir().expect("tmp");
+    let (f32_path, mixed_path) = (dir.path().join("f32.gguf"), dir.path().join("mixed.gguf"));
+    write_synth_model(&tiny_shape(), GgmlType::F32, 5, None, &f32_path, |_| {}).expect("synth");
+    with_f16_v_and_up(&f32_path, &mixed_path);
+    let tokens: Vec<u32> = (0..11).map(|i| (i * 37 + 5) % 320).collect();
+    for path in [&f32_path, &mixed_path] {
+        let model = crate::engine::Model::load(path, Arc::new(CpuBackend::with_simd(1, SimdLevel::Scalar).expect("pool"))).expect("load");
+        let mut state = model.new_state(tokens.len());
+        let mut kv = model.new_kv(tokens.len());
+        let seq = crate::engine::SeqBatch { kv: &mut kv, tokens: &tokens, logits: crate::engine::Logits::All };
+        model.forward(&mut state, &mut [seq]).expect("cpu forward");
+        let cpu: Vec<f32> = (0..tokens.len()).flat_map(|i| model.logits(&state, i).to_vec()).collect();
+        let scale = cpu.iter().fold(0f32, |m, v| m.max(v.abs()));
+        for (i, ctx) in contexts().iter().enumerate() {
+            let gpu = logits_through_wgpu(ctx, &model, &tokens, i == 0);
+            let worst = gpu.iter().zip(&cpu).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+            eprintln!("{}: max |wgpu - cpu| logit {worst:e} (scale {scale})", path.display());
+            assert!(worst <= 1e-3 * scale, "{}: logits differ by {worst} (scale {scale})", path.display());
+        }
+    }
+}
