@@ -161,20 +161,22 @@ fn blocks<'a, const BB: usize, const NT: usize>(w: &'a [u8], x: [&'a [BlockQ8]; 
     (blocks, x.map(|xt| &xt[..nb]))
 }
 
+/// Blocks of an f16 scale followed by 32 signed weights (`weights(block)` gives them as i8 lanes):
+/// the Q4_0 and Q8_0 dot, with the sign trick for `maddubs`.
 #[inline(always)]
-fn nibbles16(qs: &[u8; 16]) -> __m256i {
-    nibbles(qs)
-}
-
-#[inline(always)]
-fn dot_q4_0<const NT: usize>(w: &[u8], x: [&[BlockQ8]; NT], out: &mut [f32; NT]) {
-    let (blocks, x) = blocks::<18, NT>(w, x);
+fn dot_signed<const BB: usize, const NT: usize>(
+    w: &[u8],
+    x: [&[BlockQ8]; NT],
+    out: &mut [f32; NT],
+    weights: impl Fn(&[u8; BB]) -> __m256i,
+) {
+    let (blocks, x) = blocks::<BB, NT>(w, x);
     // SAFETY (whole body): only inlined into `matmul_rows_q8` (avx2, fma, f16c enabled).
     unsafe {
         let mut acc = [_mm256_setzero_ps(); NT];
         for (ib, wb) in blocks.iter().enumerate() {
             let d = f16x1(&wb[..2]);
-            let q = _mm256_sub_epi8(nibbles16(wb[2..18].try_into().unwrap_unchecked()), _mm256_set1_epi8(8));
+            let q = weights(wb);
             let qa = _mm256_sign_epi8(q, q);
             for t in 0..NT {
                 let xb = &x[t][ib];
@@ -186,6 +188,17 @@ fn dot_q4_0<const NT: usize>(w: &[u8], x: [&[BlockQ8]; NT], out: &mut [f32; NT])
             out[t] = hsum(acc[t]);
         }
     }
+}
+
+#[inline(always)]
+fn dot_q4_0<const NT: usize>(w: &[u8], x: [&[BlockQ8]; NT], out: &mut [f32; NT]) {
+    // SAFETY: AVX2 enabled in every caller; nibbles minus 8 are the signed weights.
+    dot_signed::<18, NT>(w, x, out, |wb: &[u8; 18]| unsafe { _mm256_sub_epi8(nibbles(&wb[2..18]), _mm256_set1_epi8(8)) })
+}
+
+#[inline(always)]
+fn dot_q8_0<const NT: usize>(w: &[u8], x: [&[BlockQ8]; NT], out: &mut [f32; NT]) {
+    dot_signed::<34, NT>(w, x, out, |wb: &[u8; 34]| load32(&wb[2..34]))
 }
 
 #[inline(always)]
@@ -197,7 +210,7 @@ fn dot_q4_1<const NT: usize>(w: &[u8], x: [&[BlockQ8]; NT], out: &mut [f32; NT])
         let mut summ = [0f32; NT];
         for (ib, wb) in blocks.iter().enumerate() {
             let (d, m) = f16x2(&wb[..4]);
-            let q = nibbles16(wb[4..20].try_into().unwrap_unchecked());
+            let q = nibbles(&wb[4..20]);
             for t in 0..NT {
                 let xb = &x[t][ib];
                 let p = mul_sum_u8_i8(q, load_qs(xb));
@@ -207,28 +220,6 @@ fn dot_q4_1<const NT: usize>(w: &[u8], x: [&[BlockQ8]; NT], out: &mut [f32; NT])
         }
         for t in 0..NT {
             out[t] = hsum(acc[t]) + summ[t];
-        }
-    }
-}
-
-#[inline(always)]
-fn dot_q8_0<const NT: usize>(w: &[u8], x: [&[BlockQ8]; NT], out: &mut [f32; NT]) {
-    let (blocks, x) = blocks::<34, NT>(w, x);
-    // SAFETY (whole body): only inlined into `matmul_rows_q8` (avx2, fma, f16c enabled).
-    unsafe {
-        let mut acc = [_mm256_setzero_ps(); NT];
-        for (ib, wb) in blocks.iter().enumerate() {
-            let d = f16x1(&wb[..2]);
-            let q = load32(&wb[2..34]);
-            let qa = _mm256_sign_epi8(q, q);
-            for t in 0..NT {
-                let xb = &x[t][ib];
-                let p = mul_sum_u8_i8(qa, _mm256_sign_epi8(load_qs(xb), q));
-                acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * xb.d), p, acc[t]);
-            }
-        }
-        for t in 0..NT {
-            out[t] = hsum(acc[t]);
         }
     }
 }
