@@ -7,10 +7,10 @@
 use std::arch::x86_64::*;
 
 use super::quant::{BlockQ8, BlockQ8K};
-use super::shared::SharedOut;
+use super::shared::{tile_rows, SharedOut};
 use crate::backend::WeightView;
 use crate::gguf::types::q4k_scale_min;
-use crate::gguf::{GgmlType, QK, QK_K};
+use crate::gguf::{GgmlType, QK_K};
 
 // The helpers below are `inline(always)` plain functions: they are only ever inlined into the
 // `#[target_feature]` entry points of this file (which the backend calls after run-time
@@ -112,43 +112,9 @@ fn mul_sum_u8_i8(u: __m256i, s: __m256i) -> __m256 {
 #[target_feature(enable = "avx2,fma,f16c")]
 pub fn matmul_rows_q8(w: WeightView<'_>, rows: std::ops::Range<usize>, acts: &[BlockQ8], n_tok: usize, out: &SharedOut) {
     match w.ty {
-        GgmlType::Q4_0 => rows_impl(w, rows, acts, n_tok, out, dot_q4_0::<4>, dot_q4_0::<1>),
-        GgmlType::Q4_1 => rows_impl(w, rows, acts, n_tok, out, dot_q4_1::<4>, dot_q4_1::<1>),
-        _ => rows_impl(w, rows, acts, n_tok, out, dot_q8_0::<4>, dot_q8_0::<1>),
-    }
-}
-
-#[inline(always)]
-fn rows_impl(
-    w: WeightView<'_>,
-    rows: std::ops::Range<usize>,
-    acts: &[BlockQ8],
-    n_tok: usize,
-    out: &SharedOut,
-    k4: impl Fn(&[u8], [&[BlockQ8]; 4], &mut [f32; 4]),
-    k1: impl Fn(&[u8], [&[BlockQ8]; 1], &mut [f32; 1]),
-) {
-    let nb = w.cols / QK;
-    let act = |t: usize| &acts[t * nb..(t + 1) * nb];
-    let mut t0 = 0;
-    while t0 + 4 <= n_tok {
-        let x = [act(t0), act(t0 + 1), act(t0 + 2), act(t0 + 3)];
-        for r in rows.clone() {
-            let mut o = [0f32; 4];
-            k4(w.row(r), x, &mut o);
-            for (i, v) in o.into_iter().enumerate() {
-                out.write(t0 + i, r, v);
-            }
-        }
-        t0 += 4;
-    }
-    for t in t0..n_tok {
-        let x = [act(t)];
-        for r in rows.clone() {
-            let mut o = [0f32; 1];
-            k1(w.row(r), x, &mut o);
-            out.write(t, r, o[0]);
-        }
+        GgmlType::Q4_0 => tile_rows(w, rows, acts, n_tok, out, dot_q4_0::<4>, dot_q4_0::<1>),
+        GgmlType::Q4_1 => tile_rows(w, rows, acts, n_tok, out, dot_q4_1::<4>, dot_q4_1::<1>),
+        _ => tile_rows(w, rows, acts, n_tok, out, dot_q8_0::<4>, dot_q8_0::<1>),
     }
 }
 

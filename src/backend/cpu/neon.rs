@@ -7,29 +7,13 @@
 use std::arch::aarch64::*;
 
 use super::quant::BlockQ8;
-use super::shared::SharedOut;
+use super::shared::{tile_rows, SharedOut};
 use crate::backend::WeightView;
-use crate::gguf::{GgmlType, QK};
+use crate::gguf::GgmlType;
 
 pub fn matmul_rows_q8(w: WeightView<'_>, rows: std::ops::Range<usize>, acts: &[BlockQ8], n_tok: usize, out: &SharedOut) {
-    let nb = w.cols / QK;
-    let act = |t: usize| &acts[t * nb..(t + 1) * nb];
-    let mut t0 = 0;
-    while t0 + 4 <= n_tok {
-        let x = [act(t0), act(t0 + 1), act(t0 + 2), act(t0 + 3)];
-        for r in rows.clone() {
-            let o = dot::<4>(w.ty, w.row(r), x);
-            for (i, v) in o.into_iter().enumerate() {
-                out.write(t0 + i, r, v);
-            }
-        }
-        t0 += 4;
-    }
-    for t in t0..n_tok {
-        for r in rows.clone() {
-            out.write(t, r, dot::<1>(w.ty, w.row(r), [act(t)])[0]);
-        }
-    }
+    let ty = w.ty;
+    tile_rows(w, rows, acts, n_tok, out, |row, x, o| *o = dot::<4>(ty, row, x), |row, x, o| *o = dot::<1>(ty, row, x));
 }
 
 /// Sum of the 32 products of i8 weights `w` (two halves) and activations `x`.

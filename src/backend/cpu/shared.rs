@@ -1,4 +1,9 @@
-//! Output buffers shared by a parallel region whose threads write disjoint parts.
+//! Output buffers shared by a parallel region whose threads write disjoint parts, and the
+//! token-tile row loop every SIMD matmul shares.
+
+use super::quant::BlockQ8;
+use crate::backend::WeightView;
+use crate::gguf::QK;
 
 /// A `[n_tok, rows]` output matrix: thread-safe writes of disjoint rows.
 pub struct SharedOut {
@@ -45,5 +50,43 @@ impl<B> SharedSlice<B> {
         assert!(at + n <= self.1);
         // SAFETY: in bounds (asserted); disjointness is the caller's promise.
         unsafe { std::slice::from_raw_parts_mut(self.0.add(at), n) }
+    }
+}
+
+/// Rows `rows` of `w` against `n_tok` quantized activation rows (`acts`: [n_tok, cols / 32]) in
+/// token tiles of 4 (`k4`: one weight row against 4 activation rows, each weight block unpacked
+/// once), then single tokens (`k1`). Kernels give every token the same instruction sequence
+/// whatever the tile size, so a token's result does not depend on its batch.
+#[inline(always)]
+pub fn tile_rows(
+    w: WeightView<'_>,
+    rows: std::ops::Range<usize>,
+    acts: &[BlockQ8],
+    n_tok: usize,
+    out: &SharedOut,
+    k4: impl Fn(&[u8], [&[BlockQ8]; 4], &mut [f32; 4]),
+    k1: impl Fn(&[u8], [&[BlockQ8]; 1], &mut [f32; 1]),
+) {
+    let nb = w.cols / QK;
+    let act = |t: usize| &acts[t * nb..(t + 1) * nb];
+    let mut t0 = 0;
+    while t0 + 4 <= n_tok {
+        let x = [act(t0), act(t0 + 1), act(t0 + 2), act(t0 + 3)];
+        for r in rows.clone() {
+            let mut o = [0f32; 4];
+            k4(w.row(r), x, &mut o);
+            for (i, v) in o.into_iter().enumerate() {
+                out.write(t0 + i, r, v);
+            }
+        }
+        t0 += 4;
+    }
+    for t in t0..n_tok {
+        let x = [act(t)];
+        for r in rows.clone() {
+            let mut o = [0f32; 1];
+            k1(w.row(r), x, &mut o);
+            out.write(t, r, o[0]);
+        }
     }
 }
