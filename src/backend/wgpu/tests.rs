@@ -22,7 +22,7 @@
 //! * SiLU·mul: `2e-6 · |ref| + 1e-7` (exp ≤ 5 ulp for |x| ≤ 1, 2.5-ulp division, one product).
 //! * residual add, embedding lookup, KV store: bitwise.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use half::f16;
 
@@ -32,6 +32,15 @@ use crate::backend::cpu::{CpuBackend, SimdLevel};
 use crate::backend::{AttentionArgs, Backend, WeightView};
 use crate::gguf::synth::{random_matrix, tiny_shape, write_synth_model, Rng};
 use crate::gguf::{dequantize_row, GgmlType, QK, QK_K};
+
+/// One GPU test at a time. lavapipe runs every dispatch on the machine's own (2, in CI) cores;
+/// with several of these tests at once, `wgpu_kernels_are_batch_invariant` saw an attention
+/// mismatch twice in ~10 full runs before the explicit barrier after the query load in
+/// attention.wgsl, and none in 35 runs since. The root cause is not established (see issue 7).
+fn gpu_lock() -> MutexGuard<'static, ()> {
+    static GPU: Mutex<()> = Mutex::new(());
+    GPU.lock().unwrap_or_else(|p| p.into_inner())
+}
 
 /// The shared test contexts (software adapters allowed): the default one, plus one with 32
 /// matmul lanes when the default differs (software adapters default to 1), so that both
@@ -142,6 +151,7 @@ fn matmul_tolerance(ty: GgmlType, w: &[f32], wbytes: &[u8], x: &[f32]) -> f64 {
 
 #[test]
 fn matmul_every_type_on_every_backend() {
+    let _gpu = gpu_lock();
     let all = backends();
     for ty in WEIGHT_TYPES {
         let shapes: &[(usize, usize, usize)] = if matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16) {
@@ -183,6 +193,7 @@ fn matmul_every_type_on_every_backend() {
 
 #[test]
 fn rmsnorm_on_every_backend() {
+    let _gpu = gpu_lock();
     let all = backends();
     let (dim, n) = (576, 5);
     let x: Vec<f32> = uniform(2, n * dim).iter().map(|v| v * 3.0).collect();
@@ -201,6 +212,7 @@ fn rmsnorm_on_every_backend() {
 
 #[test]
 fn rope_on_every_backend() {
+    let _gpu = gpu_lock();
     let all = backends();
     let (n_head, hd) = (3, 64);
     let table = rope_table(300, hd, hd, 100000.0);
@@ -233,6 +245,7 @@ fn attention(b: &dyn Backend, q: &[f32], k: &[f16], v: &[f16], cap: usize, pos: 
 
 #[test]
 fn attention_on_every_backend() {
+    let _gpu = gpu_lock();
     let all = backends();
     let (n_head, n_kv, hd, cap) = (4, 2, 64, 300);
     let (k, v) = (f16s(5, n_kv * cap * hd), f16s(6, n_kv * cap * hd));
@@ -252,6 +265,7 @@ fn attention_on_every_backend() {
 
 #[test]
 fn silu_mul_and_add_on_every_backend() {
+    let _gpu = gpu_lock();
     let all = backends();
     let n = 1000;
     let (g0, u) = (uniform(8, n), uniform(9, n));
@@ -274,6 +288,7 @@ fn silu_mul_and_add_on_every_backend() {
 
 #[test]
 fn wgpu_embedding_is_exact_dequantization() {
+    let _gpu = gpu_lock();
     let Some(ctx) = context() else { return eprintln!("skipped: no wgpu adapter") };
     let gpu = WgpuBackend::new(ctx);
     let (rows, cols) = (50, 512);
@@ -295,6 +310,7 @@ fn wgpu_embedding_is_exact_dequantization() {
 
 #[test]
 fn wgpu_kv_store_rounds_like_the_cpu_cache() {
+    let _gpu = gpu_lock();
     let Some(ctx) = context() else { return eprintln!("skipped: no wgpu adapter") };
     let gpu = WgpuBackend::new(ctx);
     let (n_kv, hd, cap) = (2, 64, 20);
@@ -320,6 +336,7 @@ fn wgpu_kv_store_rounds_like_the_cpu_cache() {
 
 #[test]
 fn wgpu_kernels_are_batch_invariant() {
+    let _gpu = gpu_lock();
     if contexts().is_empty() {
         return eprintln!("skipped: no wgpu adapter");
     }
@@ -376,6 +393,7 @@ fn run_chunks(ctx: &Arc<WgpuContext>, model: &crate::engine::Model, layers: std:
 
 #[test]
 fn wgpu_layers_decode_equals_prefill_bitwise() {
+    let _gpu = gpu_lock();
     if contexts().is_empty() {
         return eprintln!("skipped: no wgpu adapter");
     }
@@ -417,6 +435,7 @@ fn decode_equals_prefill_on(ctx: &Arc<WgpuContext>) {
 
 #[test]
 fn detection_never_fails() {
+    let _gpu = gpu_lock();
     // Without software adapters this machine may have none: that is `None`, not a panic.
     let hw = WgpuContext::detect(WgpuOptions::default());
     eprintln!("hardware adapter: {:?}", hw.as_ref().map(|c| c.adapter().clone()));
@@ -476,6 +495,7 @@ fn with_f16_v_and_up(src: &std::path::Path, dst: &std::path::Path) {
 /// Covers stacked q|k|v and gate|up (one type) and separate ones (mixed types).
 #[test]
 fn wgpu_layers_match_the_cpu_engine_on_f32_weights() {
+    let _gpu = gpu_lock();
     if contexts().is_empty() {
         return eprintln!("skipped: no wgpu adapter");
     }

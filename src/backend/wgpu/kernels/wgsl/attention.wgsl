@@ -77,6 +77,8 @@ fn main(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wg: ve
     if (tid == 0u) {
         nkeys = POS[t] + 1u;
     }
+    // Every lane's query element is written before any lane reads the whole query.
+    workgroupBarrier();
     let n_keys = workgroupUniformLoad(&nkeys);
     let kv0 = kvh * p.capacity;
     var m = NEG;
