@@ -232,7 +232,7 @@ pub const MAX_GROUP: usize = 8;
 
 /// Attention of `g` query heads (`q`: [g, hd]) that share one KV head, over keys 0..n_keys:
 /// each key and value row is converted from f16 once for the whole group. Per head the
-/// arithmetic is exactly `ops::attend_head_with`'s (same tiles, key order and softmax), so a
+/// arithmetic follows `ops::attend_head` (same tiles, key order and softmax), so a
 /// query's result never depends on the batch or on the other heads.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments)]

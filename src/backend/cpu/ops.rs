@@ -85,35 +85,10 @@ pub fn gelu(x: f32) -> f32 {
 pub const ATT_TILE: usize = 128;
 
 /// One query head against keys 0..n_keys of one KV head (rows of `head_dim` f16 values):
-/// softmax(q·k * scale)-weighted sum of values, written to `out`. Tiled online softmax: no
-/// allocation, fixed key order.
+/// softmax(q·k * scale)-weighted sum of values, written to `out`. Tiled online softmax at absolute
+/// tile positions: no allocation, fixed key order. The reference for every attention kernel.
 pub fn attend_head(q: &[f32], keys: &[f16], values: &[f16], n_keys: usize, scale: f32, out: &mut [f32]) {
-    attend_head_with(
-        q,
-        keys,
-        values,
-        n_keys,
-        scale,
-        out,
-        |q, k| q.iter().zip(k).map(|(a, b)| a * b.to_f32()).fold(0.0, |s, p| s + p),
-        |o, e, v| o.iter_mut().zip(v).for_each(|(o, v)| *o += e * v.to_f32()),
-    )
-}
-
-/// The attention scan with the row kernels passed in (`dot(q, k)` and `out += e * v`), so SIMD
-/// levels share the tiling, the order of keys and the softmax arithmetic.
-#[allow(clippy::too_many_arguments)]
-#[inline(always)]
-pub fn attend_head_with(
-    q: &[f32],
-    keys: &[f16],
-    values: &[f16],
-    n_keys: usize,
-    scale: f32,
-    out: &mut [f32],
-    dot: impl Fn(&[f32], &[f16]) -> f32,
-    axpy: impl Fn(&mut [f32], f32, &[f16]),
-) {
+    let dot = |q: &[f32], k: &[f16]| q.iter().zip(k).map(|(a, b)| a * b.to_f32()).fold(0.0, |s: f32, p| s + p);
     let hd = q.len();
     let mut scores = [0f32; ATT_TILE];
     let mut m = f32::NEG_INFINITY;
@@ -136,7 +111,9 @@ pub fn attend_head_with(
         for (j, s) in (start..end).zip(scores.iter()) {
             let e = (s - m_new).exp();
             l += e;
-            axpy(out, e, &values[j * hd..(j + 1) * hd]);
+            for (o, v) in out.iter_mut().zip(&values[j * hd..(j + 1) * hd]) {
+                *o += e * v.to_f32();
+            }
         }
         m = m_new;
         start = end;
