@@ -81,6 +81,22 @@ pub enum CacheModeArg {
     Auto,
     Bypass,
     Refresh,
+    Verified,
+    Trust,
+    Exact,
+}
+
+impl CacheModeArg {
+    pub fn to_proto(self) -> proto::CacheMode {
+        match self {
+            CacheModeArg::Auto => proto::CacheMode::Auto,
+            CacheModeArg::Bypass => proto::CacheMode::Bypass,
+            CacheModeArg::Refresh => proto::CacheMode::Refresh,
+            CacheModeArg::Verified => proto::CacheMode::Verified,
+            CacheModeArg::Trust => proto::CacheMode::Trust,
+            CacheModeArg::Exact => proto::CacheMode::Exact,
+        }
+    }
 }
 
 #[derive(serde::Serialize)]
@@ -95,6 +111,11 @@ struct RemoteJsonOut<'a> {
     latency_ms: f64,
     server_latency_ms: f64,
     inference_id: i64,
+    ttft_ms: f64,
+    kv_tokens_reused: u32,
+    draft_tokens: u32,
+    draft_tokens_accepted: u32,
+    candidates_tried: u32,
 }
 
 #[derive(serde::Serialize)]
@@ -207,11 +228,7 @@ async fn remote(a: &GenerateArgs, url: &str) -> anyhow::Result<()> {
         top_p: Some(a.top_p),
         seed: a.seed,
         stop: a.stop.clone(),
-        cache_mode: match a.cache_mode {
-            CacheModeArg::Auto => proto::CacheMode::Auto,
-            CacheModeArg::Bypass => proto::CacheMode::Bypass,
-            CacheModeArg::Refresh => proto::CacheMode::Refresh,
-        } as i32,
+        cache_mode: a.cache_mode.to_proto() as i32,
         ..Default::default()
     };
     let mut out = std::io::stdout().lock();
@@ -250,6 +267,11 @@ async fn remote(a: &GenerateArgs, url: &str) -> anyhow::Result<()> {
             latency_ms: client_ms,
             server_latency_ms: o.latency_ms,
             inference_id: o.inference_id,
+            ttft_ms: o.ttft_ms,
+            kv_tokens_reused: o.kv_tokens_reused,
+            draft_tokens: o.draft_tokens,
+            draft_tokens_accepted: o.draft_tokens_accepted,
+            candidates_tried: o.candidates_tried,
         };
         writeln!(out, "{}", serde_json::to_string(&j)?)?;
     } else {

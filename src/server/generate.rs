@@ -70,6 +70,16 @@ struct Answer {
     prefill: Duration,
     decode: Duration,
     peak_batch: usize,
+    /// Received to first token (`None`: no token).
+    ttft: Option<Duration>,
+    /// Prompt tokens whose KV came from stored blocks.
+    kv_tokens_reused: usize,
+    /// Draft tokens offered / accepted, and the neighbours tried.
+    draft_tokens: usize,
+    draft_accepted: usize,
+    candidates_tried: usize,
+    /// Similarity of the neighbour the answer came from (semantic tiers).
+    similarity: Option<f64>,
 }
 
 impl Answer {
@@ -87,6 +97,12 @@ impl Answer {
             prefill: Duration::ZERO,
             decode: Duration::ZERO,
             peak_batch: 0,
+            ttft: None,
+            kv_tokens_reused: 0,
+            draft_tokens: 0,
+            draft_accepted: 0,
+            candidates_tried: 0,
+            similarity: None,
         }
     }
 }
@@ -132,7 +148,7 @@ impl ForgeState {
         }
         let cache_key = match mode {
             CacheMode::Bypass => None,
-            CacheMode::Auto | CacheMode::Refresh => exact_key(&KeyParts {
+            CacheMode::Auto | CacheMode::Refresh | CacheMode::Verified | CacheMode::Trust | CacheMode::Exact => exact_key(&KeyParts {
                 tenant: &tenant,
                 model_id: &self.model_id,
                 prompt: &prompt,
@@ -230,7 +246,7 @@ impl ForgeState {
                 served_from: a.from,
                 source_inference_id: a.source_inference_id,
                 source_fact_id: a.source_fact_id,
-                similarity: (a.from != ServedFrom::Model).then_some(1.0),
+                similarity: a.similarity.or((a.from != ServedFrom::Model).then_some(1.0)),
                 prompt_tokens: p.prompt_ids.len(),
                 completion_tokens: a.tokens.len(),
                 tokens_computed: a.tokens_computed,
@@ -243,6 +259,11 @@ impl ForgeState {
                 decode_ms: ms(a.decode),
                 latency_ms: ms(latency),
                 backend: &state.backend,
+                ttft_ms: a.ttft.map(ms),
+                kv_tokens_reused: a.kv_tokens_reused,
+                draft_tokens: a.draft_tokens,
+                draft_accepted: a.draft_accepted,
+                candidates_tried: a.candidates_tried,
             })?;
             let computed = a.from == ServedFrom::Model && a.stop != StopReason::Cancelled;
             if computed && p.mode != CacheMode::Bypass {
@@ -266,7 +287,7 @@ impl ForgeState {
                 inference_id: id,
                 source_inference_id: a.source_inference_id.unwrap_or_default(),
                 source_fact_id: a.source_fact_id.unwrap_or_default(),
-                similarity: if a.from == ServedFrom::Model { 0.0 } else { 1.0 },
+                similarity: a.similarity.unwrap_or(if a.from == ServedFrom::Model { 0.0 } else { 1.0 }) as f32,
                 prompt_token_ids: p.prompt_ids.clone(),
                 completion_tokens: a.tokens.len() as u32,
                 tokens_computed: a.tokens_computed as u32,
@@ -278,6 +299,11 @@ impl ForgeState {
                 peak_batch: a.peak_batch as u32,
                 model: state.model_name.clone(),
                 backend: state.backend.clone(),
+                ttft_ms: a.ttft.map(ms).unwrap_or_default(),
+                kv_tokens_reused: a.kv_tokens_reused as u32,
+                draft_tokens: a.draft_tokens as u32,
+                draft_tokens_accepted: a.draft_accepted as u32,
+                candidates_tried: a.candidates_tried as u32,
             };
             Ok((outcome, answer.text))
         })
@@ -286,7 +312,7 @@ impl ForgeState {
 
     /// FACT, then EXACT (one trip to the blocking pool when the memory cache misses).
     fn lookup(&self, plan: &Plan) -> Result<Option<Answer>, ServiceError> {
-        if plan.mode != CacheMode::Auto {
+        if !matches!(plan.mode, CacheMode::Auto | CacheMode::Verified | CacheMode::Trust | CacheMode::Exact) {
             return Ok(None);
         }
         if let Some(q) = &plan.question {
@@ -349,6 +375,7 @@ async fn stream_model(
 ) {
     let mut sent_text = String::new();
     let mut sent_ids = Vec::new();
+    let mut ttft = None;
     loop {
         let event = tokio::select! {
             biased;
@@ -357,6 +384,7 @@ async fn stream_model(
         };
         match event {
             Some(Event::Token { id, text }) => {
+                ttft.get_or_insert_with(|| plan.received.elapsed());
                 sent_text.push_str(&text);
                 sent_ids.push(id);
                 if out.send(Ok(message(text, vec![id], None))).await.is_err() {
@@ -378,6 +406,12 @@ async fn stream_model(
                     prefill: f.prefill_time,
                     decode: f.decode_time,
                     peak_batch: f.peak_batch,
+                    ttft: ttft.or_else(|| Some(plan.received.elapsed())),
+                    kv_tokens_reused: 0,
+                    draft_tokens: 0,
+                    draft_accepted: 0,
+                    candidates_tried: 0,
+                    similarity: None,
                 };
                 let last = state.record(plan, answer).await.map(|(outcome, _)| message(tail, Vec::new(), Some(outcome)));
                 let _ = out.send(last.map_err(Status::from)).await;
@@ -398,6 +432,7 @@ async fn stream_model(
     let computed = plan.prompt_ids.len() + sent_ids.len().saturating_sub(1);
     let mut answer = Answer::stored(ServedFrom::Model, sent_text, sent_ids, StopReason::Cancelled, 0);
     answer.tokens_computed = computed;
+    answer.ttft = ttft;
     if let Err(e) = state.record(plan, answer).await {
         eprintln!("forge-cache: recording a cancelled request failed: {e}");
     }

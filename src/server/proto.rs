@@ -17,6 +17,9 @@ impl From<store::ServedFrom> for ServedFrom {
             store::ServedFrom::Model => ServedFrom::Model,
             store::ServedFrom::Exact => ServedFrom::Exact,
             store::ServedFrom::Fact => ServedFrom::Fact,
+            store::ServedFrom::Verified => ServedFrom::Verified,
+            store::ServedFrom::Partial => ServedFrom::Partial,
+            store::ServedFrom::Trust => ServedFrom::Trust,
         }
     }
 }
@@ -52,6 +55,9 @@ impl From<CacheMode> for store::CacheMode {
             CacheMode::Auto => store::CacheMode::Auto,
             CacheMode::Bypass => store::CacheMode::Bypass,
             CacheMode::Refresh => store::CacheMode::Refresh,
+            CacheMode::Verified => store::CacheMode::Verified,
+            CacheMode::Trust => store::CacheMode::Trust,
+            CacheMode::Exact => store::CacheMode::Exact,
         }
     }
 }

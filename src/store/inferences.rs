@@ -36,6 +36,13 @@ pub struct NewInference<'a> {
     pub decode_ms: f64,
     pub latency_ms: f64,
     pub backend: &'a str,
+    /// Received to first token; `None` when no token was produced.
+    pub ttft_ms: Option<f64>,
+    /// Prompt tokens whose KV came from stored blocks.
+    pub kv_tokens_reused: usize,
+    pub draft_tokens: usize,
+    pub draft_accepted: usize,
+    pub candidates_tried: usize,
 }
 
 /// A computed answer the exact cache can replay.
@@ -80,11 +87,13 @@ impl Store {
             "INSERT INTO inferences (tenant, question, prompt, prompt_hash, model, model_id, params, cache_mode,
                  cache_key, served_from, source_inference_id, source_fact_id, similarity, prompt_tokens,
                  completion_tokens, tokens_computed, tokens_reused, stop_reason, response, response_tokens,
-                 queue_ms, prefill_ms, decode_ms, latency_ms, backend)
+                 queue_ms, prefill_ms, decode_ms, latency_ms, backend, ttft_ms, kv_tokens_reused, draft_tokens,
+                 draft_accepted, candidates_tried)
              VALUES (:tenant, :question, :prompt, :prompt_hash, :model, :model_id, :params, :cache_mode,
                  :cache_key, :served_from, :source_inference_id, :source_fact_id, :similarity, :prompt_tokens,
                  :completion_tokens, :tokens_computed, :tokens_reused, :stop_reason, :response, :response_tokens,
-                 :queue_ms, :prefill_ms, :decode_ms, :latency_ms, :backend)",
+                 :queue_ms, :prefill_ms, :decode_ms, :latency_ms, :backend, :ttft_ms, :kv_tokens_reused, :draft_tokens,
+                 :draft_accepted, :candidates_tried)",
             named_params! {
                 ":tenant": r.tenant, ":question": r.question, ":prompt": r.prompt, ":prompt_hash": r.prompt_hash,
                 ":model": r.model, ":model_id": r.model_id, ":params": r.params, ":cache_mode": r.cache_mode.as_str(),
@@ -95,7 +104,9 @@ impl Store {
                 ":tokens_reused": r.tokens_reused as i64, ":stop_reason": stop_reason_str(r.stop_reason),
                 ":response": r.response, ":response_tokens": tokens, ":queue_ms": r.queue_ms,
                 ":prefill_ms": r.prefill_ms, ":decode_ms": r.decode_ms, ":latency_ms": r.latency_ms,
-                ":backend": r.backend,
+                ":backend": r.backend, ":ttft_ms": r.ttft_ms, ":kv_tokens_reused": r.kv_tokens_reused as i64,
+                ":draft_tokens": r.draft_tokens as i64, ":draft_accepted": r.draft_accepted as i64,
+                ":candidates_tried": r.candidates_tried as i64,
             },
         )?;
         let id = tx.last_insert_rowid();
@@ -193,6 +204,11 @@ pub(crate) mod tests {
             decode_ms: 2.0,
             latency_ms: 3.5,
             backend: "test",
+            ttft_ms: Some(1.5),
+            kv_tokens_reused: 0,
+            draft_tokens: 0,
+            draft_accepted: 0,
+            candidates_tried: 0,
         }
     }
 

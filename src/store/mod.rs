@@ -41,7 +41,10 @@ pub(crate) use now_sql;
 
 /// The migrations, in order; `user_version` = how many have been applied. A test checks that
 /// every file in `migrations/` is listed here.
-pub const MIGRATIONS: &[(&str, &str)] = &[("0001_init.sql", include_str!("../../migrations/0001_init.sql"))];
+pub const MIGRATIONS: &[(&str, &str)] = &[
+    ("0001_init.sql", include_str!("../../migrations/0001_init.sql")),
+    ("0002_reuse.sql", include_str!("../../migrations/0002_reuse.sql")),
+];
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -165,8 +168,11 @@ impl Store {
             return Err(StoreError::Invalid(format!("{}: journal mode is {mode}, WAL could not be set", path.display())));
         }
         conn.pragma_update(None, "synchronous", "NORMAL")?;
-        conn.pragma_update(None, "foreign_keys", "ON")?;
+        // Foreign keys stay off while migrations rebuild tables (SQLite's documented procedure);
+        // `migrate` checks every reference before committing.
+        conn.pragma_update(None, "foreign_keys", "OFF")?;
         migrate(&mut conn, &path)?;
+        conn.pragma_update(None, "foreign_keys", "ON")?;
         Ok(Store { conn: Mutex::new(conn), path })
     }
 
@@ -191,6 +197,10 @@ fn migrate(conn: &mut Connection, path: &Path) -> Result<(), StoreError> {
         let wrap = |source| StoreError::Migration { name, source };
         let tx = conn.transaction().map_err(wrap)?;
         tx.execute_batch(sql).map_err(wrap)?;
+        let broken: i64 = tx.query_row("SELECT count(*) FROM pragma_foreign_key_check", [], |r| r.get(0)).map_err(wrap)?;
+        if broken > 0 {
+            return Err(StoreError::Invalid(format!("migration {name} would leave {broken} broken references; nothing was changed")));
+        }
         tx.pragma_update(None, "user_version", (i + 1) as i64).map_err(wrap)?;
         tx.commit().map_err(wrap)?;
     }
@@ -201,9 +211,16 @@ fn migrate(conn: &mut Connection, path: &Path) -> Result<(), StoreError> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum CacheMode {
+    /// Facts, the exact cache, then verified semantic reuse.
     Auto,
     Bypass,
     Refresh,
+    /// Like AUTO (the name says what it does).
+    Verified,
+    /// Serve a neighbour's answer without the model when the learned decision allows it.
+    Trust,
+    /// Facts and the exact cache only; no semantic reuse.
+    Exact,
 }
 
 impl CacheMode {
@@ -212,6 +229,9 @@ impl CacheMode {
             CacheMode::Auto => "auto",
             CacheMode::Bypass => "bypass",
             CacheMode::Refresh => "refresh",
+            CacheMode::Verified => "verified",
+            CacheMode::Trust => "trust",
+            CacheMode::Exact => "exact",
         }
     }
 }
@@ -223,16 +243,26 @@ pub enum ServedFrom {
     Model,
     Exact,
     Fact,
+    /// A neighbour's whole answer, checked by the model token by token.
+    Verified,
+    /// A checked prefix of a neighbour's answer, the rest decoded.
+    Partial,
+    /// A neighbour's answer served without running the model.
+    Trust,
 }
 
 impl ServedFrom {
-    pub const ALL: [ServedFrom; 3] = [ServedFrom::Model, ServedFrom::Exact, ServedFrom::Fact];
+    pub const ALL: [ServedFrom; 6] =
+        [ServedFrom::Model, ServedFrom::Exact, ServedFrom::Fact, ServedFrom::Verified, ServedFrom::Partial, ServedFrom::Trust];
 
     pub fn as_str(self) -> &'static str {
         match self {
             ServedFrom::Model => "MODEL",
             ServedFrom::Exact => "EXACT",
             ServedFrom::Fact => "FACT",
+            ServedFrom::Verified => "VERIFIED",
+            ServedFrom::Partial => "PARTIAL",
+            ServedFrom::Trust => "TRUST",
         }
     }
 
@@ -284,6 +314,37 @@ mod tests {
         assert!(matches!(err, StoreError::Corrupt { .. }), "{err}");
         assert!(err.to_string().contains("left untouched"), "{err}");
         assert_eq!(std::fs::read(&path).expect("read"), junk);
+    }
+
+    #[test]
+    fn a_version_1_store_keeps_its_rows_through_the_inferences_rebuild() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("v1.db");
+        {
+            let conn = Connection::open(&path).expect("create");
+            conn.execute_batch(MIGRATIONS[0].1).expect("v1 schema");
+            conn.pragma_update(None, "user_version", 1).expect("version");
+            conn.execute_batch(
+                "INSERT INTO inferences (tenant, prompt, prompt_hash, model, model_id, params, cache_mode, served_from,
+                     prompt_tokens, completion_tokens, tokens_computed, tokens_reused, stop_reason, response,
+                     response_tokens, latency_ms, backend)
+                 VALUES ('t', 'p', 'h', 'm', 'id', '{}', 'auto', 'MODEL', 3, 1, 4, 0, 'stop', 'Paris.', '[1]', 2.0, 'cpu');
+                 INSERT INTO facts (tenant, content, content_norm, confidence, source_type, provenance_inference_id)
+                 VALUES ('t', 'Paris.', 'paris', 0.9, 'inference', 1);",
+            )
+            .expect("v1 rows");
+        }
+        let store = Store::open(&path).expect("migrate");
+        assert_eq!(store.schema_version().expect("version"), MIGRATIONS.len() as i64);
+        let conn = store.conn();
+        let (response, kv): (String, i64) =
+            conn.query_row("SELECT response, kv_tokens_reused FROM inferences WHERE id = 1", [], |r| Ok((r.get(0)?, r.get(1)?))).expect("row");
+        assert_eq!((response.as_str(), kv), ("Paris.", 0));
+        let broken: i64 = conn.query_row("SELECT count(*) FROM pragma_foreign_key_check", [], |r| r.get(0)).expect("fk check");
+        assert_eq!(broken, 0);
+        let fk: i64 = conn.query_row("PRAGMA foreign_keys", [], |r| r.get(0)).expect("pragma");
+        assert_eq!(fk, 1, "foreign keys are back on after migrating");
+        conn.execute_batch("SELECT * FROM v_hit_rates; SELECT * FROM v_recent_inferences;").expect("views rebuilt");
     }
 
     #[test]
