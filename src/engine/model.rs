@@ -29,8 +29,10 @@ pub enum Logits {
     None,
     /// Only after the last token (generation).
     Last,
-    /// After every token (scoring, draft verification).
+    /// After every token (scoring).
     All,
+    /// After tokens `k..` of this call (draft verification: the last prompt token onwards).
+    From(usize),
 }
 
 /// New tokens of one sequence for a forward call; they take positions `kv.len()..`.
@@ -222,6 +224,7 @@ impl Model {
                 Logits::None => 0..0,
                 Logits::Last => m.saturating_sub(1)..m,
                 Logits::All => 0..m,
+                Logits::From(k) => k.min(m)..m,
             };
             for i in wanted {
                 let src = (t0 + i) * e;

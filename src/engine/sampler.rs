@@ -109,6 +109,36 @@ impl Sampler {
         if self.params.is_greedy() {
             return argmax(logits);
         }
+        let keep = self.distribution(logits);
+        let mass: f32 = self.cand[..keep].iter().map(|c| c.0).sum();
+        self.pick(keep, mass, None)
+    }
+
+    /// Picks the next token when a draft proposes `draft` (speculative sampling with a draft
+    /// that puts all its probability on one token): greedy keeps the argmax; otherwise the draft
+    /// is accepted with probability p(draft) and, when rejected, the token is drawn from p with
+    /// the draft removed. Either way the result is distributed exactly as [`Sampler::sample`]'s,
+    /// so checking drafts never changes what a request can produce.
+    pub fn verify(&mut self, logits: &[f32], draft: u32) -> u32 {
+        if self.params.is_greedy() {
+            return argmax(logits);
+        }
+        let keep = self.distribution(logits);
+        let mass: f32 = self.cand[..keep].iter().map(|c| c.0).sum();
+        let p_draft = self.cand[..keep].iter().find(|c| c.1 == draft).map_or(0.0, |c| c.0 / mass);
+        if self.rng.next_f32() < p_draft {
+            return draft;
+        }
+        let rest = mass - p_draft * mass;
+        if rest <= 0.0 {
+            return draft;
+        }
+        self.pick(keep, rest, Some(draft))
+    }
+
+    /// Fills `cand[..keep]` with unnormalized probabilities (temperature, top-k, top-p applied),
+    /// in descending order; returns `keep`.
+    fn distribution(&mut self, logits: &[f32]) -> usize {
         let p = self.params;
         self.cand.clear();
         self.cand.extend(logits.iter().enumerate().map(|(i, &l)| (l, i as u32)));
@@ -138,15 +168,21 @@ impl Sampler {
                 }
             }
         }
-        let mass: f32 = self.cand[..keep].iter().map(|c| c.0).sum();
+        keep
+    }
+
+    /// Draws from `cand[..keep]` (total weight `mass`, not counting `skip`).
+    fn pick(&mut self, keep: usize, mass: f32, skip: Option<u32>) -> u32 {
         let mut r = self.rng.next_f32() * mass;
-        for c in &self.cand[..keep] {
+        let mut last = self.cand[keep - 1].1;
+        for c in self.cand[..keep].iter().filter(|c| Some(c.1) != skip) {
             if r < c.0 {
                 return c.1;
             }
             r -= c.0;
+            last = c.1;
         }
-        self.cand[keep - 1].1
+        last
     }
 }
 
@@ -192,6 +228,32 @@ mod tests {
         }
         assert!(counts.iter().all(|&c| c > 0), "{counts:?}");
         assert!((counts[0] as f32 / 20000.0 - 0.6612).abs() < 0.02, "{counts:?}");
+    }
+
+    #[test]
+    fn verifying_a_draft_keeps_the_distribution() {
+        let logits = [2.0, 1.0, 0.5, -1.0];
+        let p = SamplingParams { temperature: 1.0, top_k: 0, top_p: 1.0, seed: Some(7) };
+        let n = 40000;
+        let (mut plain, mut checked) = ([0usize; 4], [0usize; 4]);
+        let mut s = Sampler::new(p, 4).expect("params");
+        for _ in 0..n {
+            plain[s.sample(&logits) as usize] += 1;
+        }
+        let mut s = Sampler::new(p, 4).expect("params");
+        for i in 0..n {
+            // Drafts that are often wrong must not shift the distribution.
+            checked[s.verify(&logits, (i % 4) as u32) as usize] += 1;
+        }
+        for t in 0..4 {
+            let (a, b) = (plain[t] as f64 / n as f64, checked[t] as f64 / n as f64);
+            assert!((a - b).abs() < 0.012, "token {t}: plain {a:.4} vs verified {b:.4}");
+        }
+        let mut g = Sampler::new(SamplingParams::greedy(), 4).expect("params");
+        assert_eq!(g.verify(&logits, 2), 0, "greedy keeps the argmax whatever the draft");
+        // A draft outside the top-k support is always rejected.
+        let mut s = Sampler::new(SamplingParams { top_k: 2, ..p }, 4).expect("params");
+        assert!((0..2000).all(|_| s.verify(&logits, 3) < 2));
     }
 
     #[test]

@@ -11,6 +11,17 @@
 //! 4. samples each sequence's next token on the CPU and streams it back through that request's
 //!    channel; finished sequences leave.
 //!
+//! Drafts (verified semantic reuse): a job may carry candidate answers (answers of similar
+//! earlier prompts). The best is appended to the sequence's input after the prompt and fed like
+//! prompt tokens, in windows that double while the model agrees (4, 8, 16, ...), with logits
+//! from the last prompt token on. Row by row, the sampler chooses the token the model would
+//! choose ([`Sampler::verify`]: greedy argmax, or the speculative-sampling rule); while it equals
+//! the draft the draft's token is accepted, at the first difference the KV cache is cut back
+//! there, the model's token is kept, and another candidate that agrees with everything generated
+//! so far takes over (else decoding goes on normally). The output is therefore exactly what the
+//! model produces without drafts; an accepted draft token costs a prefill row instead of a
+//! decode step.
+//!
 //! The forward pass is bitwise batch invariant (see `docs/architecture.md`), so a greedy
 //! request produces the same tokens alone, in any company, and with any prefill chunking —
 //! the same tokens as [`super::generate::generate`]: the same sampling and stop checks in the
@@ -56,7 +67,23 @@ pub struct Job {
     pub stop_strings: Vec<String>,
     /// Where tokens and the outcome go; closing the receiver cancels the job.
     pub events: UnboundedSender<Event>,
+    /// Candidate answers to check, best first (may be empty).
+    pub drafts: Vec<Draft>,
 }
+
+/// A candidate answer: the tokens the model is expected to generate, ending with a stop token
+/// when the answer ended with one.
+#[derive(Debug, Clone)]
+pub struct Draft {
+    pub tokens: Vec<u32>,
+    /// Where it came from (the caller's id, e.g. an inference row).
+    pub source: i64,
+    pub similarity: f64,
+}
+
+/// Draft tokens fed in the first verification window; the window doubles after each step in
+/// which the model agreed with all of it.
+const FIRST_DRAFT_WINDOW: usize = 4;
 
 #[derive(Debug)]
 pub enum Event {
@@ -95,6 +122,17 @@ pub struct Finished {
     pub decode_steps: usize,
     /// The most sequences that shared one forward call with this one (1 = alone).
     pub peak_batch: usize,
+    /// Positions the model computed (prompt, decode steps, checked draft tokens, rejected ones).
+    pub computed: usize,
+    /// Draft tokens fed for checking, and those the model agreed with.
+    pub draft_tokens: usize,
+    pub draft_accepted: usize,
+    /// Candidates whose tokens were fed.
+    pub candidates_tried: usize,
+    /// The draft that was accepted at every generated token (and the stop), if one was.
+    pub served_by: Option<Draft>,
+    /// The draft last in use when some but not all tokens came from drafts.
+    pub partial_source: Option<Draft>,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -161,10 +199,22 @@ struct Seq {
     job: Job,
     kv: KvCache,
     sampler: Sampler,
-    /// Prompt tokens already fed.
+    /// Tokens whose keys and values are, or are to be, in `kv` at positions `0..feed.len()`:
+    /// the prompt, the generated tokens, then the unchecked part of the current draft.
+    feed: Vec<u32>,
+    /// Positions of `feed` already run through the model (`kv.len()`).
     fed: usize,
-    /// The token the next decode step feeds.
-    next: [u32; 1],
+    /// The draft in use (index into `job.drafts`).
+    draft: Option<usize>,
+    /// Draft tokens the next step may feed beyond the checked ones.
+    window: usize,
+    draft_tokens: usize,
+    draft_accepted: usize,
+    candidates_tried: usize,
+    /// Generated tokens (and the stop) the model chose without a draft agreeing.
+    own_tokens: usize,
+    /// Positions run through the model (rejected draft tokens included).
+    computed: usize,
     tokens: Vec<u32>,
     decoder: StreamDecoder,
     text: String,
@@ -182,8 +232,34 @@ struct Seq {
 }
 
 impl Seq {
-    fn prefilling(&self) -> bool {
-        self.fed < self.job.prompt.len()
+    fn prompt_len(&self) -> usize {
+        self.job.prompt.len()
+    }
+
+    /// Tokens still to feed.
+    fn remaining(&self) -> usize {
+        self.feed.len() - self.fed
+    }
+
+    /// The token the current draft expects at generated index `g`.
+    fn target(&self, g: usize) -> Option<u32> {
+        self.draft.and_then(|d| self.job.drafts[d].tokens.get(g).copied())
+    }
+
+    /// Feeds `draft`'s tokens from generated index `g` on (up to `max_tokens`, never its stop).
+    /// `known`: the token at `g` is the model's own (already chosen), not a guess.
+    fn use_draft(&mut self, d: usize, g: usize, known: bool, stop_ids: &[u32]) {
+        let max = self.job.params.max_tokens;
+        let tokens = &self.job.drafts[d].tokens;
+        let end = tokens.len().min(max);
+        let end = if end > 0 && stop_ids.contains(&tokens[end - 1]) { end - 1 } else { end };
+        let before = self.feed.len();
+        if g < end {
+            self.feed.extend_from_slice(&tokens[g..end]);
+        }
+        self.draft_tokens += (self.feed.len() - before).saturating_sub(usize::from(known));
+        self.draft = Some(d);
+        self.candidates_tried += 1;
     }
 
     fn send(&self, e: Event) -> bool {
@@ -249,12 +325,21 @@ impl Engine<'_> {
             Err(e) => return fail(GenerateError::Sampling(e)),
         };
         let kv = self.model.new_kv(job.prompt.len() + job.params.max_tokens);
-        active.push(Seq {
+        let mut feed = Vec::with_capacity(job.prompt.len() + job.params.max_tokens + 1);
+        feed.extend_from_slice(&job.prompt);
+        let mut seq = Seq {
             job,
             kv,
             sampler,
+            feed,
             fed: 0,
-            next: [0],
+            draft: None,
+            window: FIRST_DRAFT_WINDOW,
+            draft_tokens: 0,
+            draft_accepted: 0,
+            candidates_tried: 0,
+            own_tokens: 0,
+            computed: 0,
             tokens: Vec::new(),
             decoder: StreamDecoder::new(true),
             text: String::new(),
@@ -266,19 +351,26 @@ impl Engine<'_> {
             decode_steps: 0,
             peak_batch: 0,
             part: 0,
-        });
+        };
+        if !seq.job.drafts.is_empty() {
+            let stops = seq.job.params.stop_ids.clone();
+            seq.use_draft(0, 0, false, &stops);
+        }
+        active.push(seq);
     }
 
     /// One forward call over every active sequence, then sampling.
     fn step(&self, state: &mut RunState, active: &mut Vec<Seq>) {
-        // Decode tokens first (one each; step_tokens >= max_active), prompt chunks after, oldest first.
+        // Decode tokens first (one each; step_tokens >= max_active), then prompt chunks and draft
+        // windows, oldest first.
         let mut budget = self.config.step_tokens;
         for s in active.iter_mut() {
-            s.part = usize::from(!s.prefilling());
+            s.part = usize::from(s.remaining() == 1);
             budget -= s.part;
         }
-        for s in active.iter_mut().filter(|s| s.prefilling()) {
-            s.part = (s.job.prompt.len() - s.fed).min(budget);
+        for s in active.iter_mut().filter(|s| s.remaining() > 1) {
+            let limit = s.prompt_len().saturating_sub(s.fed) + s.window;
+            s.part = s.remaining().min(limit).min(budget);
             budget -= s.part;
         }
         let n_seqs = active.iter().filter(|s| s.part > 0).count();
@@ -286,14 +378,10 @@ impl Engine<'_> {
             .iter_mut()
             .filter(|s| s.part > 0)
             .map(|s| {
-                let (tokens, logits) = if s.prefilling() {
-                    let end = s.fed + s.part;
-                    let last = if end == s.job.prompt.len() { Logits::Last } else { Logits::None };
-                    (&s.job.prompt[s.fed..end], last)
-                } else {
-                    (&s.next[..], Logits::Last)
-                };
-                SeqBatch { kv: &mut s.kv, tokens, logits }
+                let end = s.fed + s.part;
+                let first = s.prompt_len() - 1;
+                let logits = if end > first { Logits::From(first.saturating_sub(s.fed)) } else { Logits::None };
+                SeqBatch { kv: &mut s.kv, tokens: &s.feed[s.fed..end], logits }
             })
             .collect();
         let result = self.model.forward(state, &mut batch);
@@ -314,21 +402,30 @@ impl Engine<'_> {
         let mut finished: Vec<(usize, Option<StopReason>)> = Vec::new();
         for (i, s) in active.iter_mut().enumerate().filter(|(_, s)| s.part > 0) {
             s.peak_batch = s.peak_batch.max(n_seqs);
-            if s.prefilling() {
-                s.fed += s.part;
-                if s.prefilling() {
-                    continue; // more prompt to feed; this chunk asked for no logits
-                }
-                s.first_token_at = Some(Instant::now());
-            } else {
+            let (start, end) = (s.fed, s.fed + s.part);
+            let first_row = start.max(s.prompt_len() - 1);
+            let rows = end.saturating_sub(first_row);
+            s.fed = end;
+            s.computed += s.part;
+            if start >= s.prompt_len() {
                 s.decode_steps += 1;
             }
-            let next = s.sampler.sample(self.model.logits(state, row));
-            row += 1;
-            match self.on_token(s, next) {
-                Next::Continue => {}
-                Next::Finish(reason) => finished.push((i, Some(reason))),
-                Next::Gone => finished.push((i, None)),
+            let mut outcome = None;
+            for p in first_row..end {
+                if s.first_token_at.is_none() {
+                    s.first_token_at = Some(Instant::now());
+                }
+                let next = self.on_row(s, self.model.logits(state, row + (p - first_row)), p);
+                if let Some(n) = next {
+                    outcome = Some(n);
+                    break;
+                }
+            }
+            row += rows;
+            match outcome {
+                None | Some(Next::Continue) => {}
+                Some(Next::Finish(reason)) => finished.push((i, Some(reason))),
+                Some(Next::Gone) => finished.push((i, None)),
             }
         }
         for &(i, reason) in finished.iter().rev() {
@@ -337,6 +434,65 @@ impl Engine<'_> {
                 self.finish(s, reason);
             }
         }
+    }
+
+    /// Chooses the token after position `p` from its logits row. `None`: the next row of this
+    /// call is still valid (the draft was accepted there); `Some`: stop reading this call's
+    /// rows for the sequence (it finished, or the rest of the window was cut off).
+    fn on_row(&self, s: &mut Seq, logits: &[f32], p: usize) -> Option<Next> {
+        let g = s.tokens.len();
+        let stops = &s.job.params.stop_ids;
+        let target = s.target(g);
+        let chosen = match target {
+            Some(t) => s.sampler.verify(logits, t),
+            None => s.sampler.sample(logits),
+        };
+        // Any stop token ends the answer the same way.
+        let agreed = target.is_some_and(|t| t == chosen || (stops.contains(&t) && stops.contains(&chosen)));
+        if agreed {
+            s.draft_accepted += 1;
+        } else {
+            s.own_tokens += 1;
+        }
+        match self.on_token(s, chosen) {
+            Next::Continue => {}
+            other => return Some(other),
+        }
+        if agreed && p + 1 < s.feed.len() {
+            // The draft token at p + 1 is the model's own choice: its row (if fed) is valid.
+            if p + 1 < s.fed {
+                return None;
+            }
+            // The whole window was accepted: the next one is twice as long.
+            s.window = s.window.saturating_mul(2);
+            return Some(Next::Continue);
+        }
+        // The window's later rows (if any) followed a token the model did not choose.
+        s.kv.truncate(p + 1);
+        s.feed.truncate(p + 1);
+        s.fed = s.fed.min(p + 1);
+        let switch = if target.is_some() && !agreed {
+            let (tokens, max) = (&s.tokens, s.job.params.max_tokens);
+            s.job.drafts.iter().enumerate().skip(s.draft.map_or(0, |d| d + 1)).find_map(|(d, c)| {
+                (c.tokens.len().min(max) > tokens.len() && c.tokens.starts_with(tokens)).then_some(d)
+            })
+        } else {
+            None
+        };
+        match switch {
+            Some(d) => {
+                s.window = FIRST_DRAFT_WINDOW;
+                let stops = s.job.params.stop_ids.clone();
+                s.use_draft(d, g, true, &stops);
+            }
+            None => {
+                if !agreed {
+                    s.draft = None;
+                }
+                s.feed.push(chosen);
+            }
+        }
+        Some(Next::Continue)
     }
 
     /// Applies a sampled token: stop checks in `generate`'s order, streaming, stop strings.
@@ -367,10 +523,11 @@ impl Engine<'_> {
         if s.tokens.len() >= s.job.params.max_tokens {
             return Next::Finish(StopReason::Length);
         }
-        if s.kv.len() >= s.kv.capacity {
+        // The new token would be fed at this position (the cache may already hold draft tokens
+        // beyond it, so its length says nothing here).
+        if s.prompt_len() + s.tokens.len() > s.kv.capacity {
             return Next::Finish(StopReason::ContextFull);
         }
-        s.next = [id];
         Next::Continue
     }
 
@@ -391,6 +548,16 @@ impl Engine<'_> {
             decode_time: now.duration_since(first),
             decode_steps: s.decode_steps,
             peak_batch: s.peak_batch,
+            computed: s.computed,
+            draft_tokens: s.draft_tokens,
+            draft_accepted: s.draft_accepted,
+            candidates_tried: s.candidates_tried,
+            served_by: s.draft.filter(|_| s.own_tokens == 0 && s.draft_accepted > 0).map(|d| s.job.drafts[d].clone()),
+            partial_source: s
+                .draft
+                .or((s.candidates_tried > 0).then_some(0))
+                .filter(|_| s.own_tokens > 0 && s.draft_accepted > 0)
+                .map(|d| s.job.drafts[d].clone()),
         };
         let _ = s.send(Event::Done(done));
     }

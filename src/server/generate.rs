@@ -358,7 +358,13 @@ pub(crate) async fn generate(state: Arc<ForgeState>, tenant: String, req: Genera
     }
 
     let (events_tx, events) = mpsc::unbounded_channel();
-    let job = Job { prompt: plan.prompt_ids.clone(), params: plan.params.clone(), stop_strings: plan.stop_strings.clone(), events: events_tx };
+    let job = Job {
+        prompt: plan.prompt_ids.clone(),
+        params: plan.params.clone(),
+        stop_strings: plan.stop_strings.clone(),
+        events: events_tx,
+        drafts: Vec::new(),
+    };
     state.scheduler.submit(job)?;
     let (out, rx) = mpsc::channel(STREAM_BUFFER);
     tokio::spawn(stream_model(state, plan, events, out));

@@ -1,0 +1,138 @@
+//! Draft verification in the scheduler (the engine side of VERIFIED semantic reuse), on the real
+//! model: whatever drafts a request carries — its own answer, a corrupted one, several
+//! candidates, garbage — the greedy output is token-for-token the output without drafts, alone
+//! and in a continuous batch. Accepted tokens and the tier are reported truthfully.
+
+mod common;
+
+use std::sync::Arc;
+
+use forge_cache::engine::generate::GenerateParams;
+use forge_cache::engine::sampler::SamplingParams;
+use forge_cache::engine::scheduler::{Draft, Event, Finished, Job, Scheduler, SchedulerConfig};
+use forge_cache::engine::tokenizer::Tokenizer;
+use forge_cache::engine::chat::{ChatTemplate, Message};
+use tokio::sync::mpsc;
+
+struct Engine {
+    sched: Scheduler,
+    tok: Arc<Tokenizer>,
+    template: ChatTemplate,
+}
+
+fn engine(max_active: usize) -> Engine {
+    let model = common::fast_model();
+    let tok = Arc::new(Tokenizer::from_gguf(&model.gguf).expect("tokenizer"));
+    let template = ChatTemplate::from_gguf(&model.gguf).expect("template").expect("chat template");
+    let sched =
+        Scheduler::start(Arc::new(model), tok.clone(), SchedulerConfig { queue_depth: 16, max_active, step_tokens: 64 }).expect("start");
+    Engine { sched, tok, template }
+}
+
+impl Engine {
+    fn prompt(&self, question: &str) -> Vec<u32> {
+        let text = self.template.render(&[Message::system("You are a helpful assistant."), Message::user(question)], true).expect("render");
+        self.tok.encode_prompt(&text).expect("encode")
+    }
+
+    fn submit(&self, prompt: Vec<u32>, max_tokens: usize, drafts: Vec<Draft>) -> mpsc::UnboundedReceiver<Event> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let params = GenerateParams { max_tokens, sampling: SamplingParams::greedy(), stop_ids: self.tok.stop_ids().to_vec() };
+        self.sched.submit(Job { prompt, params, stop_strings: Vec::new(), events: tx, drafts }).expect("submit");
+        rx
+    }
+}
+
+fn wait(mut rx: mpsc::UnboundedReceiver<Event>) -> Finished {
+    loop {
+        match rx.blocking_recv().expect("engine alive") {
+            Event::Token { .. } => {}
+            Event::Done(f) => return f,
+            Event::Failed(e) => panic!("job failed: {e}"),
+        }
+    }
+}
+
+fn draft(tokens: Vec<u32>, source: i64) -> Draft {
+    Draft { tokens, source, similarity: 0.9 }
+}
+
+#[test]
+fn drafts_never_change_greedy_output() {
+    let e = engine(4);
+    let stop = e.tok.stop_ids()[0];
+    let prompt = e.prompt("What is the capital of France?");
+    let plain = wait(e.submit(prompt.clone(), 48, vec![]));
+    assert!(plain.tokens.len() >= 3, "the answer is long enough to test: {:?}", plain.text);
+    assert_eq!((plain.draft_tokens, plain.draft_accepted, plain.candidates_tried), (0, 0, 0));
+    let ended = plain.stop == forge_cache::engine::generate::StopReason::Stop;
+    let mut own = plain.tokens.clone();
+    if ended {
+        own.push(stop);
+    }
+
+    // Its own answer: every token accepted, no decode step beyond the check.
+    let f = wait(e.submit(prompt.clone(), 48, vec![draft(own.clone(), 7)]));
+    assert_eq!(f.tokens, plain.tokens);
+    assert_eq!(f.text, plain.text);
+    assert_eq!(f.draft_accepted, own.len(), "every draft token and the stop accepted");
+    assert_eq!(f.served_by.as_ref().map(|d| d.source), Some(7));
+    assert_eq!(f.computed, plain.computed, "the same positions are computed");
+    assert!(f.decode_steps * 3 <= plain.decode_steps, "in far fewer forward calls: {} vs {}", f.decode_steps, plain.decode_steps);
+
+    // Corrupted at index 2: two tokens accepted, the rest decoded — the same output.
+    let mut bad = own.clone();
+    bad[2] = bad[2].wrapping_add(1);
+    let f = wait(e.submit(prompt.clone(), 48, vec![draft(bad.clone(), 8)]));
+    assert_eq!(f.tokens, plain.tokens);
+    assert_eq!(f.draft_accepted, 2);
+    assert!(f.served_by.is_none());
+    assert_eq!(f.partial_source.as_ref().map(|d| d.source), Some(8));
+
+    // A wrong first candidate, then one that agrees with everything: the switch happens
+    // without recomputing, and the second candidate serves the answer.
+    let f = wait(e.submit(prompt.clone(), 48, vec![draft(bad, 8), draft(own.clone(), 9)]));
+    assert_eq!(f.tokens, plain.tokens);
+    assert_eq!(f.candidates_tried, 2);
+    assert_eq!(f.draft_accepted, own.len() - 1, "all but the token the first candidate got wrong");
+
+    // Garbage, an empty draft and a too-long draft.
+    let garbage: Vec<u32> = (0..40).map(|i| 1000 + i * 37).collect();
+    let f = wait(e.submit(prompt.clone(), 48, vec![draft(garbage, 1), draft(vec![], 2)]));
+    assert_eq!(f.tokens, plain.tokens);
+    assert_eq!(f.draft_accepted, 0);
+    let mut long = plain.tokens.clone();
+    long.extend(std::iter::repeat_n(42, 100));
+    let f = wait(e.submit(prompt.clone(), 48, vec![draft(long, 3)]));
+    assert_eq!(f.tokens, plain.tokens);
+
+    // max_tokens shorter than the draft: the answer stops there, served by the draft.
+    let f = wait(e.submit(prompt.clone(), 2, vec![draft(own.clone(), 4)]));
+    assert_eq!(f.tokens, plain.tokens[..2]);
+    assert_eq!(f.served_by.as_ref().map(|d| d.source), Some(4));
+}
+
+#[test]
+fn drafts_in_a_continuous_batch_match_solo_runs() {
+    let e = engine(4);
+    let questions = ["What is the capital of France?", "Name three primary colors.", "What is 2 + 2?", "Who wrote Hamlet?"];
+    let prompts: Vec<Vec<u32>> = questions.iter().map(|q| e.prompt(q)).collect();
+    let solo: Vec<Finished> = prompts.iter().map(|p| wait(e.submit(p.clone(), 32, vec![]))).collect();
+    // Everyone at once, each with another question's answer (mostly wrong) and its own
+    // answer cut in half as drafts.
+    let rxs: Vec<_> = prompts
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let other = solo[(i + 1) % solo.len()].tokens.clone();
+            let half = solo[i].tokens[..solo[i].tokens.len() / 2].to_vec();
+            e.submit(p.clone(), 32, vec![draft(other, 1), draft(half, 2)])
+        })
+        .collect();
+    let batched: Vec<Finished> = rxs.into_iter().map(wait).collect();
+    for (i, (s, b)) in solo.iter().zip(&batched).enumerate() {
+        assert_eq!(b.tokens, s.tokens, "question {i}: {:?} vs {:?}", b.text, s.text);
+    }
+    assert!(batched.iter().any(|b| b.peak_batch >= 2), "the requests shared forward calls");
+    assert!(batched.iter().map(|b| b.draft_accepted).sum::<usize>() > 0, "some draft tokens were accepted");
+}
