@@ -4,9 +4,16 @@
 //!   sampling parameters get the recorded answer back without touching the model. Memory
 //!   (moka) over the store's `inferences` rows, so hits survive a restart.
 //!
+//! * `semantic` — answers of similar earlier questions (MiniLM + sqlite-vec): drafts that the
+//!   model verifies (VERIFIED/PARTIAL), or served as they are when the learned `trust` decision
+//!   bounds the error rate (TRUST).
+//! * `trust` — fitting that decision on the outcomes of verified checks.
+//!
 //! The FACT tier (a live user-provided fact answering the question) is a store lookup
-//! ([`crate::store::Store::fact_answer`]); the semantic tier and KV-prefix reuse come later.
+//! ([`crate::store::Store::fact_answer`]).
 
 pub mod exact;
+pub mod semantic;
+pub mod trust;
 
 pub use exact::{exact_key, ExactCache, KeyParts};

@@ -1,5 +1,7 @@
 //! `forge-cache serve`: the gRPC service on one model and one database, until Ctrl-C or SIGTERM.
 
+use forge_cache::cache::semantic::SemanticConfig;
+use forge_cache::cache::trust::TrustParams;
 use std::path::PathBuf;
 
 use anyhow::Context;
@@ -34,6 +36,21 @@ pub struct ServeArgs {
     /// Sequences batched into each forward pass.
     #[arg(long, default_value_t = SchedulerConfig::default().max_active)]
     pub max_batch: usize,
+    /// Sentence embedder folder for the semantic tier (default: the fetched all-MiniLM-L6-v2).
+    #[arg(long)]
+    pub embedder: Option<PathBuf>,
+    /// Turn the semantic tier off (exact cache and facts only).
+    #[arg(long)]
+    pub no_semantic: bool,
+    /// TRUST: bound on the rate of served answers that differ from the model's.
+    #[arg(long, default_value_t = TrustParams::default().delta)]
+    pub trust_delta: f64,
+    /// TRUST: confidence of that bound, as a one-sided normal quantile (1.645 = 95%).
+    #[arg(long, default_value_t = TrustParams::default().z)]
+    pub trust_z: f64,
+    /// Neighbours less similar than this (cosine) are not used as drafts.
+    #[arg(long, default_value_t = SemanticConfig::default().min_similarity)]
+    pub min_similarity: f64,
 }
 
 /// Ctrl-C, or SIGTERM where there is one.
@@ -56,6 +73,18 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
     let mut config = ServerConfig::new(a.model.clone().unwrap_or_else(forge_cache::models::default_llm), &a.db);
     config.threads = a.threads;
     config.cache = !a.no_cache;
+    if !(a.trust_delta > 0.0 && a.trust_delta < 1.0) || !(a.trust_z > 0.0 && a.trust_z.is_finite()) {
+        anyhow::bail!("--trust-delta must be in (0, 1) and --trust-z positive");
+    }
+    if !(-1.0..=1.0).contains(&a.min_similarity) {
+        anyhow::bail!("--min-similarity must be in [-1, 1]");
+    }
+    config.embedder = if a.no_semantic { None } else { Some(a.embedder.clone().unwrap_or_else(forge_cache::models::default_embedder)) };
+    config.semantic = SemanticConfig {
+        min_similarity: a.min_similarity,
+        trust: TrustParams { delta: a.trust_delta, z: a.trust_z },
+        ..SemanticConfig::default()
+    };
     config.tenants = a.tenants.clone();
     config.scheduler = SchedulerConfig { queue_depth: a.queue_depth, max_active: a.max_batch, ..SchedulerConfig::default() };
     super::runtime()?.block_on(async {

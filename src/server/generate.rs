@@ -23,7 +23,10 @@ use tonic::Status;
 use super::error::ServiceError;
 use super::proto::{self, GenerateRequest, GenerateResponse, Outcome};
 use super::ForgeState;
+use crate::cache::semantic::{self, draft_of, fits_budget};
 use crate::cache::{exact_key, KeyParts};
+use crate::engine::scheduler::Draft;
+use crate::store::semantic::{Neighbour, Outcome as SemanticOutcome};
 use crate::engine::chat::Message;
 use crate::engine::generate::{GenerateError, GenerateParams, StopReason};
 use crate::engine::sampler::SamplingParams;
@@ -31,6 +34,9 @@ use crate::engine::scheduler::{Event, Job};
 use crate::store::{sha256_hex, CacheMode, CachedAnswer, NewInference, ServedFrom};
 
 pub type GenerateStream = Pin<Box<dyn Stream<Item = Result<GenerateResponse, Status>> + Send>>;
+
+/// Stands for the question when a prompt is rendered to find its semantic scope.
+const QUESTION_PLACEHOLDER: &str = "\u{1}question\u{1}";
 
 /// At most this many stop strings, each at most [`MAX_STOP_BYTES`].
 const MAX_STOPS: usize = 16;
@@ -54,6 +60,13 @@ pub(crate) struct Plan {
     /// `None`: this request may not use the exact cache.
     cache_key: Option<String>,
     received: Instant,
+    /// Semantic scope (single-question chat requests that may use caches): only questions in the
+    /// same scope are neighbours.
+    scope: Option<String>,
+    /// The question's embedding, once computed.
+    embedding: Option<Vec<f32>>,
+    /// The nearest earlier answer, when one was offered as a draft (TRUST learns from it).
+    top: Option<Neighbour>,
 }
 
 /// Where an answer came from and what it cost.
@@ -123,7 +136,7 @@ impl ForgeState {
         }
         let mode = proto::CacheMode::try_from(req.cache_mode).map_err(|_| invalid(format!("unknown cache_mode {}", req.cache_mode)))?;
         let mode = if self.cache_enabled { CacheMode::from(mode) } else { CacheMode::Bypass };
-        let (prompt, question) = self.render(req)?;
+        let (prompt, question, around) = self.render(req)?;
         let prompt_ids = self.tokenizer.encode_prompt(&prompt).map_err(|e| invalid(format!("cannot tokenize the prompt: {e}")))?;
         if prompt_ids.len() >= self.context {
             return Err(invalid(GenerateError::PromptTooLong { prompt: prompt_ids.len(), context: self.context }.to_string()));
@@ -157,6 +170,10 @@ impl ForgeState {
                 stop: &req.stop,
             }),
         };
+        let scope = match (mode, &around, &self.semantic) {
+            (CacheMode::Bypass, _, _) | (_, None, _) | (_, _, None) => None,
+            (_, Some(around), Some(_)) => Some(semantic::scope(&tenant, &self.model_id, around)),
+        };
         let params_json = serde_json::json!({
             "max_tokens": max_tokens, "temperature": sampling.temperature, "top_k": sampling.top_k,
             "top_p": sampling.top_p, "seed": sampling.seed, "stop": req.stop, "raw": req.raw,
@@ -174,11 +191,15 @@ impl ForgeState {
             mode,
             cache_key,
             received,
+            scope,
+            embedding: None,
+            top: None,
         })
     }
 
-    /// The prompt text the model sees, and the question when the request is a single question.
-    fn render(&self, req: &GenerateRequest) -> Result<(String, Option<String>), ServiceError> {
+    /// The prompt text the model sees, the question when the request is a single question, and
+    /// then the prompt rendered with a placeholder in the question's place.
+    fn render(&self, req: &GenerateRequest) -> Result<(String, Option<String>, Option<String>), ServiceError> {
         match (req.prompt.is_empty(), req.messages.is_empty()) {
             (false, false) => return Err(invalid("give either prompt or messages, not both")),
             (true, true) => return Err(invalid("the prompt is empty")),
@@ -191,7 +212,7 @@ impl ForgeState {
             if !req.messages.is_empty() || !req.system.is_empty() {
                 return Err(invalid("raw takes a prompt only (no messages, no system)"));
             }
-            return Ok((req.prompt.clone(), None));
+            return Ok((req.prompt.clone(), None, None));
         }
         let messages: Vec<Message> = if req.messages.is_empty() {
             let system = (!req.system.is_empty()).then(|| Message::system(req.system.clone()));
@@ -217,12 +238,22 @@ impl ForgeState {
         };
         let Some(template) = &self.template else {
             return match (req.messages.is_empty(), req.system.is_empty()) {
-                (true, true) => Ok((req.prompt.clone(), question)),
+                (true, true) => Ok((req.prompt.clone(), question, None)),
                 _ => Err(invalid("this model has no chat template: send a raw prompt")),
             };
         };
         let text = template.render(&messages, true).map_err(|e| invalid(e.to_string()))?;
-        Ok((text, question))
+        let around = match &question {
+            Some(_) => {
+                let masked: Vec<Message> = messages
+                    .iter()
+                    .map(|m| if m.role == "user" { Message::new(m.role.clone(), QUESTION_PLACEHOLDER.to_string()) } else { m.clone() })
+                    .collect();
+                Some(template.render(&masked, true).map_err(|e| invalid(e.to_string()))?)
+            }
+            None => None,
+        };
+        Ok((text, question, around))
     }
 
     /// Records the request, learns from a computed answer, updates the exact cache; returns the
@@ -265,10 +296,20 @@ impl ForgeState {
                 draft_accepted: a.draft_accepted,
                 candidates_tried: a.candidates_tried,
             })?;
-            let computed = a.from == ServedFrom::Model && a.stop != StopReason::Cancelled;
+            let computed = matches!(a.from, ServedFrom::Model | ServedFrom::Verified | ServedFrom::Partial) && a.stop != StopReason::Cancelled;
             if computed && p.mode != CacheMode::Bypass {
                 if let Err(e) = state.store.learn(&p.tenant, id, p.question.as_deref(), &p.prompt_hash, &a.text) {
                     eprintln!("forge-cache: fact extraction for inference {id} failed: {e}");
+                }
+                state.learn_semantic(p, a, id);
+                if let Some(sem) = state.semantic.clone() {
+                    // Fact embeddings are for later lookups: off the answer's path.
+                    let tenant = p.tenant.clone();
+                    tokio::task::spawn_blocking(move || {
+                        if let Err(e) = sem.index_new_facts(&tenant) {
+                            eprintln!("forge-cache: embedding new facts failed: {e}");
+                        }
+                    });
                 }
             }
             if let (true, Some(key)) = (computed, &p.cache_key) {
@@ -310,10 +351,11 @@ impl ForgeState {
         .await?
     }
 
-    /// FACT, then EXACT (one trip to the blocking pool when the memory cache misses).
-    fn lookup(&self, plan: &Plan) -> Result<Option<Answer>, ServiceError> {
+    /// FACT, then EXACT, then the semantic tier: TRUST serves a neighbour's answer, else the
+    /// neighbours' answers become drafts for the engine to verify. Runs on the blocking pool.
+    fn lookup(&self, plan: &mut Plan) -> Result<Found, ServiceError> {
         if !matches!(plan.mode, CacheMode::Auto | CacheMode::Verified | CacheMode::Trust | CacheMode::Exact) {
-            return Ok(None);
+            return Ok(Found::Nothing);
         }
         if let Some(q) = &plan.question {
             if let Some(fact) = self.store.fact_answer(&plan.tenant, q)? {
@@ -321,16 +363,73 @@ impl ForgeState {
                 let saved = plan.prompt_ids.len() + tokens.len();
                 let mut a = Answer::stored(ServedFrom::Fact, fact.content, tokens, StopReason::Stop, saved);
                 a.source_fact_id = Some(fact.id);
-                return Ok(Some(a));
+                return Ok(Found::Answer(a));
             }
         }
-        let Some(key) = &plan.cache_key else { return Ok(None) };
-        Ok(self.exact.get(&plan.tenant, key)?.map(|hit| {
-            let mut a = Answer::stored(ServedFrom::Exact, hit.response.clone(), hit.response_tokens.clone(), hit.stop_reason, hit.tokens_computed);
-            a.source_inference_id = Some(hit.inference_id);
-            a
-        }))
+        if let Some(key) = &plan.cache_key {
+            if let Some(hit) = self.exact.get(&plan.tenant, key)? {
+                let mut a = Answer::stored(ServedFrom::Exact, hit.response.clone(), hit.response_tokens.clone(), hit.stop_reason, hit.tokens_computed);
+                a.source_inference_id = Some(hit.inference_id);
+                return Ok(Found::Answer(a));
+            }
+        }
+        let (Some(sem), Some(scope), Some(question)) = (&self.semantic, &plan.scope, &plan.question) else {
+            return Ok(Found::Nothing);
+        };
+        if plan.mode == CacheMode::Exact {
+            return Ok(Found::Nothing);
+        }
+        let embedding = sem.embed(question).map_err(|e| ServiceError::Internal(e.to_string()))?;
+        let neighbours = sem.neighbours(scope, &embedding).map_err(|e| ServiceError::Internal(e.to_string()))?;
+        plan.embedding = Some(embedding);
+        let Some(top) = neighbours.first() else { return Ok(Found::Nothing) };
+        let greedy = plan.params.sampling.is_greedy();
+        let comparable = greedy && fits_budget(top, plan.params.max_tokens);
+        if plan.mode == CacheMode::Trust && comparable && sem.trust.trusts(&self.store, &plan.tenant, &self.model_id, top)? {
+            let saved = plan.prompt_ids.len() + top.response_tokens.len();
+            let mut a = Answer::stored(ServedFrom::Trust, top.response.clone(), top.response_tokens.clone(), top.stop_reason, saved);
+            a.source_inference_id = Some(top.inference_id);
+            a.similarity = Some(top.similarity);
+            return Ok(Found::Answer(a));
+        }
+        if comparable {
+            plan.top = Some(top.clone());
+        }
+        let stop = self.tokenizer.stop_ids().first().copied();
+        Ok(Found::Drafts(neighbours.iter().take(sem.config.max_drafts).map(|n| draft_of(n, stop)).collect()))
     }
+
+    /// After a computed answer: files the question's embedding for later neighbours, tells TRUST
+    /// what verifying the nearest neighbour found, embeds new facts. Failures are logged: the
+    /// answer itself is already recorded.
+    fn learn_semantic(&self, plan: &Plan, answer: &Answer, id: i64) {
+        let (Some(sem), Some(scope), Some(question)) = (&self.semantic, &plan.scope, &plan.question) else { return };
+        let result = (|| -> Result<(), String> {
+            let embedding = match &plan.embedding {
+                Some(e) => e.clone(),
+                None => sem.embed(question).map_err(|e| e.to_string())?,
+            };
+            self.store.index_prompt(&plan.tenant, scope, id, &embedding).map_err(|e| e.to_string())?;
+            if let Some(top) = &plan.top {
+                let correct = answer.from == ServedFrom::Verified && answer.source_inference_id == Some(top.inference_id);
+                let o = SemanticOutcome { source_inference_id: top.inference_id, similarity: top.similarity, correct };
+                self.store.record_outcome(&plan.tenant, &self.model_id, id, &o, answer.draft_tokens, answer.draft_accepted).map_err(|e| e.to_string())?;
+                sem.trust.observe(&self.store, &plan.tenant, &self.model_id, &o).map_err(|e| e.to_string())?;
+            }
+            Ok(())
+        })();
+        if let Err(e) = result {
+            eprintln!("forge-cache: semantic indexing for inference {id} failed: {e}");
+        }
+    }
+}
+
+/// What the caches found for a request.
+enum Found {
+    Answer(Answer),
+    /// Candidate answers for the engine to verify.
+    Drafts(Vec<Draft>),
+    Nothing,
 }
 
 fn message(text: String, token_ids: Vec<u32>, outcome: Option<Outcome>) -> GenerateResponse {
@@ -343,19 +442,23 @@ pub(crate) async fn generate(state: Arc<ForgeState>, tenant: String, req: Genera
     let (plan, found) = {
         let state = state.clone();
         tokio::task::spawn_blocking(move || -> Result<_, ServiceError> {
-            let plan = state.plan(tenant, &req, received)?;
-            let found = state.lookup(&plan)?;
+            let mut plan = state.plan(tenant, &req, received)?;
+            let found = state.lookup(&mut plan)?;
             Ok((plan, found))
         })
         .await??
     };
     let plan = Arc::new(plan);
-    if let Some(answer) = found {
-        let tokens = answer.tokens.clone();
-        let (outcome, text) = state.record(plan, answer).await?;
-        let msgs = [message(text, tokens, None), message(String::new(), Vec::new(), Some(outcome))];
-        return Ok(Box::pin(tokio_stream::iter(msgs.map(Ok))));
-    }
+    let drafts = match found {
+        Found::Answer(answer) => {
+            let tokens = answer.tokens.clone();
+            let (outcome, text) = state.record(plan, answer).await?;
+            let msgs = [message(text, tokens, None), message(String::new(), Vec::new(), Some(outcome))];
+            return Ok(Box::pin(tokio_stream::iter(msgs.map(Ok))));
+        }
+        Found::Drafts(d) => d,
+        Found::Nothing => Vec::new(),
+    };
 
     let (events_tx, events) = mpsc::unbounded_channel();
     let job = Job {
@@ -363,7 +466,7 @@ pub(crate) async fn generate(state: Arc<ForgeState>, tenant: String, req: Genera
         params: plan.params.clone(),
         stop_strings: plan.stop_strings.clone(),
         events: events_tx,
-        drafts: Vec::new(),
+        drafts,
     };
     state.scheduler.submit(job)?;
     let (out, rx) = mpsc::channel(STREAM_BUFFER);
@@ -399,25 +502,30 @@ async fn stream_model(
             }
             Some(Event::Done(f)) => {
                 let tail = f.text.get(sent_text.len()..).unwrap_or_default().to_string();
+                let (from, source) = match (&f.served_by, &f.partial_source) {
+                    (Some(d), _) => (ServedFrom::Verified, Some(d)),
+                    (None, Some(d)) => (ServedFrom::Partial, Some(d)),
+                    (None, None) => (ServedFrom::Model, None),
+                };
                 let answer = Answer {
-                    from: ServedFrom::Model,
+                    from,
                     text: f.text,
                     tokens: f.tokens,
                     stop: f.stop,
-                    source_inference_id: None,
+                    source_inference_id: source.map(|d| d.source),
                     source_fact_id: None,
-                    tokens_computed: f.prompt_tokens + f.decode_steps,
-                    tokens_reused: 0,
+                    tokens_computed: f.computed,
+                    tokens_reused: f.draft_accepted,
                     queue: f.queue_time,
                     prefill: f.prefill_time,
                     decode: f.decode_time,
                     peak_batch: f.peak_batch,
                     ttft: ttft.or_else(|| Some(plan.received.elapsed())),
                     kv_tokens_reused: 0,
-                    draft_tokens: 0,
-                    draft_accepted: 0,
-                    candidates_tried: 0,
-                    similarity: None,
+                    draft_tokens: f.draft_tokens,
+                    draft_accepted: f.draft_accepted,
+                    candidates_tried: f.candidates_tried,
+                    similarity: source.map(|d| d.similarity),
                 };
                 let last = state.record(plan, answer).await.map(|(outcome, _)| message(tail, Vec::new(), Some(outcome)));
                 let _ = out.send(last.map_err(Status::from)).await;

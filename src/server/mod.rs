@@ -35,7 +35,9 @@ pub use error::ServiceError;
 pub use tenants::{TenantAuth, TenantsError};
 
 use crate::backend::cpu::CpuBackend;
+use crate::cache::semantic::{SemanticCache, SemanticConfig};
 use crate::cache::ExactCache;
+use crate::embed::Embedder;
 use crate::engine::chat::{ChatError, ChatTemplate};
 use crate::engine::scheduler::{Scheduler, SchedulerConfig};
 use crate::engine::tokenizer::{Tokenizer, TokenizerError};
@@ -58,6 +60,10 @@ pub struct ServerConfig {
     pub default_max_tokens: usize,
     /// Answers the exact cache keeps in memory.
     pub memory_cache_entries: u64,
+    /// The sentence embedder's folder (semantic tier); `None` or a missing folder turns the
+    /// semantic tier off.
+    pub embedder: Option<PathBuf>,
+    pub semantic: SemanticConfig,
 }
 
 impl ServerConfig {
@@ -71,6 +77,8 @@ impl ServerConfig {
             scheduler: SchedulerConfig::default(),
             default_max_tokens: 256,
             memory_cache_entries: 10_000,
+            embedder: Some(crate::models::default_embedder()),
+            semantic: SemanticConfig::default(),
         }
     }
 }
@@ -100,6 +108,8 @@ pub enum ServerError {
     Store(#[from] StoreError),
     #[error("tenants file {0}")]
     Tenants(#[from] TenantsError),
+    #[error("the sentence embedder: {0}")]
+    Embedder(#[source] crate::embed::EmbedError),
     #[error("the CPU backend: {0}")]
     Backend(String),
     #[error("starting the engine thread: {0}")]
@@ -133,6 +143,7 @@ pub struct ForgeState {
     pub(crate) auth: TenantAuth,
     pub(crate) cache_enabled: bool,
     pub(crate) default_max_tokens: usize,
+    pub(crate) semantic: Option<Arc<SemanticCache>>,
 }
 
 impl ForgeState {
@@ -156,6 +167,22 @@ impl ForgeState {
         let context = model.config.n_ctx_train;
         let backend = model.backend().name();
         let scheduler = Scheduler::start(Arc::new(model), tokenizer.clone(), config.scheduler).map_err(ServerError::Engine)?;
+        let semantic = match &config.embedder {
+            Some(dir) if config.cache && dir.join("tokenizer.json").is_file() => {
+                // One thread: embedding runs beside the engine's own thread team.
+                let backend = Arc::new(CpuBackend::new(1).map_err(|e| ServerError::Backend(e.to_string()))?);
+                let embedder = Embedder::load(dir, backend).map_err(ServerError::Embedder)?;
+                Some(Arc::new(SemanticCache::new(Arc::new(embedder), store.clone(), config.semantic)))
+            }
+            Some(dir) if config.cache => {
+                eprintln!(
+                    "forge-cache: semantic cache off: no embedder in {} (scripts/fetch-models.sh fetches it)",
+                    dir.display()
+                );
+                None
+            }
+            _ => None,
+        };
         Ok(ForgeState {
             model_name,
             model_id,
@@ -169,6 +196,7 @@ impl ForgeState {
             auth,
             cache_enabled: config.cache,
             default_max_tokens: config.default_max_tokens,
+            semantic,
         })
     }
 }

@@ -65,7 +65,7 @@ pub fn stop_reason_str(s: StopReason) -> &'static str {
     }
 }
 
-fn parse_stop_reason(s: &str) -> Result<StopReason, StoreError> {
+pub(crate) fn parse_stop_reason(s: &str) -> Result<StopReason, StoreError> {
     Ok(match s {
         "stop" => StopReason::Stop,
         "length" => StopReason::Length,
@@ -114,7 +114,7 @@ impl Store {
             (ServedFrom::Model, CacheMode::Refresh, Some(key)) => {
                 tx.execute(
                     "UPDATE inferences SET superseded_by = ?1
-                     WHERE tenant = ?2 AND cache_key = ?3 AND served_from = 'MODEL' AND superseded_by IS NULL AND id != ?1",
+                     WHERE tenant = ?2 AND cache_key = ?3 AND served_from IN ('MODEL', 'VERIFIED', 'PARTIAL') AND superseded_by IS NULL AND id != ?1",
                     rusqlite::params![id, r.tenant, key],
                 )?;
             }
@@ -151,7 +151,7 @@ impl Store {
             .conn()
             .query_row(
                 "SELECT id, response, response_tokens, stop_reason, tokens_computed FROM inferences
-                 WHERE tenant = ?1 AND cache_key = ?2 AND served_from = 'MODEL' AND superseded_by IS NULL
+                 WHERE tenant = ?1 AND cache_key = ?2 AND served_from IN ('MODEL', 'VERIFIED', 'PARTIAL') AND superseded_by IS NULL
                    AND stop_reason != 'cancelled'
                  ORDER BY id DESC LIMIT 1",
                 rusqlite::params![tenant, key],

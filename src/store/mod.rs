@@ -10,6 +10,7 @@
 //! * `facts` — fact extraction, PutFact, InvalidateFacts, search, the FACT tier's lookup
 //! * `stats` — hit rates, tokens and time saved, latency percentiles
 //! * `query` — read-only connections and the guarded ad-hoc query runner (`forge-cache sql`)
+//! * `semantic` — prompt and fact embeddings (sqlite-vec), neighbours, verification outcomes
 //!
 //! Every read and write takes the tenant: nothing crosses tenants.
 
@@ -17,6 +18,7 @@ pub mod claims;
 pub mod facts;
 pub mod inferences;
 pub mod query;
+pub mod semantic;
 pub mod stats;
 
 use std::path::{Path, PathBuf};
@@ -44,6 +46,7 @@ pub(crate) use now_sql;
 pub const MIGRATIONS: &[(&str, &str)] = &[
     ("0001_init.sql", include_str!("../../migrations/0001_init.sql")),
     ("0002_reuse.sql", include_str!("../../migrations/0002_reuse.sql")),
+    ("0003_semantic.sql", include_str!("../../migrations/0003_semantic.sql")),
 ];
 
 #[derive(Debug, thiserror::Error)]
