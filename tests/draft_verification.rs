@@ -80,12 +80,14 @@ fn drafts_never_change_greedy_output() {
     assert_eq!(f.computed, plain.computed, "the same positions are computed");
     assert!(f.decode_steps * 3 <= plain.decode_steps, "in far fewer forward calls: {} vs {}", f.decode_steps, plain.decode_steps);
 
-    // Corrupted at index 2: two tokens accepted, the rest decoded — the same output.
+    // Corrupted at index 2: two tokens accepted, then the model's own until the last three
+    // generated tokens reappear in the draft, from where it is followed again — the same output.
     let mut bad = own.clone();
     bad[2] = bad[2].wrapping_add(1);
     let f = wait(e.submit(prompt.clone(), 48, vec![draft(bad.clone(), 8)]));
     assert_eq!(f.tokens, plain.tokens);
-    assert_eq!(f.draft_accepted, 2);
+    let resync = own.len().saturating_sub(6);
+    assert_eq!(f.draft_accepted, 2 + resync, "2 before the error, {resync} after re-synchronizing");
     assert!(f.served_by.is_none());
     assert_eq!(f.partial_source.as_ref().map(|d| d.source), Some(8));
 
@@ -104,6 +106,13 @@ fn drafts_never_change_greedy_output() {
     let mut long = plain.tokens.clone();
     long.extend(std::iter::repeat_n(42, 100));
     let f = wait(e.submit(prompt.clone(), 48, vec![draft(long, 3)]));
+    assert_eq!(f.tokens, plain.tokens);
+
+    // A draft that lines up (by its last three tokens) earlier than the answer does, and runs
+    // on: what is fed never passes the cache's end.
+    let mut shifted = plain.tokens[5.min(plain.tokens.len())..].to_vec();
+    shifted.extend(std::iter::repeat_n(42, 60));
+    let f = wait(e.submit(prompt.clone(), 48, vec![draft(shifted, 5)]));
     assert_eq!(f.tokens, plain.tokens);
 
     // max_tokens shorter than the draft: the answer stops there, served by the draft.

@@ -1,6 +1,7 @@
 //! Command-line interface: the clap definition of every subcommand, one file per subcommand,
 //! plus the few helpers they share (the async runtime, text tables).
 
+mod ab;
 mod bench;
 mod embed;
 mod generate;
@@ -47,6 +48,8 @@ pub enum Command {
     Hardware(hardware::HardwareArgs),
     /// Write a GGUF model with random weights in a real model's shape (for speed measurements).
     SynthModel(synth_model::SynthModelArgs),
+    /// A/B test a workload against a running service: cache off (BYPASS) vs a cache mode.
+    Ab(ab::AbArgs),
 }
 
 /// Runs the parsed command.
@@ -61,6 +64,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Bench(args) => bench::run(&args),
         Command::Hardware(args) => hardware::run(&args),
         Command::SynthModel(args) => synth_model::run(&args),
+        Command::Ab(args) => ab::run(&args),
     }
 }
 

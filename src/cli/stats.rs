@@ -7,6 +7,8 @@ use std::path::PathBuf;
 use anyhow::bail;
 use clap::Args;
 
+use forge_cache::cache::trust::TrustParams;
+use forge_cache::store::semantic::SemanticStats;
 use forge_cache::store::{query::open_read_only, stats, Stats, StatsFilter};
 
 #[derive(Debug, Args)]
@@ -19,9 +21,13 @@ pub struct StatsArgs {
     /// Only this tenant.
     #[arg(long)]
     pub tenant: Option<String>,
-    /// One JSON array of per-tenant objects (plus tenant "*" for all together).
+    /// One JSON array of per-tenant objects (plus tenant "*" for all together), each with a
+    /// `semantic` object (draft acceptance, TRUST evidence) when there is any.
     #[arg(long)]
     pub json: bool,
+    /// The TRUST error bound to evaluate the evidence against (as `serve --trust-delta`).
+    #[arg(long, default_value_t = TrustParams::default().delta)]
+    pub trust_delta: f64,
 }
 
 /// `90s`, `15m`, `2h`, `7d` (a bare number is seconds) → seconds.
@@ -74,15 +80,61 @@ fn render(all: &[Stats]) -> String {
     out
 }
 
+/// Draft acceptance and TRUST's evidence per tenant.
+fn render_semantic(all: &[SemanticStats], p: &TrustParams) -> String {
+    let mut out = String::new();
+    for s in all.iter().filter(|s| s.draft_tokens > 0 || s.checks > 0) {
+        let name = if s.tenant == "*" { "all tenants" } else { &s.tenant };
+        out.push_str(&format!(
+            "{name}: draft tokens accepted {}/{} ({:.1}%); {} verified neighbour checks, {} exactly right; ",
+            s.draft_accepted,
+            s.draft_tokens,
+            100.0 * s.draft_accepted as f64 / s.draft_tokens.max(1) as f64,
+            s.checks,
+            s.checks_correct
+        ));
+        match (s.trust_threshold, s.trust_false_hit_bound) {
+            (Some(t), Some(b)) => out.push_str(&format!(
+                "TRUST (delta {:.2}%) serves from similarity {t:.3}: {} wrong of {} checks there, false-hit rate <= {:.2}% ({:.0}% confidence)\n",
+                p.delta * 100.0,
+                s.trust_wrong,
+                s.trust_outcomes,
+                b * 100.0,
+                100.0 * normal_cdf(p.z)
+            )),
+            _ => out.push_str(&format!("TRUST (delta {:.2}%): not enough evidence yet, requests are verified\n", p.delta * 100.0)),
+        }
+    }
+    out
+}
+
+/// Φ(z) by the Abramowitz–Stegun erf approximation (for printing the confidence).
+fn normal_cdf(z: f64) -> f64 {
+    let x = z / std::f64::consts::SQRT_2;
+    let t = 1.0 / (1.0 + 0.3275911 * x.abs());
+    let y = 1.0 - (((((1.061405429 * t - 1.453152027) * t) + 1.421413741) * t - 0.284496736) * t + 0.254829592) * t * (-x * x).exp();
+    0.5 * (1.0 + y.copysign(x))
+}
+
 pub fn run(a: &StatsArgs) -> anyhow::Result<()> {
     let conn = open_read_only(&a.db)?;
     let all = stats::compute(&conn, &StatsFilter { tenant: a.tenant.clone(), since_seconds: a.since })?;
+    let params = TrustParams { delta: a.trust_delta, ..TrustParams::default() };
+    let semantic = forge_cache::store::semantic::stats(&conn, a.tenant.as_deref(), &params)?;
     if a.json {
-        println!("{}", serde_json::to_string(&all)?);
+        let mut rows = serde_json::to_value(&all)?;
+        for row in rows.as_array_mut().into_iter().flatten() {
+            let name = row["tenant"].as_str().unwrap_or_default().to_string();
+            if let (Some(obj), Some(sem)) = (row.as_object_mut(), semantic.iter().find(|s| s.tenant == name)) {
+                obj.insert("semantic".into(), serde_json::to_value(sem)?);
+            }
+        }
+        println!("{}", serde_json::to_string(&rows)?);
     } else if all.is_empty() {
         bail!("no requests recorded in {} yet", a.db.display());
     } else {
         print!("{}", render(&all));
+        print!("{}", render_semantic(&semantic, &params));
     }
     Ok(())
 }

@@ -85,6 +85,9 @@ pub struct Draft {
 /// which the model agreed with all of it.
 const FIRST_DRAFT_WINDOW: usize = 4;
 
+/// Generated tokens that must reappear in a candidate for it to be used from there on.
+const NGRAM: usize = 3;
+
 #[derive(Debug)]
 pub enum Event {
     /// A generated token and the text that became final with it (may be empty: half a UTF-8
@@ -206,6 +209,11 @@ struct Seq {
     fed: usize,
     /// The draft in use (index into `job.drafts`).
     draft: Option<usize>,
+    /// (generated index, draft index) that line up: the current draft expects its token
+    /// `j + (g - g0)` at generated index `g`.
+    align: (usize, usize),
+    /// Candidates used so far (bit per index).
+    used: u64,
     /// Draft tokens the next step may feed beyond the checked ones.
     window: usize,
     draft_tokens: usize,
@@ -243,23 +251,59 @@ impl Seq {
 
     /// The token the current draft expects at generated index `g`.
     fn target(&self, g: usize) -> Option<u32> {
-        self.draft.and_then(|d| self.job.drafts[d].tokens.get(g).copied())
+        let (g0, j0) = self.align;
+        self.draft.and_then(|d| self.job.drafts[d].tokens.get(j0 + g.checked_sub(g0)?).copied())
     }
 
-    /// Feeds `draft`'s tokens from generated index `g` on (up to `max_tokens`, never its stop).
-    /// `known`: the token at `g` is the model's own (already chosen), not a guess.
-    fn use_draft(&mut self, d: usize, g: usize, known: bool, stop_ids: &[u32]) {
-        let max = self.job.params.max_tokens;
+    /// Where draft `d`'s tokens to feed end: at most as many as a whole answer may have, never
+    /// its stop token (a stop is checked, not fed).
+    fn draft_end(&self, d: usize) -> usize {
         let tokens = &self.job.drafts[d].tokens;
-        let end = tokens.len().min(max);
-        let end = if end > 0 && stop_ids.contains(&tokens[end - 1]) { end - 1 } else { end };
+        let end = tokens.len().min(self.job.params.max_tokens);
+        if end > 0 && self.job.params.stop_ids.contains(&tokens[end - 1]) {
+            end - 1
+        } else {
+            end
+        }
+    }
+
+    /// Feeds draft `d`'s tokens from its index `j` on, lined up with generated index `g`.
+    /// `known`: the token at `g` is the model's own (already chosen), not a guess.
+    fn use_draft(&mut self, d: usize, g: usize, j: usize, known: bool) {
+        // Never beyond the cache: a draft lined up later than its own start would run past it.
+        let end = self.draft_end(d).min(j + self.kv.capacity.saturating_sub(self.feed.len()));
         let before = self.feed.len();
-        if g < end {
-            self.feed.extend_from_slice(&tokens[g..end]);
+        if j < end {
+            self.feed.extend_from_slice(&self.job.drafts[d].tokens[j..end]);
         }
         self.draft_tokens += (self.feed.len() - before).saturating_sub(usize::from(known));
         self.draft = Some(d);
-        self.candidates_tried += 1;
+        self.align = (g, j);
+        if self.used & (1 << d.min(63)) == 0 {
+            self.used |= 1 << d.min(63);
+            self.candidates_tried += 1;
+        }
+    }
+
+    /// After the model chose its own token (generated index `g`, the last of `tokens`): a
+    /// candidate that can continue from here — one that agrees with everything generated so
+    /// far, else one containing the last [`NGRAM`] generated tokens (answers to similar
+    /// questions share phrases, not only beginnings). Returns (candidate, index of the chosen
+    /// token in it).
+    fn find_continuation(&self, g: usize) -> Option<(usize, usize)> {
+        let gen = &self.tokens;
+        let drafts = &self.job.drafts;
+        let prefix = (0..drafts.len()).find(|&d| self.draft_end(d) > g + 1 && drafts[d].tokens.starts_with(gen));
+        if let Some(d) = prefix {
+            return Some((d, g));
+        }
+        let key = gen.get(gen.len().checked_sub(NGRAM)?..)?;
+        (0..drafts.len()).find_map(|d| {
+            let end = self.draft_end(d);
+            let t = &drafts[d].tokens[..end];
+            // A continuation must remain after the match.
+            (NGRAM..end).find(|&i| &t[i - NGRAM..i] == key).map(|i| (d, i - 1))
+        })
     }
 
     fn send(&self, e: Event) -> bool {
@@ -334,6 +378,8 @@ impl Engine<'_> {
             feed,
             fed: 0,
             draft: None,
+            align: (0, 0),
+            used: 0,
             window: FIRST_DRAFT_WINDOW,
             draft_tokens: 0,
             draft_accepted: 0,
@@ -353,8 +399,7 @@ impl Engine<'_> {
             part: 0,
         };
         if !seq.job.drafts.is_empty() {
-            let stops = seq.job.params.stop_ids.clone();
-            seq.use_draft(0, 0, false, &stops);
+            seq.use_draft(0, 0, 0, false);
         }
         active.push(seq);
     }
@@ -471,19 +516,11 @@ impl Engine<'_> {
         s.kv.truncate(p + 1);
         s.feed.truncate(p + 1);
         s.fed = s.fed.min(p + 1);
-        let switch = if target.is_some() && !agreed {
-            let (tokens, max) = (&s.tokens, s.job.params.max_tokens);
-            s.job.drafts.iter().enumerate().skip(s.draft.map_or(0, |d| d + 1)).find_map(|(d, c)| {
-                (c.tokens.len().min(max) > tokens.len() && c.tokens.starts_with(tokens)).then_some(d)
-            })
-        } else {
-            None
-        };
+        let switch = if agreed || s.job.drafts.is_empty() { None } else { s.find_continuation(g) };
         match switch {
-            Some(d) => {
+            Some((d, j)) => {
                 s.window = FIRST_DRAFT_WINDOW;
-                let stops = s.job.params.stop_ids.clone();
-                s.use_draft(d, g, true, &stops);
+                s.use_draft(d, g, j, true);
             }
             None => {
                 if !agreed {

@@ -137,6 +137,69 @@ impl Store {
     }
 }
 
+/// Semantic reuse of one tenant (or all, `*`), for `forge-cache stats`.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct SemanticStats {
+    pub tenant: String,
+    pub draft_tokens: u64,
+    pub draft_accepted: u64,
+    /// Verifications of a nearest neighbour's answer, and how many found it exactly right.
+    pub checks: u64,
+    pub checks_correct: u64,
+    /// TRUST under the given parameters: the similarity it serves from (None: not enough
+    /// evidence), the outcomes at or above it, the wrong ones among them, and the Wilson upper
+    /// bound of the false-hit rate there.
+    pub trust_threshold: Option<f64>,
+    pub trust_outcomes: u64,
+    pub trust_wrong: u64,
+    pub trust_false_hit_bound: Option<f64>,
+}
+
+/// Per tenant (sorted), then `*` when no tenant was asked for and there are several.
+pub fn stats(conn: &rusqlite::Connection, tenant: Option<&str>, p: &crate::cache::trust::TrustParams) -> Result<Vec<SemanticStats>, StoreError> {
+    use crate::cache::trust::{fit_threshold, wilson_upper};
+    let mut drafts: std::collections::BTreeMap<String, (u64, u64)> = std::collections::BTreeMap::new();
+    let mut q = conn.prepare("SELECT tenant, SUM(draft_tokens), SUM(draft_accepted) FROM inferences WHERE ?1 IS NULL OR tenant = ?1 GROUP BY tenant")?;
+    for row in q.query_map([tenant], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?, r.get::<_, i64>(2)?)))? {
+        let (t, d, a) = row?;
+        drafts.insert(t, (d.max(0) as u64, a.max(0) as u64));
+    }
+    let mut outcomes: std::collections::BTreeMap<String, Vec<(f64, bool)>> = std::collections::BTreeMap::new();
+    let mut q = conn.prepare("SELECT tenant, similarity, correct FROM semantic_outcomes WHERE ?1 IS NULL OR tenant = ?1 ORDER BY id")?;
+    for row in q.query_map([tenant], |r| Ok((r.get::<_, String>(0)?, r.get::<_, f64>(1)?, r.get::<_, bool>(2)?)))? {
+        let (t, sim, ok) = row?;
+        outcomes.entry(t).or_default().push((sim, ok));
+    }
+    let build = |name: String, d: (u64, u64), o: &[(f64, bool)]| {
+        let threshold = fit_threshold(o, p);
+        let above: Vec<&(f64, bool)> = threshold.map(|t| o.iter().filter(|x| x.0 >= t).collect()).unwrap_or_default();
+        let wrong = above.iter().filter(|x| !x.1).count();
+        SemanticStats {
+            tenant: name,
+            draft_tokens: d.0,
+            draft_accepted: d.1,
+            checks: o.len() as u64,
+            checks_correct: o.iter().filter(|x| x.1).count() as u64,
+            trust_threshold: threshold,
+            trust_outcomes: above.len() as u64,
+            trust_wrong: wrong as u64,
+            trust_false_hit_bound: threshold.map(|_| wilson_upper(wrong, above.len(), p.z)),
+        }
+    };
+    let mut names: Vec<String> = drafts.keys().chain(outcomes.keys()).cloned().collect();
+    names.sort();
+    names.dedup();
+    let mut out: Vec<SemanticStats> =
+        names.iter().map(|t| build(t.clone(), drafts.get(t).copied().unwrap_or_default(), outcomes.get(t).map_or(&[][..], |v| v))).collect();
+    if tenant.is_none() && out.len() > 1 {
+        let d = drafts.values().fold((0, 0), |a, x| (a.0 + x.0, a.1 + x.1));
+        // TRUST learns per tenant; the total shows the pooled evidence.
+        let all: Vec<(f64, bool)> = outcomes.values().flatten().copied().collect();
+        out.push(build("*".into(), d, &all));
+    }
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,0 +1,217 @@
+//! `forge-cache ab`: the same workload twice against a running service — once with every
+//! request BYPASS (cache off), once with the chosen cache mode — each arm in its own fresh
+//! tenant namespace (tenants share nothing, so each arm starts from an empty cache), then a
+//! per-request comparison: identical texts, latency percentiles, requests/s, tokens computed,
+//! hit rate per tier; a JSON report, a Markdown report and two SVG plots.
+
+mod report;
+mod svg;
+mod workload;
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use clap::{Args, ValueEnum};
+use serde::Serialize;
+
+use forge_cache::server::client::Client;
+use forge_cache::server::proto::{self, CacheMode};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    Verified,
+    Trust,
+    Exact,
+}
+
+impl Mode {
+    fn proto(self) -> CacheMode {
+        match self {
+            Mode::Verified => CacheMode::Verified,
+            Mode::Trust => CacheMode::Trust,
+            Mode::Exact => CacheMode::Exact,
+        }
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct AbArgs {
+    /// The service to test (start it with `forge-cache serve`).
+    #[arg(long, default_value = super::DEFAULT_URL)]
+    pub server: String,
+    /// Workload file: one JSON object per line, {"prompt", "tenant"?, "max_tokens"?, "system"?}.
+    #[arg(long, required_unless_present = "make_workload")]
+    pub workload: Option<PathBuf>,
+    /// Cache mode of the cache-on arm.
+    #[arg(long, value_enum, default_value_t = Mode::Verified)]
+    pub mode: Mode,
+    /// Write the JSON report here (per request and totals).
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// Folder for report.md, latency_cdf.svg and hit_rate.svg.
+    #[arg(long, default_value = "ab-report")]
+    pub out: PathBuf,
+    /// Run only the cache-on arm (no comparison): e.g. to calibrate TRUST with --on-tenant.
+    #[arg(long)]
+    pub skip_off: bool,
+    /// Tenant of the cache-on arm (default: a fresh one per run). Reusing one across runs keeps
+    /// what it learned, e.g. TRUST outcomes from an earlier verified run.
+    #[arg(long)]
+    pub on_tenant: Option<String>,
+    /// Build a workload from ../shared/data instead of running one.
+    #[arg(long, value_enum)]
+    pub make_workload: Option<workload::Kind>,
+    /// The shared data folder (--make-workload).
+    #[arg(long, default_value = "../shared/data")]
+    pub data: PathBuf,
+    /// Lines to write (--make-workload).
+    #[arg(long, default_value_t = 500)]
+    pub requests: usize,
+    /// Skip this many pairs (qqp) or questions (zipf) of the shuffled data: disjoint workloads.
+    #[arg(long, default_value_t = 0)]
+    pub offset: usize,
+    /// max_tokens of every generated line (--make-workload).
+    #[arg(long, default_value_t = 48)]
+    pub max_tokens: u32,
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// zipf: size of the question pool (popularity of rank r ∝ 1/r^1.1).
+    #[arg(long, default_value_t = 25)]
+    pub distinct: usize,
+    /// Output of --make-workload.
+    #[arg(long, short = 'o')]
+    pub output: Option<PathBuf>,
+}
+
+/// One request of one arm.
+#[derive(Debug, Clone, Serialize)]
+pub struct Shot {
+    pub text: String,
+    pub served_from: String,
+    pub latency_ms: f64,
+    pub tokens_computed: u32,
+    pub draft_tokens: u32,
+    pub draft_accepted: u32,
+    pub similarity: f32,
+    pub error: Option<String>,
+}
+
+/// An arm's run.
+pub struct Arm {
+    pub shots: Vec<Shot>,
+    pub wall: Duration,
+}
+
+pub fn run(a: &AbArgs) -> anyhow::Result<()> {
+    if let Some(kind) = a.make_workload {
+        let out = a.output.as_deref().context("--make-workload needs -o FILE")?;
+        let (n, distinct) = workload::make(&workload::MakeArgs {
+            kind,
+            data: &a.data,
+            requests: a.requests,
+            offset: a.offset,
+            max_tokens: a.max_tokens,
+            seed: a.seed,
+            distinct: a.distinct,
+            out,
+        })?;
+        eprintln!("wrote {} ({n} requests, {distinct} distinct prompts)", out.display());
+        return Ok(());
+    }
+    let path = a.workload.as_deref().context("--workload is required")?;
+    let lines = workload::read(path)?;
+    let run_id = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis()).unwrap_or_default();
+    let rt = super::runtime()?;
+    let (off, on) = rt.block_on(async {
+        let client = Client::connect(&a.server).await.with_context(|| format!("connecting to {}", a.server))?;
+        let off = if a.skip_off {
+            None
+        } else {
+            Some(arm(&client, &lines, CacheMode::Bypass, |t| format!("ab{run_id}-off-{t}"), "cache off").await?)
+        };
+        let on_tenant = a.on_tenant.clone();
+        let on = arm(&client, &lines, a.mode.proto(), |t| on_tenant.clone().unwrap_or_else(|| format!("ab{run_id}-on-{t}")), "cache on ").await?;
+        anyhow::Ok((off, on))
+    })?;
+    let r = report::Report::build(&lines, off.as_ref(), &on, a.mode);
+    std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
+    r.write_files(&a.out, path)?;
+    if let Some(j) = &a.json {
+        std::fs::write(j, serde_json::to_string_pretty(&r)?).with_context(|| format!("writing {}", j.display()))?;
+    }
+    print!("{}", r.summary());
+    eprintln!("report: {}/report.md{}", a.out.display(), a.json.as_ref().map(|j| format!(", {}", j.display())).unwrap_or_default());
+    if r.failed > 0 {
+        bail!("{} requests failed (see the report)", r.failed);
+    }
+    Ok(())
+}
+
+/// Runs every line in order, one at a time, drawing a progress bar on stderr.
+async fn arm(client: &Client, lines: &[workload::Line], mode: CacheMode, tenant: impl Fn(&str) -> String, label: &str) -> anyhow::Result<Arm> {
+    let start = Instant::now();
+    let mut shots = Vec::with_capacity(lines.len());
+    let mut hits = 0;
+    for (i, l) in lines.iter().enumerate() {
+        let mut c = client.clone().with_tenant(tenant(l.tenant.as_deref().unwrap_or("default")));
+        let req = proto::GenerateRequest {
+            prompt: l.prompt.clone(),
+            system: l.system.clone().unwrap_or_default(),
+            max_tokens: l.max_tokens,
+            cache_mode: mode as i32,
+            ..Default::default()
+        };
+        let t0 = Instant::now();
+        let shot = match c.generate(req).await {
+            Ok(g) => {
+                let served = g.served_from();
+                if served != proto::ServedFrom::Model {
+                    hits += 1;
+                }
+                Shot {
+                    text: g.text,
+                    served_from: served.as_str_name().to_string(),
+                    latency_ms: g.client_latency.as_secs_f64() * 1e3,
+                    tokens_computed: g.outcome.tokens_computed,
+                    draft_tokens: g.outcome.draft_tokens,
+                    draft_accepted: g.outcome.draft_tokens_accepted,
+                    similarity: g.outcome.similarity,
+                    error: None,
+                }
+            }
+            Err(e) => Shot {
+                text: String::new(),
+                served_from: "ERROR".into(),
+                latency_ms: t0.elapsed().as_secs_f64() * 1e3,
+                tokens_computed: 0,
+                draft_tokens: 0,
+                draft_accepted: 0,
+                similarity: 0.0,
+                error: Some(e.to_string()),
+            },
+        };
+        shots.push(shot);
+        progress(label, i + 1, lines.len(), start.elapsed(), hits);
+    }
+    eprintln!();
+    Ok(Arm { shots, wall: start.elapsed() })
+}
+
+fn progress(label: &str, done: usize, total: usize, elapsed: Duration, hits: usize) {
+    const WIDTH: usize = 30;
+    let filled = done * WIDTH / total.max(1);
+    let rate = done as f64 / elapsed.as_secs_f64().max(1e-9);
+    let eta = (total - done) as f64 / rate.max(1e-9);
+    let mut err = std::io::stderr().lock();
+    let _ = write!(
+        err,
+        "\r{label} [{}{}] {done}/{total}  {rate:.2} req/s  hits {:.0}%  eta {eta:.0}s   ",
+        "#".repeat(filled),
+        ".".repeat(WIDTH - filled),
+        100.0 * hits as f64 / done as f64
+    );
+    let _ = err.flush();
+}

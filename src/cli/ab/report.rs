@@ -1,0 +1,227 @@
+//! The A/B report: per request, per arm, and the totals the issue asks for.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+use std::path::Path;
+
+use anyhow::Context;
+use serde::Serialize;
+
+use super::svg::{Chart, Series};
+use super::workload::Line;
+use super::{Arm, Mode};
+use forge_cache::store::stats::percentile;
+
+#[derive(Debug, Serialize)]
+pub struct Request {
+    pub prompt: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pair: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub duplicate: Option<bool>,
+    pub text_off: Option<String>,
+    pub text_on: String,
+    pub identical: Option<bool>,
+    pub served_from_on: String,
+    pub latency_ms_off: Option<f64>,
+    pub latency_ms_on: f64,
+    pub tokens_computed_off: Option<u32>,
+    pub tokens_computed_on: u32,
+    pub draft_tokens_on: u32,
+    pub draft_accepted_on: u32,
+    pub similarity_on: f32,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ArmTotals {
+    pub requests: usize,
+    pub wall_s: f64,
+    pub requests_per_s: f64,
+    pub latency_p50_ms: f64,
+    pub latency_p95_ms: f64,
+    pub latency_p99_ms: f64,
+    pub tokens_computed: u64,
+    /// Share of requests per served_from.
+    pub hit_rates: BTreeMap<String, f64>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Report {
+    pub mode: Mode,
+    pub requests: Vec<Request>,
+    pub off: Option<ArmTotals>,
+    pub on: ArmTotals,
+    /// Requests whose on-arm text equals the off-arm text (None without an off arm).
+    pub identical: Option<usize>,
+    /// on requests/s ÷ off requests/s.
+    pub speedup: Option<f64>,
+    pub draft_tokens: u64,
+    pub draft_accepted: u64,
+    /// TRUST: served without the model, and of those, texts that differ from the off arm.
+    pub trusted: usize,
+    pub false_hits: Option<usize>,
+    /// TRUST: correct trusted hits ÷ (correct trusted hits + VERIFIED hits, i.e. requests whose
+    /// neighbour's answer was exactly right but not trusted).
+    pub trust_recall: Option<f64>,
+    pub failed: usize,
+}
+
+fn totals(arm: &Arm) -> ArmTotals {
+    let mut lat: Vec<f64> = arm.shots.iter().map(|s| s.latency_ms).collect();
+    lat.sort_by(f64::total_cmp);
+    let n = arm.shots.len();
+    let mut hit_rates = BTreeMap::new();
+    for s in &arm.shots {
+        *hit_rates.entry(s.served_from.clone()).or_insert(0.0) += 1.0 / n as f64;
+    }
+    ArmTotals {
+        requests: n,
+        wall_s: arm.wall.as_secs_f64(),
+        requests_per_s: n as f64 / arm.wall.as_secs_f64().max(1e-9),
+        latency_p50_ms: percentile(&lat, 0.50),
+        latency_p95_ms: percentile(&lat, 0.95),
+        latency_p99_ms: percentile(&lat, 0.99),
+        tokens_computed: arm.shots.iter().map(|s| s.tokens_computed as u64).sum(),
+        hit_rates,
+    }
+}
+
+impl Report {
+    pub fn build(lines: &[Line], off: Option<&Arm>, on: &Arm, mode: Mode) -> Report {
+        let requests: Vec<Request> = lines
+            .iter()
+            .enumerate()
+            .map(|(i, l)| {
+                let (o, s) = (off.map(|a| &a.shots[i]), &on.shots[i]);
+                Request {
+                    prompt: l.prompt.clone(),
+                    pair: l.pair,
+                    duplicate: l.duplicate,
+                    text_off: o.map(|o| o.text.clone()),
+                    text_on: s.text.clone(),
+                    identical: o.map(|o| o.error.is_none() && s.error.is_none() && o.text == s.text),
+                    served_from_on: s.served_from.clone(),
+                    latency_ms_off: o.map(|o| o.latency_ms),
+                    latency_ms_on: s.latency_ms,
+                    tokens_computed_off: o.map(|o| o.tokens_computed),
+                    tokens_computed_on: s.tokens_computed,
+                    draft_tokens_on: s.draft_tokens,
+                    draft_accepted_on: s.draft_accepted,
+                    similarity_on: s.similarity,
+                }
+            })
+            .collect();
+        let trusted = requests.iter().filter(|r| r.served_from_on == "TRUST").count();
+        let false_hits = off.map(|_| requests.iter().filter(|r| r.served_from_on == "TRUST" && r.identical == Some(false)).count());
+        let verified = requests.iter().filter(|r| r.served_from_on == "VERIFIED").count();
+        let trust_recall = match (mode, false_hits) {
+            (Mode::Trust, Some(f)) if trusted - f + verified > 0 => Some((trusted - f) as f64 / (trusted - f + verified) as f64),
+            _ => None,
+        };
+        let offt = off.map(totals);
+        let ont = totals(on);
+        Report {
+            mode,
+            identical: off.map(|_| requests.iter().filter(|r| r.identical == Some(true)).count()),
+            speedup: offt.as_ref().map(|o| ont.requests_per_s / o.requests_per_s.max(1e-9)),
+            draft_tokens: on.shots.iter().map(|s| s.draft_tokens as u64).sum(),
+            draft_accepted: on.shots.iter().map(|s| s.draft_accepted as u64).sum(),
+            failed: on.shots.iter().chain(off.iter().flat_map(|a| a.shots.iter())).filter(|s| s.error.is_some()).count(),
+            requests,
+            off: offt,
+            on: ont,
+            trusted,
+            false_hits,
+            trust_recall,
+        }
+    }
+
+    pub fn summary(&self) -> String {
+        let mut s = String::new();
+        let n = self.requests.len();
+        let row = |s: &mut String, name: &str, t: &ArmTotals| {
+            let _ = writeln!(
+                s,
+                "| {name} | {:.3} | {:.1} | {:.1} | {:.1} | {} | {:.1} |",
+                t.requests_per_s, t.latency_p50_ms, t.latency_p95_ms, t.latency_p99_ms, t.tokens_computed, t.wall_s
+            );
+        };
+        let _ = writeln!(s, "| arm | requests/s | p50 ms | p95 ms | p99 ms | tokens computed | wall s |\n|---|---|---|---|---|---|---|");
+        if let Some(o) = &self.off {
+            row(&mut s, "cache off (BYPASS)", o);
+        }
+        row(&mut s, &format!("cache on ({:?})", self.mode).to_lowercase(), &self.on);
+        let _ = writeln!(s);
+        if let (Some(i), Some(x)) = (self.identical, self.speedup) {
+            let _ = writeln!(s, "identical texts: {i}/{n} ({:.2}%)  |  speedup (requests/s on / off): {x:.2}x", 100.0 * i as f64 / n as f64);
+        }
+        let hits: Vec<String> = self.on.hit_rates.iter().map(|(k, v)| format!("{k} {:.1}%", v * 100.0)).collect();
+        let _ = writeln!(s, "served from (cache on): {}", hits.join(", "));
+        let _ = writeln!(
+            s,
+            "draft tokens accepted: {}/{} ({:.1}%)",
+            self.draft_accepted,
+            self.draft_tokens,
+            100.0 * self.draft_accepted as f64 / self.draft_tokens.max(1) as f64
+        );
+        if self.mode == Mode::Trust {
+            let fh = self.false_hits.map_or("n/a (no off arm)".to_string(), |f| format!("{f}/{} ({:.2}%)", self.trusted, 100.0 * f as f64 / self.trusted.max(1) as f64));
+            let _ = writeln!(s, "TRUST: served {} without the model; false hits {fh}; recall {}", self.trusted, self.trust_recall.map_or("n/a".into(), |r| format!("{:.1}%", r * 100.0)));
+        }
+        if self.failed > 0 {
+            let _ = writeln!(s, "FAILED requests: {}", self.failed);
+        }
+        s
+    }
+
+    /// report.md, latency_cdf.svg, hit_rate.svg in `dir`.
+    pub fn write_files(&self, dir: &Path, workload: &Path) -> anyhow::Result<()> {
+        let cdf = |lat: Vec<f64>| -> Vec<(f64, f64)> {
+            let mut l = lat;
+            l.sort_by(f64::total_cmp);
+            let n = l.len() as f64;
+            l.iter().enumerate().map(|(i, &x)| (x, (i + 1) as f64 / n)).collect()
+        };
+        let mut series = Vec::new();
+        if self.off.is_some() {
+            series.push(Series { name: "cache off (BYPASS)", color: "#c0392b", points: cdf(self.requests.iter().filter_map(|r| r.latency_ms_off).collect()) });
+        }
+        series.push(Series { name: "cache on", color: "#2471a3", points: cdf(self.requests.iter().map(|r| r.latency_ms_on).collect()) });
+        let latency = Chart { title: "Latency CDF (client round trip)", x_label: "latency, ms (log scale)", y_label: "share of requests", log_x: true, series };
+        let mut hits = 0usize;
+        let cumulative: Vec<(f64, f64)> = self
+            .requests
+            .iter()
+            .enumerate()
+            .map(|(i, r)| {
+                hits += usize::from(r.served_from_on != "MODEL" && r.served_from_on != "ERROR");
+                ((i + 1) as f64, hits as f64 / (i + 1) as f64)
+            })
+            .collect();
+        let hit = Chart {
+            title: "Cumulative hit rate (cache on: any tier but MODEL)",
+            x_label: "request",
+            y_label: "hit rate",
+            log_x: false,
+            series: vec![Series { name: "cache on", color: "#2471a3", points: cumulative }],
+        };
+        std::fs::write(dir.join("latency_cdf.svg"), latency.render()).context("writing latency_cdf.svg")?;
+        std::fs::write(dir.join("hit_rate.svg"), hit.render()).context("writing hit_rate.svg")?;
+        let mut md = format!("# A/B report: cache off vs {:?}\n\nWorkload: `{}` ({} requests).\n\n", self.mode, workload.display(), self.requests.len())
+            .replace("Verified", "verified")
+            .replace("Trust", "trust")
+            .replace("Exact", "exact");
+        md.push_str(&self.summary());
+        md.push_str("\n![latency CDF](latency_cdf.svg)\n\n![cumulative hit rate](hit_rate.svg)\n\n");
+        let differing: Vec<&Request> = self.requests.iter().filter(|r| r.identical == Some(false)).take(20).collect();
+        if !differing.is_empty() {
+            md.push_str("## Requests whose texts differ\n\n| prompt | served from | off | on |\n|---|---|---|---|\n");
+            for r in differing {
+                let cell = |s: &str| s.replace('|', "\\|").replace('\n', " ").chars().take(80).collect::<String>();
+                let _ = writeln!(md, "| {} | {} | {} | {} |", cell(&r.prompt), r.served_from_on, cell(r.text_off.as_deref().unwrap_or("")), cell(&r.text_on));
+            }
+        }
+        std::fs::write(dir.join("report.md"), md).context("writing report.md")?;
+        Ok(())
+    }
+}
