@@ -273,7 +273,9 @@ impl Backend for CpuBackend {
                 if self.simd == SimdLevel::Avx512Vnni {
                     let np = nb.div_ceil(2);
                     s.pairs.resize(n_tok * np, avx512::PairQ8::default());
-                    self.quantize(x, n_tok, cols, np, &mut s.pairs[..n_tok * np], avx512::quantize_pairs);
+                    // SAFETY: `Avx512Vnni` is only set after detecting every feature
+                    // `avx512::quantize_pairs` enables.
+                    self.quantize(x, n_tok, cols, np, &mut s.pairs[..n_tok * np], |x, p| unsafe { avx512::quantize_pairs(x, p) });
                     let pairs = &s.pairs[..n_tok * np];
                     // SAFETY: `SimdLevel::Avx512Vnni` is only set after detecting every feature
                     // `avx512::matmul_rows_q8` enables.

@@ -148,3 +148,33 @@ fn k_quant_simd_equals_reference_bitwise() {
         assert!(outs.iter().all(|o| o == &outs[0]), "{ty:?}: SIMD differs from the reference");
     }
 }
+
+/// The AVX-512 activation layout holds exactly the scalar quantizer's values.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn avx512_quantization_equals_scalar_bitwise() {
+    use super::avx512::{quantize_pairs, PairQ8};
+    use super::quant::{quantize_q8, BlockQ8};
+    if !SimdLevel::Avx512Vnni.supported() {
+        return;
+    }
+    for cols in [32, 288, 576, 1536] {
+        let mut x = rand_f32(31, cols);
+        x[..32].fill(0.0); // an all-zero block
+        if cols > 40 {
+            x[40] = 0.5 / 127.0 * 3.0; // values near rounding ties
+        }
+        let nb = cols / 32;
+        let mut blocks = vec![BlockQ8::default(); nb];
+        quantize_q8(&x, &mut blocks);
+        let mut pairs = vec![PairQ8::default(); nb.div_ceil(2)];
+        // SAFETY: AVX-512 VNNI support was checked above.
+        unsafe { quantize_pairs(&x, &mut pairs) };
+        for (b, blk) in blocks.iter().enumerate() {
+            let (p, h) = (&pairs[b / 2], 16 * (b % 2));
+            assert_eq!(&p.qs[h..h + 16], &blk.qs[..16], "block {b}");
+            assert_eq!(&p.qs[32 + h..48 + h], &blk.qs[16..], "block {b}");
+            assert_eq!((p.d[4 * (b % 2)].to_bits(), p.s[b % 2].to_bits()), (blk.d.to_bits(), blk.s.to_bits()), "block {b}");
+        }
+    }
+}
