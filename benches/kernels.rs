@@ -48,9 +48,8 @@ fn matrix(ty: GgmlType, rows: usize, cols: usize) -> Vec<u8> {
 }
 
 fn levels() -> Vec<CpuBackend> {
-    let mut v = vec![CpuBackend::with_simd(1, SimdLevel::Scalar).expect("pool")];
+    let mut v: Vec<CpuBackend> = SimdLevel::available().into_iter().map(|l| CpuBackend::with_simd(1, l).expect("pool")).collect();
     if SimdLevel::detect() != SimdLevel::Scalar {
-        v.push(CpuBackend::with_simd(1, SimdLevel::detect()).expect("pool"));
         v.push(CpuBackend::with_simd(2, SimdLevel::detect()).expect("pool"));
     }
     v

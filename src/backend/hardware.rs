@@ -335,7 +335,7 @@ pub fn simd_features() -> Vec<&'static str> {
         macro_rules! probe {
             ($($f:tt),*) => { $( if std::arch::is_x86_feature_detected!($f) { out.push($f); } )* };
         }
-        probe!("sse4.2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vnni");
+        probe!("sse4.2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512vnni");
         if x86::avxvnni() {
             out.push("avxvnni");
         }
@@ -586,8 +586,14 @@ mod tests {
         }
         assert_eq!(hw.tier, Tier::from_gpus(&hw.gpus));
         #[cfg(target_arch = "x86_64")]
-        if hw.simd_level == SimdLevel::Avx2 {
+        if matches!(hw.simd_level, SimdLevel::Avx2 | SimdLevel::Avx512Vnni) {
             for f in ["avx2", "fma", "f16c"] {
+                assert!(hw.simd_features.contains(&f), "{f} missing from {:?}", hw.simd_features);
+            }
+        }
+        #[cfg(target_arch = "x86_64")]
+        if hw.simd_level == SimdLevel::Avx512Vnni {
+            for f in ["avx512f", "avx512bw", "avx512vl", "avx512vnni"] {
                 assert!(hw.simd_features.contains(&f), "{f} missing from {:?}", hw.simd_features);
             }
         }

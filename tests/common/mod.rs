@@ -45,11 +45,7 @@ pub fn ids(v: &serde_json::Value) -> Vec<u32> {
 
 /// Every CPU kernel level this machine runs, the scalar reference first.
 pub fn cpu_backends(threads: usize) -> Vec<Arc<dyn Backend>> {
-    let mut v: Vec<Arc<dyn Backend>> = vec![Arc::new(CpuBackend::with_simd(threads, SimdLevel::Scalar).expect("pool"))];
-    if SimdLevel::detect() != SimdLevel::Scalar {
-        v.push(Arc::new(CpuBackend::with_simd(threads, SimdLevel::detect()).expect("pool")));
-    }
-    v
+    SimdLevel::available().into_iter().map(|l| Arc::new(CpuBackend::with_simd(threads, l).expect("pool")) as Arc<dyn Backend>).collect()
 }
 
 /// The model on the fastest CPU kernels.

@@ -14,6 +14,8 @@ pub mod team;
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
 #[cfg(target_arch = "aarch64")]
 mod neon;
 
@@ -34,6 +36,9 @@ pub enum SimdLevel {
     Scalar,
     /// x86-64 AVX2 + FMA + F16C.
     Avx2,
+    /// x86-64 AVX-512 F/BW/VL/VNNI on top of `Avx2` (whose kernels it uses where it has none of
+    /// its own).
+    Avx512Vnni,
     /// aarch64 NEON (baseline on that architecture).
     Neon,
 }
@@ -41,24 +46,45 @@ pub enum SimdLevel {
 impl SimdLevel {
     /// The best level this CPU supports.
     pub fn detect() -> SimdLevel {
-        #[cfg(target_arch = "x86_64")]
-        {
-            if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c") {
-                return SimdLevel::Avx2;
+        *Self::available().last().expect("scalar is always available")
+    }
+
+    /// Every level this CPU supports, `Scalar` first, best last.
+    pub fn available() -> Vec<SimdLevel> {
+        [SimdLevel::Scalar, SimdLevel::Avx2, SimdLevel::Avx512Vnni, SimdLevel::Neon].into_iter().filter(|l| l.supported()).collect()
+    }
+
+    /// Whether this CPU can run the level's kernels (run-time detection).
+    pub fn supported(self) -> bool {
+        match self {
+            SimdLevel::Scalar => true,
+            #[cfg(target_arch = "x86_64")]
+            SimdLevel::Avx2 => is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c"),
+            #[cfg(target_arch = "x86_64")]
+            SimdLevel::Avx512Vnni => {
+                SimdLevel::Avx2.supported()
+                    && is_x86_feature_detected!("avx512f")
+                    && is_x86_feature_detected!("avx512bw")
+                    && is_x86_feature_detected!("avx512vl")
+                    && is_x86_feature_detected!("avx512vnni")
             }
+            #[cfg(target_arch = "aarch64")]
+            SimdLevel::Neon => true,
+            #[allow(unreachable_patterns)]
+            _ => false,
         }
-        #[cfg(target_arch = "aarch64")]
-        {
-            return SimdLevel::Neon;
-        }
-        #[allow(unreachable_code)]
-        SimdLevel::Scalar
+    }
+
+    /// The level called `name` (as [`SimdLevel::name`] prints it).
+    pub fn from_name(name: &str) -> Option<SimdLevel> {
+        [SimdLevel::Scalar, SimdLevel::Avx2, SimdLevel::Avx512Vnni, SimdLevel::Neon].into_iter().find(|l| l.name() == name)
     }
 
     pub fn name(self) -> &'static str {
         match self {
             SimdLevel::Scalar => "scalar",
             SimdLevel::Avx2 => "avx2",
+            SimdLevel::Avx512Vnni => "avx512vnni",
             SimdLevel::Neon => "neon",
         }
     }
@@ -71,6 +97,9 @@ struct Scratch {
     q8: Vec<BlockQ8>,
     /// [n_tok, cols / 256]
     q8k: Vec<BlockQ8K>,
+    /// [n_tok, (cols / 32).div_ceil(2)] (the AVX-512 layout of `q8`)
+    #[cfg(target_arch = "x86_64")]
+    pairs: Vec<avx512::PairQ8>,
 }
 
 pub struct CpuBackend {
@@ -80,16 +109,19 @@ pub struct CpuBackend {
 }
 
 impl CpuBackend {
-    /// A backend with `threads` threads (0 = one per physical core) at the best SIMD level.
+    /// A backend with `threads` threads (0 = one per physical core) at the best SIMD level, or
+    /// at the level named by the `FORGE_SIMD` environment variable (`scalar`, `avx2`,
+    /// `avx512vnni`, `neon`: for comparing levels with one binary).
     pub fn new(threads: usize) -> std::io::Result<CpuBackend> {
-        Self::with_simd(threads, SimdLevel::detect())
+        let forced = std::env::var("FORGE_SIMD").ok().and_then(|n| SimdLevel::from_name(&n));
+        Self::with_simd(threads, forced.unwrap_or_else(SimdLevel::detect))
     }
 
     /// Forces a SIMD level (`Scalar` runs the reference kernels everywhere). Asking for a level
     /// the CPU lacks falls back to `Scalar`.
     pub fn with_simd(threads: usize, simd: SimdLevel) -> std::io::Result<CpuBackend> {
         let threads = if threads == 0 { super::hardware::physical_cores() } else { threads };
-        let simd = if simd != SimdLevel::Scalar && SimdLevel::detect() != simd { SimdLevel::Scalar } else { simd };
+        let simd = if simd.supported() { simd } else { SimdLevel::Scalar };
         Ok(CpuBackend { team: Team::new(threads)?, simd, scratch: Mutex::new(Scratch::default()) })
     }
 
@@ -123,8 +155,9 @@ impl CpuBackend {
     fn rows_q8(&self, w: WeightView<'_>, rows: std::ops::Range<usize>, acts: &[BlockQ8], n_tok: usize, out: &SharedOut) {
         match self.simd {
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: `SimdLevel::Avx2` is only set after detecting avx2, fma and f16c.
-            SimdLevel::Avx2 => unsafe { avx2::matmul_rows_q8(w, rows, acts, n_tok, out) },
+            // SAFETY: `SimdLevel::Avx2` (and `Avx512Vnni`, which also takes this path for
+            // types of its own when called directly) is only set after detecting avx2, fma, f16c.
+            SimdLevel::Avx2 | SimdLevel::Avx512Vnni => unsafe { avx2::matmul_rows_q8(w, rows, acts, n_tok, out) },
             #[cfg(target_arch = "aarch64")]
             SimdLevel::Neon => neon::matmul_rows_q8(w, rows, acts, n_tok, out),
             _ => quant::matmul_rows_q8_scalar(w, rows, acts, n_tok, out),
@@ -134,11 +167,11 @@ impl CpuBackend {
     fn dot_float(&self, ty: GgmlType, w: &[u8], x: &[f32]) -> f32 {
         match (self.simd, ty) {
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: `SimdLevel::Avx2` is only set after detecting avx2, fma and f16c.
-            (SimdLevel::Avx2, GgmlType::F32) => unsafe { avx2::dot_f32(w, x) },
+            // SAFETY: `Avx2` and `Avx512Vnni` are only set after detecting avx2, fma and f16c.
+            (SimdLevel::Avx2 | SimdLevel::Avx512Vnni, GgmlType::F32) => unsafe { avx2::dot_f32(w, x) },
             #[cfg(target_arch = "x86_64")]
             // SAFETY: as above.
-            (SimdLevel::Avx2, GgmlType::F16) => unsafe { avx2::dot_f16(w, x) },
+            (SimdLevel::Avx2 | SimdLevel::Avx512Vnni, GgmlType::F16) => unsafe { avx2::dot_f16(w, x) },
             _ => quant::dot_float_scalar(ty, w, x),
         }
     }
@@ -236,6 +269,19 @@ impl Backend for CpuBackend {
             ActFormat::Q8 => {
                 let nb = cols / QK;
                 let mut s = self.scratch.lock().unwrap_or_else(|p| p.into_inner());
+                #[cfg(target_arch = "x86_64")]
+                if self.simd == SimdLevel::Avx512Vnni {
+                    let np = nb.div_ceil(2);
+                    s.pairs.resize(n_tok * np, avx512::PairQ8::default());
+                    // SAFETY: `Avx512Vnni` is only set after detecting every feature
+                    // `avx512::quantize_pairs` enables.
+                    self.quantize(x, n_tok, cols, np, &mut s.pairs[..n_tok * np], |x, p| unsafe { avx512::quantize_pairs(x, p) });
+                    let pairs = &s.pairs[..n_tok * np];
+                    // SAFETY: `SimdLevel::Avx512Vnni` is only set after detecting every feature
+                    // `avx512::matmul_rows_q8` enables.
+                    self.rows_parallel(ws, outs, &|m, rows, out| unsafe { avx512::matmul_rows_q8(ws[m], rows, pairs, n_tok, out) });
+                    return;
+                }
                 s.q8.resize(n_tok * nb, BlockQ8::default());
                 self.quantize(x, n_tok, cols, nb, &mut s.q8[..n_tok * nb], quant::quantize_q8);
                 let q8 = &s.q8[..n_tok * nb];
@@ -249,8 +295,8 @@ impl Backend for CpuBackend {
                 let q8k = &s.q8k[..n_tok * nb];
                 self.rows_parallel(ws, outs, &|m, rows, out| match self.simd {
                     #[cfg(target_arch = "x86_64")]
-                    // SAFETY: `SimdLevel::Avx2` is only set after detecting avx2, fma and f16c.
-                    SimdLevel::Avx2 => unsafe { avx2::matmul_rows_q8k(ws[m], rows, q8k, n_tok, out) },
+                    // SAFETY: `Avx2` and `Avx512Vnni` are only set after detecting avx2, fma, f16c.
+                    SimdLevel::Avx2 | SimdLevel::Avx512Vnni => unsafe { avx2::matmul_rows_q8k(ws[m], rows, q8k, n_tok, out) },
                     _ => {
                         for t in 0..n_tok {
                             for r in rows.clone() {
@@ -336,8 +382,8 @@ impl Backend for CpuBackend {
 fn attend(simd: SimdLevel, q: &[f32], keys: &[f16], vals: &[f16], n_keys: usize, hd: usize, scale: f32, out: &mut [f32]) {
     match simd {
         #[cfg(target_arch = "x86_64")]
-        SimdLevel::Avx2 if hd % 8 == 0 && hd <= 256 && q.len() / hd <= avx2::MAX_GROUP => {
-            // SAFETY: `SimdLevel::Avx2` is only set after detecting avx2, fma and f16c.
+        SimdLevel::Avx2 | SimdLevel::Avx512Vnni if hd % 8 == 0 && hd <= 256 && q.len() / hd <= avx2::MAX_GROUP => {
+            // SAFETY: `Avx2` and `Avx512Vnni` are only set after detecting avx2, fma and f16c.
             unsafe { avx2::attend_group(q, keys, vals, n_keys, hd, scale, out) }
         }
         _ => {

@@ -65,18 +65,26 @@ pub fn act_format(ty: GgmlType) -> ActFormat {
 /// its reference outputs closely; the tiny SmolLM2 amplifies any rounding difference.
 pub fn quantize_q8(x: &[f32], out: &mut [BlockQ8]) {
     for (b, xs) in out.iter_mut().zip(x.chunks_exact(QK)) {
-        let amax = xs.iter().fold(0f32, |m, v| m.max(v.abs()));
-        let d = amax / 127.0;
-        let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
-        let mut sum = 0i32;
-        for (q, v) in b.qs.iter_mut().zip(xs) {
-            let r = (v * id).round_ties_even() as i32;
-            *q = r as i8;
-            sum += r;
-        }
-        b.d = f16::from_f32(d).to_f32();
-        b.s = f16::from_f32(d * sum as f32).to_f32();
+        *b = quantize_block_q8(xs);
     }
+}
+
+/// One block of [`quantize_q8`] (`xs`: 32 values).
+#[inline]
+pub fn quantize_block_q8(xs: &[f32]) -> BlockQ8 {
+    let mut b = BlockQ8::default();
+    let amax = xs.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let d = amax / 127.0;
+    let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+    let mut sum = 0i32;
+    for (q, v) in b.qs.iter_mut().zip(xs) {
+        let r = (v * id).round_ties_even() as i32;
+        *q = r as i8;
+        sum += r;
+    }
+    b.d = f16::from_f32(d).to_f32();
+    b.s = f16::from_f32(d * sum as f32).to_f32();
+    b
 }
 
 /// Quantizes `x` (length a multiple of 256) into `out` (len x.len() / 256).

@@ -67,8 +67,24 @@ pub fn tile_rows(
     k4: impl Fn(&[u8], [&[BlockQ8]; 4], &mut [f32; 4]),
     k1: impl Fn(&[u8], [&[BlockQ8]; 1], &mut [f32; 1]),
 ) {
-    let nb = w.cols / QK;
-    let act = |t: usize| &acts[t * nb..(t + 1) * nb];
+    tile_rows_with(w, rows, acts, w.cols / QK, n_tok, out, k4, k1)
+}
+
+/// [`tile_rows`] for any activation layout: token t's activations are
+/// `acts[t * stride..(t + 1) * stride]`.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub fn tile_rows_with<A>(
+    w: WeightView<'_>,
+    rows: std::ops::Range<usize>,
+    acts: &[A],
+    stride: usize,
+    n_tok: usize,
+    out: &SharedOut,
+    k4: impl Fn(&[u8], [&[A]; 4], &mut [f32; 4]),
+    k1: impl Fn(&[u8], [&[A]; 1], &mut [f32; 1]),
+) {
+    let act = |t: usize| &acts[t * stride..(t + 1) * stride];
     let mut t0 = 0;
     while t0 + 4 <= n_tok {
         let x = [act(t0), act(t0 + 1), act(t0 + 2), act(t0 + 3)];

@@ -25,18 +25,25 @@ fn matrix(ty: GgmlType, rows: usize, cols: usize) -> Vec<u8> {
 
 /// Every kernel level this machine can run, the reference first.
 fn backends(threads: usize) -> Vec<CpuBackend> {
-    let mut v = vec![CpuBackend::with_simd(threads, SimdLevel::Scalar).expect("pool")];
-    if SimdLevel::detect() != SimdLevel::Scalar {
-        v.push(CpuBackend::with_simd(threads, SimdLevel::detect()).expect("pool"));
-    }
-    v
+    SimdLevel::available().into_iter().map(|l| CpuBackend::with_simd(threads, l).expect("pool")).collect()
 }
 
+/// Every type at 512 columns, and the 32-block types at an odd block count (17: the AVX-512
+/// kernels' lone last block).
+fn shapes(cols: usize, odd_cols: usize) -> impl Iterator<Item = (GgmlType, usize)> {
+    let odd = [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0].map(|t| (t, odd_cols));
+    TYPES.map(|t| (t, cols)).into_iter().chain(odd)
+}
+
+/// Error budget of a SIMD matmul against the reference: both compute the same exact integer
+/// block products; only the float accumulation differs (f32 rounding over ≤ 2 × cols / 32
+/// terms), far below 1e-4 relative.
 #[test]
 fn simd_matmul_matches_reference() {
-    let (rows, cols, n_tok) = (37, 512, 3);
-    let x = rand_f32(1, n_tok * cols);
-    for ty in TYPES {
+    // 6 tokens: one tile of 4, then 2 single tokens.
+    let (rows, n_tok) = (37, 6);
+    for (ty, cols) in shapes(512, 544) {
+        let x = rand_f32(1, n_tok * cols);
         let data = matrix(ty, rows, cols);
         let w = WeightView::new(ty, rows, cols, &data).expect("view");
         let outs: Vec<Vec<f32>> = backends(2)
@@ -51,7 +58,7 @@ fn simd_matmul_matches_reference() {
             for (i, (a, r)) in o.iter().zip(&outs[0]).enumerate() {
                 // Same integer block products; only float summation order differs.
                 let tol = 1e-4 * (1.0 + r.abs());
-                assert!((a - r).abs() <= tol, "{ty:?} [{i}]: simd {a} vs reference {r}");
+                assert!((a - r).abs() <= tol, "{ty:?} x {cols} [{i}]: simd {a} vs reference {r}");
             }
         }
     }
@@ -59,9 +66,9 @@ fn simd_matmul_matches_reference() {
 
 #[test]
 fn matmul_is_batch_and_thread_invariant() {
-    let (rows, cols) = (29, 256);
-    let x = rand_f32(2, 7 * cols);
-    for ty in TYPES {
+    let rows = 29;
+    for (ty, cols) in shapes(256, 288) {
+        let x = rand_f32(2, 7 * cols);
         let data = matrix(ty, rows, cols);
         let w = WeightView::new(ty, rows, cols, &data).expect("view");
         for b1 in backends(1) {
@@ -139,5 +146,35 @@ fn k_quant_simd_equals_reference_bitwise() {
             })
             .collect();
         assert!(outs.iter().all(|o| o == &outs[0]), "{ty:?}: SIMD differs from the reference");
+    }
+}
+
+/// The AVX-512 activation layout holds exactly the scalar quantizer's values.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn avx512_quantization_equals_scalar_bitwise() {
+    use super::avx512::{quantize_pairs, PairQ8};
+    use super::quant::{quantize_q8, BlockQ8};
+    if !SimdLevel::Avx512Vnni.supported() {
+        return;
+    }
+    for cols in [32, 288, 576, 1536] {
+        let mut x = rand_f32(31, cols);
+        x[..32].fill(0.0); // an all-zero block
+        if cols > 40 {
+            x[40] = 0.5 / 127.0 * 3.0; // values near rounding ties
+        }
+        let nb = cols / 32;
+        let mut blocks = vec![BlockQ8::default(); nb];
+        quantize_q8(&x, &mut blocks);
+        let mut pairs = vec![PairQ8::default(); nb.div_ceil(2)];
+        // SAFETY: AVX-512 VNNI support was checked above.
+        unsafe { quantize_pairs(&x, &mut pairs) };
+        for (b, blk) in blocks.iter().enumerate() {
+            let (p, h) = (&pairs[b / 2], 16 * (b % 2));
+            assert_eq!(&p.qs[h..h + 16], &blk.qs[..16], "block {b}");
+            assert_eq!(&p.qs[32 + h..48 + h], &blk.qs[16..], "block {b}");
+            assert_eq!((p.d[4 * (b % 2)].to_bits(), p.s[b % 2].to_bits()), (blk.d.to_bits(), blk.s.to_bits()), "block {b}");
+        }
     }
 }
