@@ -34,6 +34,8 @@ pub struct ServeArgs {
     /// Sequences batched into each forward pass.
     #[arg(long, default_value_t = SchedulerConfig::default().max_active)]
     pub max_batch: usize,
+    #[command(flatten)]
+    pub backend: super::BackendArgs,
 }
 
 /// Ctrl-C, or SIGTERM where there is one.
@@ -57,6 +59,7 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
     config.threads = a.threads;
     config.cache = !a.no_cache;
     config.tenants = a.tenants.clone();
+    config.placement = a.backend.options()?;
     config.scheduler = SchedulerConfig { queue_depth: a.queue_depth, max_active: a.max_batch, ..SchedulerConfig::default() };
     super::runtime()?.block_on(async {
         let server = start_with_shutdown(config, &a.addr, shutdown_signal()).await.context("starting the service")?;

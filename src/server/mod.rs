@@ -39,6 +39,7 @@ use crate::cache::ExactCache;
 use crate::engine::chat::{ChatError, ChatTemplate};
 use crate::engine::scheduler::{Scheduler, SchedulerConfig};
 use crate::engine::tokenizer::{Tokenizer, TokenizerError};
+use crate::engine::placement::{place, PlacementOptions};
 use crate::engine::{Model, ModelError};
 use crate::store::{sha256_file, Store, StoreError};
 
@@ -58,6 +59,8 @@ pub struct ServerConfig {
     pub default_max_tokens: usize,
     /// Answers the exact cache keeps in memory.
     pub memory_cache_entries: u64,
+    /// Which layers run on the CPU and which on the GPU (`--backend`, `--tensor-split`).
+    pub placement: PlacementOptions,
 }
 
 impl ServerConfig {
@@ -71,6 +74,7 @@ impl ServerConfig {
             scheduler: SchedulerConfig::default(),
             default_max_tokens: 256,
             memory_cache_entries: 10_000,
+            placement: PlacementOptions::default(),
         }
     }
 }
@@ -100,7 +104,7 @@ pub enum ServerError {
     Store(#[from] StoreError),
     #[error("tenants file {0}")]
     Tenants(#[from] TenantsError),
-    #[error("the CPU backend: {0}")]
+    #[error("the backend: {0}")]
     Backend(String),
     #[error("starting the engine thread: {0}")]
     Engine(std::io::Error),
@@ -148,13 +152,15 @@ impl ForgeState {
             return Err(ServerError::MissingModel(config.model.clone()));
         }
         let backend = Arc::new(CpuBackend::new(config.threads).map_err(|e| ServerError::Backend(e.to_string()))?);
-        let model = Model::load(&config.model, backend).map_err(|source| ServerError::Model { path: config.model.clone(), source })?;
+        let mut model = Model::load(&config.model, backend).map_err(|source| ServerError::Model { path: config.model.clone(), source })?;
+        let placement = place(&mut model, &config.placement).map_err(|e| ServerError::Backend(e.to_string()))?;
+        eprintln!("forge-cache: layers {placement}: {}", model.placement());
         let model_id = sha256_file(&config.model).map_err(|source| ServerError::ModelFile { path: config.model.clone(), source })?;
         let tokenizer = Arc::new(Tokenizer::from_gguf(&model.gguf)?);
         let template = ChatTemplate::from_gguf(&model.gguf)?;
         let model_name = config.model.file_stem().map_or_else(|| "model".into(), |s| s.to_string_lossy().into_owned());
         let context = model.config.n_ctx_train;
-        let backend = model.backend().name();
+        let backend = model.placement();
         let scheduler = Scheduler::start(Arc::new(model), tokenizer.clone(), config.scheduler).map_err(ServerError::Engine)?;
         Ok(ForgeState {
             model_name,

@@ -26,7 +26,8 @@ pub const MAX_HEAD_DIM: usize = 256;
 pub struct WgpuOptions {
     /// Accept a software adapter (llvmpipe / lavapipe) when no hardware one exists. Tests set it.
     pub allow_software: bool,
-    /// Threads per matmul row (1, 2, 4, ..., 256); `None`: 32 on GPUs, 1 on software adapters.
+    /// Threads per matmul row (1, 2, 4, ..., 256); `None`: `$FORGE_WGPU_MATMUL_LANES` if set, else
+    /// 32 on GPUs, 1 on software adapters.
     /// It fixes the reduction order, so results are bitwise stable for one setting only.
     pub matmul_lanes: Option<u32>,
 }
@@ -162,7 +163,8 @@ impl WgpuContext {
 
     fn with_adapter(adapter: wgpu::Adapter, opts: WgpuOptions) -> Result<Arc<WgpuContext>, WgpuError> {
         let info = adapter.get_info();
-        let lanes = opts.matmul_lanes.unwrap_or(if info.device_type == wgpu::DeviceType::Cpu { 1 } else { 32 });
+        let env_lanes = std::env::var("FORGE_WGPU_MATMUL_LANES").ok().and_then(|v| v.parse().ok());
+        let lanes = opts.matmul_lanes.or(env_lanes).unwrap_or(if info.device_type == wgpu::DeviceType::Cpu { 1 } else { 32 });
         if !lanes.is_power_of_two() || lanes > WG {
             return Err(WgpuError::Unsupported(format!("{lanes} matmul lanes (a power of two up to {WG})")));
         }
@@ -434,10 +436,19 @@ fn build_kernels(device: &wgpu::Device, lanes: u32) -> Result<Kernels, WgpuError
 
 fn kernel(device: &wgpu::Device, name: &str, src: &str, binds: &[B]) -> Result<Kernel, WgpuError> {
     let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
-    let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
-        label: Some(name),
-        source: wgpu::ShaderSource::Wgsl(src.into()),
-    });
+    let desc = wgpu::ShaderModuleDescriptor { label: Some(name), source: wgpu::ShaderSource::Wgsl(src.into()) };
+    let module = if std::env::var_os("FORGE_WGPU_SHADER_CHECKS").is_some_and(|v| v != "0") {
+        device.create_shader_module(desc)
+    } else {
+        let mut checks = wgpu::ShaderRuntimeChecks::checked();
+        checks.bounds_checks = false;
+        // SAFETY: only naga's injected index clamps are dropped (the Vulkan / Metal / DX12 robust
+        // buffer access of the platform stays on, as does loop bounding). Every index in these
+        // kernels is derived from parameters the host validated against the buffer sizes, and
+        // every kernel is tested against the CPU reference on each adapter. The clamps cost ALU
+        // on every storage access of the matmul inner loops. FORGE_WGPU_SHADER_CHECKS=1 restores them.
+        unsafe { device.create_shader_module_trusted(desc, checks) }
+    };
     let entries: Vec<wgpu::BindGroupLayoutEntry> = binds
         .iter()
         .enumerate()

@@ -93,6 +93,16 @@ struct LayerDispatches {
     post: Vec<Dispatch>,
 }
 
+/// The output norm and projection on the GPU (when the stack ends with the model's last layer).
+struct GpuHead {
+    /// [n_embd] f32
+    norm: wgpu::Buffer,
+    out: GpuMatrix,
+}
+
+/// Logit rows per read-back of [`GpuLayers::forward_logits`] (more are done in several rounds).
+pub const HEAD_ROWS: usize = 64;
+
 pub struct GpuLayers {
     id: u64,
     pub(crate) ctx: Arc<WgpuContext>,
@@ -103,6 +113,22 @@ pub struct GpuLayers {
     /// [n_pos, head_dim / 2, 2] RoPE (cos, sin) table
     rope: wgpu::Buffer,
     n_pos: usize,
+    head: Option<GpuHead>,
+}
+
+/// The head's buffers and bind groups in a [`GpuActivations`].
+struct HeadActs {
+    /// [HEAD_ROWS, n_embd] gathered rows, then normalized rows
+    hx: wgpu::Buffer,
+    _hn: wgpu::Buffer,
+    /// [HEAD_ROWS, vocab]
+    logits: wgpu::Buffer,
+    staging: wgpu::Buffer,
+    rows: usize,
+    norm: Dispatch,
+    out: Dispatch,
+    /// parameter slots of the two dispatches
+    slots: [usize; 2],
 }
 
 /// Activation buffers and bind groups for steps of up to `max_tokens` tokens (one per run state).
@@ -127,9 +153,12 @@ pub struct GpuActivations {
     _other: Vec<wgpu::Buffer>,
     /// distinct token-wide steps; slot i of `params` holds the parameters of `slots[i]`
     slots: Vec<Step>,
+    /// slots before the per-sequence ones: `slots`, then the head's two
+    n_fixed: usize,
     layers: Vec<LayerDispatches>,
     /// parameter words of a step, reused (no allocation per step)
     words: Vec<u32>,
+    head: Option<HeadActs>,
 }
 
 /// One sequence's part of a step: its KV cache and its tokens, which are `n_tok` consecutive rows
@@ -167,7 +196,25 @@ impl GpuLayers {
         }
         let rope = ctx.storage_init("rope", bytemuck::cast_slice(&rope_table(n_pos, c.head_dim, c.rope_dims, c.rope_base)))?;
         ctx.check()?;
-        Ok(GpuLayers { id: next_id(), ctx, config: c, layers, kv, gpu, rope, n_pos })
+        Ok(GpuLayers { id: next_id(), ctx, config: c, layers, kv, gpu, rope, n_pos, head: None })
+    }
+
+    /// Also uploads the output norm and projection, so that [`forward_logits`](Self::forward_logits)
+    /// can return logits instead of the hidden state. Only for a stack that ends with the last layer.
+    pub fn with_head(mut self, model: &Model) -> Result<GpuLayers, WgpuError> {
+        if self.layers.end != self.config.n_layer {
+            return Err(WgpuError::Unsupported(format!("an output head after layers {:?} of {}", self.layers, self.config.n_layer)));
+        }
+        let norm = self.ctx.storage_init("output_norm", bytemuck::cast_slice(&model.weights.output_norm))?;
+        let out = upload_rows(&self.ctx, model, &[&model.weights.output], "output")?.remove(0);
+        self.head = Some(GpuHead { norm, out });
+        self.ctx.check()?;
+        Ok(self)
+    }
+
+    /// Whether logits come from the GPU ([`with_head`](Self::with_head)).
+    pub fn has_head(&self) -> bool {
+        self.head.is_some()
     }
 
     pub fn layers(&self) -> Range<usize> {
@@ -241,9 +288,12 @@ impl GpuLayers {
             }
         }
         let slot_stride = ctx.uniform_align.max(PARAM_WINDOW);
+        // token-wide steps, the head's two, then one per sequence
+        let head_slots = [slots.len(), slots.len() + 1];
+        let n_fixed = slots.len() + 2;
         let params = ctx.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("layer params"),
-            size: slot_stride * (slots.len() + max_tokens) as u64,
+            size: slot_stride * (n_fixed + max_tokens) as u64,
             usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
@@ -260,7 +310,32 @@ impl GpuLayers {
             }
             layers.push(ld);
         }
-        let words = vec![0u32; (slot_stride / 4) as usize * (slots.len() + max_tokens)];
+        let words = vec![0u32; (slot_stride / 4) as usize * (n_fixed + max_tokens)];
+        let head = match &self.head {
+            None => None,
+            Some(h) => {
+                let rows = max_tokens.min(HEAD_ROWS);
+                let hx = ctx.storage("head x", f32s(rows * e))?;
+                let hn = ctx.storage("head xn", f32s(rows * e))?;
+                let logits = ctx.storage("logits", f32s(rows * h.out.rows))?;
+                let staging = ctx.staging("logits staging", f32s(rows * h.out.rows));
+                let win = |slot: usize| (&params, slot as u64 * slot_stride, Some(PARAM_WINDOW));
+                let norm_bind = ctx.bind(&kern.rmsnorm, &[win(head_slots[0]), (&hx, 0, None), (&h.norm, 0, None), (&hn, 0, None)]);
+                let mmk = kern.matmul.get(&h.out.ty).ok_or_else(|| WgpuError::Unsupported(h.out.ty.name().into()))?;
+                let out_bind = ctx.bind(mmk, &[win(head_slots[1]), (&h.out.buf, 0, None), (&hn, 0, None), (&logits, 0, None)]);
+                let step = |rows: usize| Step::MatMul { rows, cols: h.out.cols, row_bytes: h.out.row_bytes, y_stride: h.out.rows, y_off: 0, accumulate: false };
+                Some(HeadActs {
+                    norm: Dispatch { pipeline: kern.rmsnorm.pipeline.clone(), bind: norm_bind, step: Step::RmsNorm { dim: e, eps: c.rms_eps }, label: "output norm" },
+                    out: Dispatch { pipeline: mmk.pipeline.clone(), bind: out_bind, step: step(h.out.rows), label: "output" },
+                    hx,
+                    _hn: hn,
+                    logits,
+                    staging,
+                    rows,
+                    slots: head_slots,
+                })
+            }
+        };
         ctx.check()?;
         Ok(GpuActivations {
             id: next_id(),
@@ -275,8 +350,10 @@ impl GpuLayers {
             att,
             _other: vec![xn, gu, act],
             slots,
+            n_fixed,
             layers,
             words,
+            head,
         })
     }
 
@@ -284,7 +361,26 @@ impl GpuLayers {
     /// step's tokens are the sequences' tokens in order; `positions` holds each token's position
     /// (for sequence s: `s.start, s.start + 1, ...`). Keys and values go into each sequence's cache.
     pub fn forward(&self, act: &mut GpuActivations, hidden: &mut [f32], positions: &[u32], seqs: &mut [SeqSpan<'_>]) -> Result<(), WgpuError> {
-        self.step(act, hidden, positions, seqs, false).map(|_| ())
+        self.step(act, hidden, positions, seqs, false, None).map(|_| ())
+    }
+
+    /// [`forward`](Self::forward), then the output norm and projection on the GPU for the step
+    /// rows `rows` (indices into the step's tokens): `logits` [rows.len(), vocab] in that order.
+    /// `hidden` is not read back. Needs [`with_head`](Self::with_head).
+    pub fn forward_logits(
+        &self,
+        act: &mut GpuActivations,
+        hidden: &mut [f32],
+        positions: &[u32],
+        seqs: &mut [SeqSpan<'_>],
+        rows: &[u32],
+        logits: &mut [f32],
+    ) -> Result<(), WgpuError> {
+        let Some(h) = &self.head else { return Err(WgpuError::Unsupported("logits without an output head".into())) };
+        if logits.len() != rows.len() * h.out.rows || rows.iter().any(|&r| r as usize >= positions.len()) {
+            return Err(WgpuError::BadShape { got: logits.len(), expected: rows.len() * h.out.rows });
+        }
+        self.step(act, hidden, positions, seqs, false, Some((rows, logits))).map(|_| ())
     }
 
     /// [`forward`](Self::forward) with each dispatch in its own compute pass between GPU
@@ -297,7 +393,7 @@ impl GpuLayers {
         positions: &[u32],
         seqs: &mut [SeqSpan<'_>],
     ) -> Result<Option<Vec<(&'static str, f64)>>, WgpuError> {
-        self.step(act, hidden, positions, seqs, self.ctx.timestamps)
+        self.step(act, hidden, positions, seqs, self.ctx.timestamps, None)
     }
 
     fn check_step(&self, act: &GpuActivations, hidden: &[f32], positions: &[u32], seqs: &mut [SeqSpan<'_>]) -> Result<(), WgpuError> {
@@ -337,6 +433,7 @@ impl GpuLayers {
         positions: &[u32],
         seqs: &mut [SeqSpan<'_>],
         profile: bool,
+        head: Option<(&[u32], &mut [f32])>,
     ) -> Result<Option<Vec<(&'static str, f64)>>, WgpuError> {
         self.check_step(act, hidden, positions, seqs)?;
         let n = positions.len();
@@ -350,7 +447,7 @@ impl GpuLayers {
         ctx.queue.write_buffer(&act.x, 0, bytemuck::cast_slice(hidden));
         ctx.queue.write_buffer(&act.pos, 0, bytemuck::cast_slice(positions));
         let stride = (act.slot_stride / 4) as usize;
-        let n_wide = act.slots.len();
+        let n_wide = act.n_fixed;
         for (slot, step) in act.slots.iter().enumerate() {
             let p = self.params_of(*step, n);
             act.words[slot * stride..slot * stride + 8].copy_from_slice(&p);
@@ -387,6 +484,9 @@ impl GpuLayers {
             let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("layers"), timestamp_writes: None });
             self.record(act, seqs, n, |_, pipeline, bind, offset, grid| dispatch(&mut pass, pipeline, bind, offset, grid));
         }
+        if let Some((rows, logits)) = head {
+            return self.head_rounds(act, enc, rows, logits);
+        }
         ctx.submit_and_read(enc, &act.x, 0, &act.staging, hidden)?;
         let Some(qs) = queries else { return Ok(None) };
 
@@ -413,6 +513,47 @@ impl GpuLayers {
         Ok(Some(out))
     }
 
+    /// The output head over the step's final residual stream, `HEAD_ROWS` rows per round: the
+    /// rows are gathered by buffer copies, normalized, projected, read back. The first round
+    /// rides in `enc`, the command buffer of the layers.
+    fn head_rounds(
+        &self,
+        act: &mut GpuActivations,
+        enc: wgpu::CommandEncoder,
+        rows: &[u32],
+        logits: &mut [f32],
+    ) -> Result<Option<Vec<(&'static str, f64)>>, WgpuError> {
+        let ctx = &self.ctx;
+        let e = self.config.n_embd;
+        let Some(h) = &act.head else { return Err(WgpuError::Unsupported("no head activations".into())) };
+        if rows.is_empty() {
+            ctx.queue.submit([enc.finish()]);
+            return ctx.check().map(|_| None);
+        }
+        let v = logits.len() / rows.len().max(1);
+        let mut first = Some(enc);
+        for (ci, chunk) in rows.chunks(h.rows).enumerate() {
+            let mut enc = first.take().unwrap_or_else(|| ctx.encoder());
+            let k = chunk.len();
+            for (step, slot) in [(h.norm.step, h.slots[0]), (h.out.step, h.slots[1])] {
+                let p = self.params_of(step, k);
+                ctx.queue.write_buffer(&act.params, slot as u64 * act.slot_stride, bytemuck::cast_slice(&p));
+            }
+            let row_bytes = (e * 4) as u64;
+            for (i, &r) in chunk.iter().enumerate() {
+                enc.copy_buffer_to_buffer(&act.x, r as u64 * row_bytes, &h.hx, i as u64 * row_bytes, row_bytes);
+            }
+            {
+                let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("head"), timestamp_writes: None });
+                dispatch(&mut pass, &h.norm.pipeline, &h.norm.bind, None, self.grid_of(h.norm.step, k));
+                dispatch(&mut pass, &h.out.pipeline, &h.out.bind, None, self.grid_of(h.out.step, k));
+            }
+            let off = ci * h.rows * v;
+            ctx.submit_and_read(enc, &h.logits, 0, &h.staging, &mut logits[off..off + k * v])?;
+        }
+        Ok(None)
+    }
+
     /// Hands every dispatch of a step to `emit` in order: (label, pipeline, bind group, dynamic
     /// parameter offset, grid).
     fn record<'a>(
@@ -424,7 +565,7 @@ impl GpuLayers {
     ) {
         let c = &self.config;
         let k = &self.ctx.kernels;
-        let seq_offset = |i: usize| ((act.slots.len() + i) as u64 * act.slot_stride) as u32;
+        let seq_offset = |i: usize| ((act.n_fixed + i) as u64 * act.slot_stride) as u32;
         for (li, ld) in act.layers.iter().enumerate() {
             for d in &ld.pre {
                 emit(d.label, &d.pipeline, &d.bind, None, self.grid_of(d.step, n));

@@ -163,7 +163,46 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec
             o2 = o2 * corr;
             o3 = o3 * corr;
             let vb = (kv0 + start) * hd + 2u * lane;
-            for (var jj = 0u; jj < nk; jj++) {
+            // Four keys at a time so that their loads issue together; the additions keep key order.
+            var jj = 0u;
+            for (; jj + 4u <= nk; jj += 4u) {
+                let e0 = exp(sc[sb + jj] - m_new);
+                let e1 = exp(sc[sb + jj + 1u] - m_new);
+                let e2 = exp(sc[sb + jj + 2u] - m_new);
+                let e3 = exp(sc[sb + jj + 3u] - m_new);
+                l = l + e0;
+                l = l + e1;
+                l = l + e2;
+                l = l + e3;
+                let r = vb + jj * hd;
+                let a0 = v_pair(r);
+                let a1 = v_pair(r + hd);
+                let a2 = v_pair(r + 2u * hd);
+                let a3 = v_pair(r + 3u * hd);
+                o0 = fma(vec2<f32>(e3), a3, fma(vec2<f32>(e2), a2, fma(vec2<f32>(e1), a1, fma(vec2<f32>(e0), a0, o0))));
+                if (has1) {
+                    let b0 = v_pair(r + 64u);
+                    let b1 = v_pair(r + hd + 64u);
+                    let b2 = v_pair(r + 2u * hd + 64u);
+                    let b3 = v_pair(r + 3u * hd + 64u);
+                    o1 = fma(vec2<f32>(e3), b3, fma(vec2<f32>(e2), b2, fma(vec2<f32>(e1), b1, fma(vec2<f32>(e0), b0, o1))));
+                }
+                if (has2) {
+                    let c0 = v_pair(r + 128u);
+                    let c1 = v_pair(r + hd + 128u);
+                    let c2 = v_pair(r + 2u * hd + 128u);
+                    let c3 = v_pair(r + 3u * hd + 128u);
+                    o2 = fma(vec2<f32>(e3), c3, fma(vec2<f32>(e2), c2, fma(vec2<f32>(e1), c1, fma(vec2<f32>(e0), c0, o2))));
+                }
+                if (has3) {
+                    let d0 = v_pair(r + 192u);
+                    let d1 = v_pair(r + hd + 192u);
+                    let d2 = v_pair(r + 2u * hd + 192u);
+                    let d3 = v_pair(r + 3u * hd + 192u);
+                    o3 = fma(vec2<f32>(e3), d3, fma(vec2<f32>(e2), d2, fma(vec2<f32>(e1), d1, fma(vec2<f32>(e0), d0, o3))));
+                }
+            }
+            for (; jj < nk; jj++) {
                 let e = exp(sc[sb + jj] - m_new);
                 l = l + e;
                 let r = vb + jj * hd;
