@@ -46,7 +46,6 @@ fn check_backend(backend: Arc<dyn Backend>, n: usize) {
 
 fn check_model(model: &Model, n: usize) {
     let name = model.placement();
-    let model = model;
     let rec = &common::jsonl("smollm2_greedy.jsonl")[13]; // the ~200-token SQuAD context
     let mut seq = common::ids(&rec["prompt_tokens"]);
     seq.extend(common::ids(&rec["greedy_tokens"]));

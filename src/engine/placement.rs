@@ -8,9 +8,10 @@
 //! Without `--tensor-split`, `--backend split` chooses: the wgpu adapter ([`WgpuContext::new`]:
 //! integrated GPU first, then discrete; software adapters only when allowed) gets the last layers
 //! that fit its memory budget, provided a short calibration (one decode token through one layer on
-//! each tier) finds the GPU faster per layer. Layers run one tier after the other, so the step
-//! time is `N_cpu · t_cpu + N_gpu · t_gpu` and every layer belongs on the faster tier unless
-//! memory says otherwise. No adapter means all layers on the CPU, never an error.
+//! the CPU and through 1- and 3-layer stacks on the GPU) finds the whole model faster there. Layers
+//! run one tier after the other, so the step time is `N_cpu · t_cpu + c_gpu + N_gpu · t_gpu`
+//! (c_gpu: the GPU's fixed cost per step) and every layer belongs on the faster tier unless memory
+//! says otherwise. No adapter means all layers on the CPU, never an error.
 
 use std::fmt;
 use std::ops::Range;
@@ -140,6 +141,8 @@ pub struct PlacementOptions {
 pub struct Calibration {
     pub cpu_ms: f64,
     pub gpu_ms: f64,
+    /// Fixed GPU cost per step (submit, read-back), whatever the number of layers.
+    pub gpu_overhead_ms: f64,
 }
 
 /// What [`place`] did.
@@ -204,21 +207,21 @@ fn auto_split(model: &Model, ctx: &Arc<WgpuContext>) -> Result<(Range<usize>, St
     let n_layer = c.n_layer;
     let cal = calibrate(model, ctx)?;
     let name = &ctx.adapter().name;
-    if cal.gpu_ms >= cal.cpu_ms {
-        let why = format!("auto: {name} {:.3} ms/layer vs CPU {:.3} ms/layer per decode token, the CPU is faster", cal.gpu_ms, cal.cpu_ms);
-        return Ok((0..0, why));
+    // All layers on one tier or the other: the GPU pays its step overhead once.
+    let (cpu_all, gpu_all) = (n_layer as f64 * cal.cpu_ms, cal.gpu_overhead_ms + n_layer as f64 * cal.gpu_ms);
+    let timing = format!(
+        "{name} {:.3} ms/layer + {:.3} ms/step vs CPU {:.3} ms/layer per decode token",
+        cal.gpu_ms, cal.gpu_overhead_ms, cal.cpu_ms
+    );
+    if gpu_all >= cpu_all {
+        return Ok((0..0, format!("auto: {timing}, the CPU is faster")));
     }
     let per_layer = layer_bytes(model) + kv_bytes_per_layer(model, c.n_ctx_train.min(4096));
     let (fit, budget) = match memory_budget(ctx) {
         Some(b) => (((b / per_layer.max(1)) as usize).min(n_layer), format!("{:.1} GiB budget", b as f64 / (1u64 << 30) as f64)),
         None => (n_layer, "memory not reported, all layers assumed to fit".to_string()),
     };
-    let why = format!(
-        "auto: {name} {:.3} ms/layer vs CPU {:.3} ms/layer per decode token; {budget}, {:.0} MiB per layer with KV",
-        cal.gpu_ms,
-        cal.cpu_ms,
-        per_layer as f64 / (1 << 20) as f64
-    );
+    let why = format!("auto: {timing}; {budget}, {:.0} MiB per layer with KV", per_layer as f64 / (1 << 20) as f64);
     Ok((n_layer - fit..n_layer, why))
 }
 
@@ -251,12 +254,13 @@ fn memory_budget(ctx: &WgpuContext) -> Option<u64> {
     hw.gpus.iter().find(|g| g.vendor_id.map(u32::from) == Some(a.vendor)).and_then(|g| g.vram_total_bytes).map(|v| v / 10 * 9)
 }
 
-/// Times one decode token through layer 0 on the model's CPU backend and on the GPU (best of 5
-/// after a warm-up), at a context of 64 positions.
+/// Times one decode token (best of 5 after a warm-up, at a context of 64 positions) through
+/// layer 0 on the model's CPU backend, and on the GPU through stacks of 1 and 3 layers: a GPU
+/// step has a fixed cost (submit, read-back) that a per-layer figure must not include, so the
+/// GPU's per-layer time is (t3 - t1) / 2 and its step overhead t1 - per-layer.
 pub fn calibrate(model: &Model, ctx: &Arc<WgpuContext>) -> Result<Calibration, PlacementError> {
     const DEPTH: usize = 64;
     const REPS: usize = 5;
-    let e = model.config.n_embd;
     // CPU: layer 0 alone on a fresh cache filled to DEPTH.
     let mut state = model.new_state(DEPTH);
     let mut kv = super::KvCache::new(&model.config, DEPTH + REPS + 2);
@@ -274,23 +278,37 @@ pub fn calibrate(model: &Model, ctx: &Arc<WgpuContext>) -> Result<Calibration, P
             cpu_ms = cpu_ms.min(t.elapsed().as_secs_f64() * 1e3);
         }
     }
-    // GPU: the same layer uploaded alone.
-    let stack = GpuLayers::new(ctx.clone(), model, 0..1, DEPTH + REPS + 2, KvPrecision::F16)?;
-    let mut act = stack.activations(DEPTH)?;
-    let mut gkv = stack.new_kv(DEPTH + REPS + 2)?;
-    let mut hidden = vec![0.01f32; DEPTH * e];
-    let pos: Vec<u32> = (0..(DEPTH + REPS + 1) as u32).collect();
-    stack.forward(&mut act, &mut hidden, &pos[..DEPTH], &mut [SeqSpan { kv: &mut gkv, start: 0, n_tok: DEPTH }])?;
-    let mut gpu_ms = f64::MAX;
-    for i in 0..=REPS {
+    let n = model.config.n_layer.min(3);
+    let t1 = gpu_step_ms(model, ctx, 1, DEPTH, REPS)?;
+    let (gpu_ms, overhead_ms) = if n > 1 {
+        let tn = gpu_step_ms(model, ctx, n, DEPTH, REPS)?;
+        let per = ((tn - t1) / (n - 1) as f64).max(1e-3);
+        (per, (t1 - per).max(0.0))
+    } else {
+        (t1, 0.0)
+    };
+    Ok(Calibration { cpu_ms, gpu_ms, gpu_overhead_ms: overhead_ms })
+}
+
+/// Best time of one decode token through a GPU stack of layers 0..n.
+fn gpu_step_ms(model: &Model, ctx: &Arc<WgpuContext>, n: usize, depth: usize, reps: usize) -> Result<f64, PlacementError> {
+    let e = model.config.n_embd;
+    let stack = GpuLayers::new(ctx.clone(), model, 0..n, depth + reps + 2, KvPrecision::F16)?;
+    let mut act = stack.activations(depth)?;
+    let mut gkv = stack.new_kv(depth + reps + 2)?;
+    let mut hidden = vec![0.01f32; depth * e];
+    let pos: Vec<u32> = (0..(depth + reps + 1) as u32).collect();
+    stack.forward(&mut act, &mut hidden, &pos[..depth], &mut [SeqSpan { kv: &mut gkv, start: 0, n_tok: depth }])?;
+    let mut best = f64::MAX;
+    for i in 0..=reps {
         let t = Instant::now();
         let mut one = vec![0.01f32; e];
-        stack.forward(&mut act, &mut one, &pos[DEPTH + i..DEPTH + i + 1], &mut [SeqSpan { kv: &mut gkv, start: DEPTH + i, n_tok: 1 }])?;
+        stack.forward(&mut act, &mut one, &pos[depth + i..depth + i + 1], &mut [SeqSpan { kv: &mut gkv, start: depth + i, n_tok: 1 }])?;
         if i > 0 {
-            gpu_ms = gpu_ms.min(t.elapsed().as_secs_f64() * 1e3);
+            best = best.min(t.elapsed().as_secs_f64() * 1e3);
         }
     }
-    Ok(Calibration { cpu_ms, gpu_ms })
+    Ok(best)
 }
 
 #[cfg(test)]

@@ -527,7 +527,10 @@ impl GpuLayers {
         let e = self.config.n_embd;
         let Some(h) = &act.head else { return Err(WgpuError::Unsupported("no head activations".into())) };
         if rows.is_empty() {
+            // No logits wanted (a prefill chunk): still return only once the step is done, as
+            // every other step does, so that a caller's timer or error check sees this step.
             ctx.queue.submit([enc.finish()]);
+            ctx.device.poll(wgpu::PollType::wait_indefinitely()).map_err(|e| WgpuError::Gpu(e.to_string()))?;
             return ctx.check().map(|_| None);
         }
         let v = logits.len() / rows.len().max(1);
