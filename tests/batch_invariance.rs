@@ -1,13 +1,18 @@
 //! Batch invariance, a product guarantee: a token's logits and KV are bitwise identical whether
 //! it is computed alone in decode, inside a prefill batch (any chunking), next to another
 //! sequence in the same forward call, or after its prefix KV was computed elsewhere and reused.
-//! Run on every CPU kernel level this machine has (scalar reference, then SIMD).
+//! Run on every CPU kernel level this machine has (scalar reference, then SIMD), and on the wgpu
+//! tier: every layer on the GPU, and a split with layers on both (software adapters allowed, so
+//! this runs on lavapipe in CI; skipped with a message when there is no adapter).
 
 mod common;
 
 use std::sync::Arc;
 
+use forge_cache::backend::cpu::CpuBackend;
+use forge_cache::backend::wgpu::{WgpuContext, WgpuOptions};
 use forge_cache::backend::Backend;
+use forge_cache::engine::placement::{place, BackendChoice, PlacementOptions};
 use forge_cache::engine::{KvCache, Logits, Model, SeqBatch};
 
 fn bits(v: &[f32]) -> Vec<u32> {
@@ -35,8 +40,12 @@ fn logits_in_chunks(model: &Model, tokens: &[u32], chunks: &[usize]) -> (Vec<Vec
 }
 
 fn check_backend(backend: Arc<dyn Backend>, n: usize) {
-    let name = backend.name();
     let model = Model::load(common::smollm2_path(), backend).expect("load");
+    check_model(&model, n);
+}
+
+fn check_model(model: &Model, n: usize) {
+    let name = model.placement();
     let rec = &common::jsonl("smollm2_greedy.jsonl")[13]; // the ~200-token SQuAD context
     let mut seq = common::ids(&rec["prompt_tokens"]);
     seq.extend(common::ids(&rec["greedy_tokens"]));
@@ -88,5 +97,19 @@ fn logits_and_kv_are_bitwise_batch_invariant_on_every_cpu_level() {
     for (i, b) in common::cpu_backends(2).into_iter().enumerate() {
         // The scalar reference is slow: a shorter sequence keeps the test quick.
         check_backend(b, if i == 0 { 48 } else { 120 });
+    }
+}
+
+#[test]
+fn logits_are_bitwise_batch_invariant_on_wgpu_and_split() {
+    if let Err(e) = WgpuContext::new(WgpuOptions { allow_software: true, matmul_lanes: None }) {
+        return eprintln!("skipped: {e}");
+    }
+    for (backend, split) in [(BackendChoice::Wgpu, None), (BackendChoice::Split, Some("cpu:13,igpu:17"))] {
+        let mut model = Model::load(common::smollm2_path(), Arc::new(CpuBackend::new(0).expect("pool"))).expect("load");
+        let opts = PlacementOptions { backend, split: split.map(|s| s.parse().expect("split")), allow_software: true };
+        place(&mut model, &opts).expect("place");
+        // lavapipe is slow: a short sequence still crosses chunk and attention-tile edges.
+        check_model(&model, 40);
     }
 }

@@ -1,5 +1,6 @@
 //! `forge-cache bench`: a llama-bench-like table (pp128, pp512, tg128, tg128@d1024) for the CPU
-//! backend. `--json` prints a list of rows `{test, threads, backend, tokens_per_s}`.
+//! backend, the wgpu tier or a split of the two (`--backend`, `--tensor-split`). `--json` prints a
+//! list of rows `{test, threads, backend, tokens_per_s}`.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -9,7 +10,10 @@ use clap::Args;
 
 use forge_cache::backend::cpu::CpuBackend;
 use forge_cache::engine::bench::{bench, BenchTest};
+use forge_cache::engine::placement::place;
 use forge_cache::engine::Model;
+
+use super::BackendArg;
 
 #[derive(Debug, Args)]
 pub struct BenchArgs {
@@ -32,6 +36,8 @@ pub struct BenchArgs {
     /// Print a JSON list of rows instead of a table.
     #[arg(long)]
     pub json: bool,
+    #[command(flatten)]
+    pub backend: super::BackendArgs,
 }
 
 #[derive(serde::Serialize)]
@@ -50,7 +56,14 @@ pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
     let cpu = Arc::new(CpuBackend::new(a.threads)?);
     let (threads, backend_name) = (cpu.threads(), format!("cpu-{}", cpu.simd().name()));
     let cpu_ref = cpu.clone();
-    let model = Model::load(&path, cpu).with_context(|| format!("loading {}", path.display()))?;
+    let mut model = Model::load(&path, cpu).with_context(|| format!("loading {}", path.display()))?;
+    let placement = place(&mut model, &a.backend.options()?)?;
+    eprintln!("forge-cache: layers {placement}: {}", model.placement());
+    let backend_name = match (a.backend.backend, model.gpu_layers()) {
+        (_, None) => backend_name,
+        (BackendArg::Wgpu, Some(_)) => "wgpu".to_string(),
+        (_, Some(_)) => format!("split {}", placement.to_string().split(' ').next().unwrap_or_default()),
+    };
     let model_name = path.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
     if !a.json {
         println!("| model | backend | threads | test | t/s |");
@@ -92,7 +105,7 @@ pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
             .collect();
         println!("{}", serde_json::to_string(&rows)?);
     } else {
-        eprintln!("{}", model.backend().name());
+        eprintln!("{}", model.placement());
     }
     Ok(())
 }

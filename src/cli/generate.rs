@@ -16,6 +16,7 @@ use clap::{Args, ValueEnum};
 use forge_cache::backend::cpu::CpuBackend;
 use forge_cache::engine::chat::{ChatTemplate, Message};
 use forge_cache::engine::generate::{generate, GenerateParams};
+use forge_cache::engine::placement::place;
 use forge_cache::engine::sampler::SamplingParams;
 use forge_cache::engine::tokenizer::{StreamDecoder, Tokenizer};
 use forge_cache::engine::Model;
@@ -74,6 +75,8 @@ pub struct GenerateArgs {
     /// Stop before this string (repeatable; with --server).
     #[arg(long, requires = "server")]
     pub stop: Vec<String>,
+    #[command(flatten)]
+    pub backend: super::BackendArgs,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -130,6 +133,9 @@ struct JsonOut<'a> {
 
 pub fn run(a: &GenerateArgs) -> anyhow::Result<()> {
     if let Some(url) = &a.server {
+        if a.backend.backend != super::BackendArg::Cpu || a.backend.tensor_split.is_some() {
+            bail!("--backend and --tensor-split choose where the model runs here; a service (--server) has its own");
+        }
         return super::runtime()?.block_on(remote(a, url));
     }
     if a.cache_mode != CacheModeArg::Auto {
@@ -148,7 +154,9 @@ pub fn run(a: &GenerateArgs) -> anyhow::Result<()> {
         bail!(forge_cache::models::missing_hint(&path));
     }
     let backend = Arc::new(CpuBackend::new(a.threads)?);
-    let model = Model::load(&path, backend).with_context(|| format!("loading {}", path.display()))?;
+    let mut model = Model::load(&path, backend).with_context(|| format!("loading {}", path.display()))?;
+    let placement = place(&mut model, &a.backend.options()?)?;
+    eprintln!("forge-cache: layers {placement}");
     let tok = Tokenizer::from_gguf(&model.gguf)?;
     let template = ChatTemplate::from_gguf(&model.gguf)?;
 
@@ -203,7 +211,7 @@ pub fn run(a: &GenerateArgs) -> anyhow::Result<()> {
             gen.tokens.len(),
             gen.decode_tok_s(),
             gen.stop,
-            model.backend().name()
+            model.placement()
         );
     }
     Ok(())

@@ -1,22 +1,63 @@
 //! `forge-cache hardware [--json]`: what `backend::hardware::detect` sees on this machine, as a
-//! short aligned table or as one JSON object.
+//! short aligned table or as one JSON object, plus the wgpu adapter the GPU tier would use and
+//! the layer split `--backend split` would choose for the model (`--model`, default SmolLM2).
+
+use std::path::PathBuf;
+use std::sync::Arc;
 
 use clap::Args;
+use forge_cache::backend::cpu::CpuBackend;
 use forge_cache::backend::hardware::{self, GpuInfo, GpuKind, HardwareInfo};
+use forge_cache::backend::wgpu::{WgpuContext, WgpuOptions};
+use forge_cache::engine::placement::{place, BackendChoice, PlacementOptions};
+use forge_cache::engine::Model;
 
 #[derive(Debug, Args)]
 pub struct HardwareArgs {
     /// Print the detected hardware as one JSON object instead of a table.
     #[arg(long)]
     pub json: bool,
+    /// Accept a software GPU adapter (lavapipe / llvmpipe) for the wgpu tier.
+    #[arg(long)]
+    pub igpu_allow_software: bool,
+    /// The model whose automatic layer split is shown (default: SmolLM2 when present).
+    #[arg(long)]
+    pub model: Option<PathBuf>,
 }
 
 pub fn run(args: &HardwareArgs) -> anyhow::Result<()> {
     let info = hardware::detect();
+    let opts = WgpuOptions { allow_software: args.igpu_allow_software, matmul_lanes: None };
+    let wgpu = match WgpuContext::new(opts) {
+        Ok(c) => {
+            let a = c.adapter();
+            format!("{} ({}, {}, {})", a.name, a.device_type, a.backend, a.driver)
+        }
+        Err(e) => format!("none: {e}"),
+    };
+    let path = args.model.clone().unwrap_or_else(forge_cache::models::default_llm);
+    let split = if path.is_file() {
+        let mut model = Model::load(&path, Arc::new(CpuBackend::new(0)?))?;
+        let o = PlacementOptions { backend: BackendChoice::Split, split: None, allow_software: args.igpu_allow_software };
+        let name = path.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
+        match place(&mut model, &o) {
+            Ok(p) => format!("{name}: {p}"),
+            Err(e) => format!("{name}: {e}"),
+        }
+    } else {
+        format!("no model at {}", path.display())
+    };
     if args.json {
-        println!("{}", serde_json::to_string(&info)?);
+        let mut v = serde_json::to_value(&info)?;
+        if let Some(o) = v.as_object_mut() {
+            o.insert("wgpu_adapter".into(), wgpu.into());
+            o.insert("split".into(), split.into());
+        }
+        println!("{}", serde_json::to_string(&v)?);
     } else {
         print!("{}", render(&info));
+        println!("wgpu    {wgpu}");
+        println!("split   {split}");
     }
     Ok(())
 }

@@ -12,7 +12,8 @@ mod sql;
 mod stats;
 mod synth_model;
 
-use clap::{Parser, Subcommand};
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use forge_cache::engine::placement::{BackendChoice, PlacementOptions};
 
 /// Where `serve` listens and the clients connect by default.
 pub const DEFAULT_ADDR: &str = "127.0.0.1:50051";
@@ -68,6 +69,42 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
     }
 }
 
+/// `--backend`, `--tensor-split`, `--igpu-allow-software` (generate, serve, bench).
+#[derive(Debug, Clone, Args)]
+pub struct BackendArgs {
+    /// Where the layers run: cpu; wgpu (every layer on the GPU adapter: an integrated GPU first,
+    /// then a discrete one); split (some layers on each, see --tensor-split). Embedding, logits
+    /// and sampling stay on the CPU.
+    #[arg(long, value_enum, default_value_t = BackendArg::Cpu)]
+    pub backend: BackendArg,
+    /// Layers per tier in layer order for --backend split, e.g. cpu:10,igpu:20 (default: chosen
+    /// from the adapter's memory and a short calibration run). dgpu:K is for the HIP tier, not built yet.
+    #[arg(long)]
+    pub tensor_split: Option<String>,
+    /// Accept a software GPU adapter (lavapipe / llvmpipe) for the wgpu tier (tests use it).
+    #[arg(long)]
+    pub igpu_allow_software: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum BackendArg {
+    Cpu,
+    Wgpu,
+    Split,
+}
+
+impl BackendArgs {
+    pub fn options(&self) -> anyhow::Result<PlacementOptions> {
+        let backend = match self.backend {
+            BackendArg::Cpu => BackendChoice::Cpu,
+            BackendArg::Wgpu => BackendChoice::Wgpu,
+            BackendArg::Split => BackendChoice::Split,
+        };
+        let split = self.tensor_split.as_deref().map(str::parse).transpose()?;
+        Ok(PlacementOptions { backend, split, allow_software: self.igpu_allow_software })
+    }
+}
+
 /// The async runtime of the service and the clients: two workers are plenty (the model runs
 /// on its own thread and thread pool; SQLite on the bounded blocking pool).
 pub(crate) fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
@@ -110,9 +147,9 @@ mod tests {
     #[test]
     fn parses_hardware() {
         let cli = Cli::try_parse_from(["forge-cache", "hardware", "--json"]).expect("parses");
-        assert!(matches!(cli.command, Command::Hardware(hardware::HardwareArgs { json: true })));
+        assert!(matches!(cli.command, Command::Hardware(hardware::HardwareArgs { json: true, .. })));
         let cli = Cli::try_parse_from(["forge-cache", "hardware"]).expect("parses");
-        assert!(matches!(cli.command, Command::Hardware(hardware::HardwareArgs { json: false })));
+        assert!(matches!(cli.command, Command::Hardware(hardware::HardwareArgs { json: false, .. })));
         assert!(Cli::try_parse_from(["forge-cache", "hardware", "--bogus"]).is_err());
     }
 
@@ -127,6 +164,22 @@ mod tests {
     fn tables_align_and_cut() {
         let t = table(&["a".into(), "bb".into()], &[vec!["xxx".into(), "line\nbreak and more".into()]], 8);
         assert_eq!(t, "a    bb\nxxx  line⏎br…\n");
+    }
+
+    #[test]
+    fn parses_backend_flags() {
+        let cli = Cli::try_parse_from(["forge-cache", "bench", "--backend", "split", "--tensor-split", "cpu:10,igpu:20"]).expect("parses");
+        let Command::Bench(a) = cli.command else { panic!("not bench") };
+        let o = a.backend.options().expect("options");
+        assert_eq!(o.backend, BackendChoice::Split);
+        assert_eq!(o.split.expect("split").parts.len(), 2);
+        let cli = Cli::try_parse_from(["forge-cache", "generate", "--prompt", "x", "--backend", "split", "--tensor-split", "cpu:1,dgpu:2"]).expect("parses");
+        let Command::Generate(a) = cli.command else { panic!("not generate") };
+        assert!(a.backend.options().expect_err("no HIP").to_string().contains("HIP"));
+        let cli = Cli::try_parse_from(["forge-cache", "serve", "--backend", "wgpu"]).expect("parses");
+        let Command::Serve(a) = cli.command else { panic!("not serve") };
+        assert_eq!(a.backend.options().expect("options").backend, BackendChoice::Wgpu);
+        assert!(Cli::try_parse_from(["forge-cache", "bench", "--backend", "tpu"]).is_err());
     }
 
     #[test]

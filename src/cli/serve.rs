@@ -51,6 +51,8 @@ pub struct ServeArgs {
     /// Neighbours less similar than this (cosine) are not used as drafts.
     #[arg(long, default_value_t = SemanticConfig::default().min_similarity)]
     pub min_similarity: f64,
+    #[command(flatten)]
+    pub backend: super::BackendArgs,
 }
 
 /// Ctrl-C, or SIGTERM where there is one.
@@ -86,6 +88,7 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
         ..SemanticConfig::default()
     };
     config.tenants = a.tenants.clone();
+    config.placement = a.backend.options()?;
     config.scheduler = SchedulerConfig { queue_depth: a.queue_depth, max_active: a.max_batch, ..SchedulerConfig::default() };
     super::runtime()?.block_on(async {
         let server = start_with_shutdown(config, &a.addr, shutdown_signal()).await.context("starting the service")?;

@@ -62,6 +62,7 @@ fn run_once(model: &Model, state: &mut RunState, test: BenchTest) -> Result<f64,
         BenchTest::Prefill { n } => {
             let toks = random_tokens(n, vocab, 1);
             let mut kv = model.new_kv(n);
+            model.prepare_kv(&mut kv)?;
             let t = Instant::now();
             prefill(model, state, &mut kv, &toks, Logits::Last)?;
             Ok(t.elapsed().as_secs_f64())
@@ -69,6 +70,7 @@ fn run_once(model: &Model, state: &mut RunState, test: BenchTest) -> Result<f64,
         BenchTest::Decode { n, depth } => {
             let toks = random_tokens(n + depth, vocab, 2);
             let mut kv = model.new_kv(n + depth);
+            model.prepare_kv(&mut kv)?;
             prefill(model, state, &mut kv, &toks[..depth], Logits::None)?;
             let t = Instant::now();
             for tok in &toks[depth..] {

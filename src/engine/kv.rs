@@ -1,26 +1,51 @@
 //! Per-sequence KV cache: f16 keys and values, contiguous per (layer, KV head) so attention
 //! scans positions in order with unit stride. Capacity is fixed at creation (prompt + budget);
 //! nothing grows during decode.
+//!
+//! KV for a layer lives on the tier that runs it: the host arrays hold only the layers the CPU
+//! runs; a model with layers on the GPU keeps theirs in [`GpuKv`] (allocated by the model on the
+//! sequence's first forward call). One length covers both parts, so `truncate` is exact for
+//! both, and `copy_prefix_from` copies both (the GPU part on the GPU).
 
 use half::f16;
 
 use super::config::LlamaConfig;
+use crate::backend::wgpu::GpuKv;
 
 pub struct KvCache {
-    /// [n_layer, n_head_kv, capacity, head_dim]
+    /// [n_cpu_layers, n_head_kv, capacity, head_dim]
     pub k: Vec<f16>,
-    /// [n_layer, n_head_kv, capacity, head_dim]
+    /// [n_cpu_layers, n_head_kv, capacity, head_dim]
     pub v: Vec<f16>,
     pub capacity: usize,
     /// Positions 0..len hold valid keys and values.
     len: usize,
     n_head_kv: usize,
     head_dim: usize,
+    /// Per model layer: its index in `k` / `v`, or `None` when another tier runs it.
+    slot: Vec<Option<usize>>,
+    /// Keys and values of the layers on the GPU (see `Model::forward`).
+    pub(crate) gpu: Option<GpuKv>,
 }
 
 impl KvCache {
+    /// A cache with every layer on the host.
     pub fn new(c: &LlamaConfig, capacity: usize) -> KvCache {
-        let n = c.n_layer * c.n_head_kv * capacity * c.head_dim;
+        KvCache::with_cpu_layers(c, capacity, |_| true)
+    }
+
+    /// A cache whose host part holds the layers for which `on_cpu(layer)` is true.
+    pub fn with_cpu_layers(c: &LlamaConfig, capacity: usize, on_cpu: impl Fn(usize) -> bool) -> KvCache {
+        let mut next = 0;
+        let slot: Vec<Option<usize>> = (0..c.n_layer)
+            .map(|l| {
+                on_cpu(l).then(|| {
+                    next += 1;
+                    next - 1
+                })
+            })
+            .collect();
+        let n = next * c.n_head_kv * capacity * c.head_dim;
         KvCache {
             k: vec![f16::ZERO; n],
             v: vec![f16::ZERO; n],
@@ -28,6 +53,8 @@ impl KvCache {
             len: 0,
             n_head_kv: c.n_head_kv,
             head_dim: c.head_dim,
+            slot,
+            gpu: None,
         }
     }
 
@@ -45,10 +72,21 @@ impl KvCache {
     }
 
     /// Makes this cache hold positions 0..n of `src` (another sequence's cache, any capacity):
-    /// the primitive behind prefix reuse. Fails when either side lacks the positions.
+    /// the primitive behind prefix reuse. Fails when either side lacks the positions or the two
+    /// place their layers on different tiers. Layers on the GPU are copied there.
     pub fn copy_prefix_from(&mut self, src: &KvCache, n: usize) -> Result<(), String> {
-        if n > src.len || n > self.capacity || src.n_head_kv != self.n_head_kv || src.head_dim != self.head_dim {
+        if n > src.len || n > self.capacity || src.n_head_kv != self.n_head_kv || src.head_dim != self.head_dim || src.slot != self.slot {
             return Err(format!("cannot copy {n} positions from a cache of {} into one of capacity {}", src.len, self.capacity));
+        }
+        match (&src.gpu, &mut self.gpu) {
+            (Some(s), Some(d)) => d.copy_prefix_from(s, n).map_err(|e| e.to_string())?,
+            (Some(s), None) => {
+                let mut d = GpuKv::new_like(s, self.capacity).map_err(|e| e.to_string())?;
+                d.copy_prefix_from(s, n).map_err(|e| e.to_string())?;
+                self.gpu = Some(d);
+            }
+            // A source that never ran a forward call has no GPU part and n = 0.
+            (None, _) => {}
         }
         let hd = self.head_dim;
         let heads = self.k.len() / (self.capacity * hd);
@@ -66,12 +104,22 @@ impl KvCache {
         self.len += n;
     }
 
+    /// The host range of `layer`; empty for a layer another tier runs.
     fn layer_range(&self, layer: usize) -> std::ops::Range<usize> {
         let per_layer = self.n_head_kv * self.capacity * self.head_dim;
-        layer * per_layer..(layer + 1) * per_layer
+        match self.slot.get(layer).copied().flatten() {
+            Some(s) => s * per_layer..(s + 1) * per_layer,
+            None => 0..0,
+        }
     }
 
-    /// Keys and values of one layer: ([n_head_kv, capacity, head_dim], same).
+    /// Whether the host part holds `layer` (false for layers on the GPU).
+    pub fn on_host(&self, layer: usize) -> bool {
+        matches!(self.slot.get(layer), Some(Some(_)))
+    }
+
+    /// Keys and values of one host layer: ([n_head_kv, capacity, head_dim], same); empty for
+    /// a layer another tier runs.
     pub fn layer(&self, layer: usize) -> (&[f16], &[f16]) {
         let r = self.layer_range(layer);
         (&self.k[r.clone()], &self.v[r])

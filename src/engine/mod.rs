@@ -10,6 +10,7 @@
 //! * `generate` — prefill + decode loop on token ids, with timings
 //! * `scheduler` — continuous batching: one engine thread, a bounded queue, shared forward passes
 //! * `eval` — perplexity (llama.cpp's method)
+//! * `placement` — which layers run on the CPU and which on the GPU (`--backend`, `--tensor-split`)
 //! * `bench` — llama-bench-style speed tests (ppN, tgN, tgN@dD)
 
 pub mod chat;
@@ -19,6 +20,7 @@ pub mod eval;
 pub mod generate;
 pub mod kv;
 pub mod model;
+pub mod placement;
 pub mod sampler;
 pub mod scheduler;
 pub mod tokenizer;

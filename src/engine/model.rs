@@ -4,9 +4,11 @@
 //! [`KvCache`]. One call can carry tokens of several sequences (continuous batching): matmuls run
 //! over all of them at once, attention per sequence.
 
+use std::ops::Range;
 use std::path::Path;
 use std::sync::Arc;
 
+use crate::backend::wgpu::{GpuActivations, GpuLayers, KvPrecision, SeqSpan, WgpuContext, WgpuError};
 use crate::backend::{AttentionArgs, Backend};
 use crate::gguf::{dequantize_row, GgufError, GgufFile};
 
@@ -21,6 +23,8 @@ pub struct Model {
     backend: Arc<dyn Backend>,
     /// [n_ctx_train, head_dim / 2, 2] (cos, sin) per position
     rope: Vec<f32>,
+    /// Layers run on the GPU (see [`Model::offload`]); the backend runs the others.
+    gpu: Option<GpuLayers>,
 }
 
 /// Which logits a sequence wants from a forward call.
@@ -33,6 +37,18 @@ pub enum Logits {
     All,
     /// After tokens `k..` of this call (draft verification: the last prompt token onwards).
     From(usize),
+}
+
+impl Logits {
+    /// The rows of a call with `m` tokens that want logits.
+    pub fn rows(self, m: usize) -> std::ops::Range<usize> {
+        match self {
+            Logits::None => 0..0,
+            Logits::Last => m.saturating_sub(1)..m,
+            Logits::All => 0..m,
+            Logits::From(k) => k.min(m)..m,
+        }
+    }
 }
 
 /// New tokens of one sequence for a forward call; they take positions `kv.len()..`.
@@ -65,10 +81,14 @@ pub struct RunState {
     up: Vec<f32>,
     /// [max_tokens] position of each token
     pos: Vec<u32>,
+    /// [max_tokens] step rows that want logits (GPU output head)
+    rows: Vec<u32>,
     /// [max_tokens, vocab] logits of the rows that asked for them, in batch order
     pub logits: Vec<f32>,
     /// Number of valid rows in `logits` after the last call.
     pub n_logits: usize,
+    /// GPU activations for the model's GPU layers, made on the first forward call that needs them.
+    gpu: Option<GpuActivations>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -83,6 +103,8 @@ pub enum ModelError {
     BadToken { id: u32, vocab: usize },
     #[error("weight type {ty} is not supported by backend {backend}")]
     Unsupported { ty: &'static str, backend: String },
+    #[error("GPU layers: {0}")]
+    Gpu(#[from] WgpuError),
 }
 
 impl Model {
@@ -99,11 +121,55 @@ impl Model {
             }
         }
         let rope = crate::backend::cpu::ops::rope_table(config.n_ctx_train, config.head_dim, config.rope_dims, config.rope_base);
-        Ok(Model { config, gguf, weights, backend, rope })
+        Ok(Model { config, gguf, weights, backend, rope, gpu: None })
     }
 
     pub fn backend(&self) -> &Arc<dyn Backend> {
         &self.backend
+    }
+
+    /// Moves layers `layers` to the GPU of `ctx` (weights uploaded now; each sequence's KV for
+    /// them lives on the GPU). Embedding, the other layers, the output norm, logits and sampling
+    /// stay on the backend. Call before making run states or KV caches; an empty range undoes it.
+    pub fn offload(&mut self, ctx: Arc<WgpuContext>, layers: Range<usize>) -> Result<(), ModelError> {
+        self.gpu = None;
+        if !layers.is_empty() {
+            let last = layers.end == self.config.n_layer;
+            let g = GpuLayers::new(ctx, self, layers, self.config.n_ctx_train, KvPrecision::F16)?;
+            // When the GPU runs the last layer, the output norm and logits run there too.
+            self.gpu = Some(if last { g.with_head(self)? } else { g });
+        }
+        Ok(())
+    }
+
+    /// Runs every layer on the backend again (drops the GPU layers).
+    pub fn offload_none(&mut self) {
+        self.gpu = None;
+    }
+
+    /// The layers on the GPU, if any.
+    pub fn gpu_layers(&self) -> Option<Range<usize>> {
+        self.gpu.as_ref().map(|g| g.layers())
+    }
+
+    /// Whether the output norm and logits run on the GPU (its layers end the model).
+    pub fn gpu_logits(&self) -> bool {
+        self.gpu.as_ref().is_some_and(|g| g.has_head())
+    }
+
+    /// Where the layers run, e.g. "cpu-avx2 (16 threads)" or
+    /// "cpu-avx2 (16 threads): layers 0..10 + wgpu NVIDIA H100 (DiscreteGpu, Vulkan): layers 10..30".
+    pub fn placement(&self) -> String {
+        let Some(g) = &self.gpu else { return self.backend.name() };
+        let r = g.layers();
+        let a = g.context().adapter();
+        let gpu = format!("wgpu {} ({}, {}): layers {}..{}", a.name, a.device_type, a.backend, r.start, r.end);
+        let cpu_layers = self.config.n_layer - r.len();
+        let logits = if g.has_head() { "logits on the GPU" } else { "logits on the CPU" };
+        if cpu_layers == 0 {
+            return format!("{gpu}, {logits}; embedding on {}", self.backend.name());
+        }
+        format!("{}: {cpu_layers} layers + {gpu}, {logits}", self.backend.name())
     }
 
     pub fn new_state(&self, max_tokens: usize) -> RunState {
@@ -122,14 +188,26 @@ impl Model {
             gate: z(c.n_ff),
             up: z(c.n_ff),
             pos: vec![0; max_tokens],
+            rows: Vec::with_capacity(max_tokens),
             logits: z(c.vocab_size),
             n_logits: 0,
+            gpu: None,
         }
     }
 
     /// A KV cache for a sequence of up to `capacity` tokens (clamped to the trained context).
+    /// Its part for GPU layers is allocated on the sequence's first forward call.
     pub fn new_kv(&self, capacity: usize) -> KvCache {
-        KvCache::new(&self.config, capacity.min(self.config.n_ctx_train))
+        let on_gpu = self.gpu_layers().unwrap_or(0..0);
+        KvCache::with_cpu_layers(&self.config, capacity.min(self.config.n_ctx_train), |l| !on_gpu.contains(&l))
+    }
+
+    /// Allocates the GPU part of `kv` now (otherwise its first forward call does).
+    pub fn prepare_kv(&self, kv: &mut KvCache) -> Result<(), ModelError> {
+        if let (Some(g), None) = (&self.gpu, &kv.gpu) {
+            kv.gpu = Some(g.new_kv(kv.capacity)?);
+        }
+        Ok(())
     }
 
     /// Runs the new tokens of every sequence through the model, appends their keys and values to
@@ -152,7 +230,7 @@ impl Model {
         }
         let b = &*self.backend;
         let g = &self.gguf;
-        let (e, qd, kvd, ff) = (c.n_embd, c.n_head * c.head_dim, c.kv_dim(), c.n_ff);
+        let e = c.n_embd;
 
         // Token embeddings and positions.
         let emb = self.weights.token_embd.view(g);
@@ -164,55 +242,34 @@ impl Model {
                 t += 1;
             }
         }
-        let pos = &state.pos[..n];
-
-        for (li, lw) in self.weights.layers.iter().enumerate() {
-            b.rmsnorm(&state.x[..n * e], &lw.attn_norm, c.rms_eps, &mut state.xn[..n * e]);
-            let xn = &state.xn[..n * e];
-            b.matmul_multi(
-                &[lw.wq.view(g), lw.wk.view(g), lw.wv.view(g)],
-                xn,
-                n,
-                &mut [&mut state.q[..n * qd], &mut state.k[..n * kvd], &mut state.v[..n * kvd]],
-            );
-            b.rope(&mut state.q[..n * qd], pos, c.n_head, c.head_dim, &self.rope);
-            b.rope(&mut state.k[..n * kvd], pos, c.n_head_kv, c.head_dim, &self.rope);
-
+        let on_gpu = self.gpu_layers().unwrap_or(0..0);
+        let gpu_logits = self.gpu_logits();
+        if gpu_logits {
+            // The rows that want logits, in batch order (as the CPU path below).
+            state.rows.clear();
             let mut t0 = 0;
-            for s in seqs.iter_mut() {
+            for s in seqs.iter() {
                 let m = s.tokens.len();
-                let start = s.kv.len();
-                s.kv.store(li, start, &state.k[t0 * kvd..(t0 + m) * kvd], &state.v[t0 * kvd..(t0 + m) * kvd]);
-                let (kc, vc) = s.kv.layer(li);
-                b.attention(AttentionArgs {
-                    q: &state.q[t0 * qd..(t0 + m) * qd],
-                    k_cache: kc,
-                    v_cache: vc,
-                    capacity: s.kv.capacity,
-                    positions: &pos[t0..t0 + m],
-                    n_head: c.n_head,
-                    n_kv_head: c.n_head_kv,
-                    head_dim: c.head_dim,
-                    out: &mut state.att[t0 * qd..(t0 + m) * qd],
-                });
+                let wanted = s.logits.rows(m);
+                state.rows.extend(wanted.map(|i| (t0 + i) as u32));
                 t0 += m;
             }
-            b.matmul(lw.wo.view(g), &state.att[..n * qd], n, &mut state.proj[..n * e]);
-            b.add(&mut state.x[..n * e], &state.proj[..n * e]);
-
-            b.rmsnorm(&state.x[..n * e], &lw.ffn_norm, c.rms_eps, &mut state.xn[..n * e]);
-            b.matmul_multi(
-                &[lw.w_gate.view(g), lw.w_up.view(g)],
-                &state.xn[..n * e],
-                n,
-                &mut [&mut state.gate[..n * ff], &mut state.up[..n * ff]],
-            );
-            b.silu_mul(&mut state.gate[..n * ff], &state.up[..n * ff]);
-            b.matmul(lw.w_down.view(g), &state.gate[..n * ff], n, &mut state.proj[..n * e]);
-            b.add(&mut state.x[..n * e], &state.proj[..n * e]);
+        }
+        for li in 0..c.n_layer {
+            if on_gpu.contains(&li) {
+                if li == on_gpu.start {
+                    self.gpu_layers_forward(state, seqs, n, gpu_logits)?;
+                }
+                continue;
+            }
+            self.cpu_layer(li, state, seqs, n);
         }
         for s in seqs.iter_mut() {
             s.kv.advance(s.tokens.len());
+        }
+        if gpu_logits {
+            state.n_logits = state.rows.len();
+            return Ok(());
         }
 
         // Gather the rows that want logits, normalize them, project to the vocabulary.
@@ -220,12 +277,7 @@ impl Model {
         let mut t0 = 0;
         for s in seqs.iter() {
             let m = s.tokens.len();
-            let wanted = match s.logits {
-                Logits::None => 0..0,
-                Logits::Last => m.saturating_sub(1)..m,
-                Logits::All => 0..m,
-                Logits::From(k) => k.min(m)..m,
-            };
+            let wanted = s.logits.rows(m);
             for i in wanted {
                 let src = (t0 + i) * e;
                 let (x, xn) = (&state.x[src..src + e], &mut state.xn[rows * e..(rows + 1) * e]);
@@ -238,6 +290,114 @@ impl Model {
         if rows > 0 {
             let v = c.vocab_size;
             b.matmul(self.weights.output.view(g), &state.xn[..rows * e], rows, &mut state.logits[..rows * v]);
+        }
+        Ok(())
+    }
+
+    /// Layer `li` alone on the backend over `state`'s residual stream as it is (calibration):
+    /// positions from each cache's length; the caches advance.
+    pub(crate) fn layer_forward(&self, li: usize, state: &mut RunState, seqs: &mut [SeqBatch<'_>]) -> Result<(), ModelError> {
+        let n: usize = seqs.iter().map(|s| s.tokens.len()).sum();
+        if n > state.max_tokens {
+            return Err(ModelError::BatchTooLarge { got: n, max: state.max_tokens });
+        }
+        let mut t = 0;
+        for s in seqs.iter() {
+            if !s.kv.on_host(li) || s.kv.len() + s.tokens.len() > s.kv.capacity {
+                return Err(ModelError::ContextFull { needed: s.kv.len() + s.tokens.len(), capacity: s.kv.capacity });
+            }
+            for i in 0..s.tokens.len() {
+                state.pos[t] = (s.kv.len() + i) as u32;
+                t += 1;
+            }
+        }
+        self.cpu_layer(li, state, seqs, n);
+        for s in seqs.iter_mut() {
+            s.kv.advance(s.tokens.len());
+        }
+        Ok(())
+    }
+
+    /// Layer `li` on the backend for the `n` tokens of `seqs` (KV in the host part of each cache).
+    fn cpu_layer(&self, li: usize, state: &mut RunState, seqs: &mut [SeqBatch<'_>], n: usize) {
+        let c = &self.config;
+        let b = &*self.backend;
+        let g = &self.gguf;
+        let (e, qd, kvd, ff) = (c.n_embd, c.n_head * c.head_dim, c.kv_dim(), c.n_ff);
+        let lw = &self.weights.layers[li];
+        let pos = &state.pos[..n];
+        b.rmsnorm(&state.x[..n * e], &lw.attn_norm, c.rms_eps, &mut state.xn[..n * e]);
+        let xn = &state.xn[..n * e];
+        b.matmul_multi(
+            &[lw.wq.view(g), lw.wk.view(g), lw.wv.view(g)],
+            xn,
+            n,
+            &mut [&mut state.q[..n * qd], &mut state.k[..n * kvd], &mut state.v[..n * kvd]],
+        );
+        b.rope(&mut state.q[..n * qd], pos, c.n_head, c.head_dim, &self.rope);
+        b.rope(&mut state.k[..n * kvd], pos, c.n_head_kv, c.head_dim, &self.rope);
+
+        let mut t0 = 0;
+        for s in seqs.iter_mut() {
+            let m = s.tokens.len();
+            let start = s.kv.len();
+            s.kv.store(li, start, &state.k[t0 * kvd..(t0 + m) * kvd], &state.v[t0 * kvd..(t0 + m) * kvd]);
+            let (kc, vc) = s.kv.layer(li);
+            b.attention(AttentionArgs {
+                q: &state.q[t0 * qd..(t0 + m) * qd],
+                k_cache: kc,
+                v_cache: vc,
+                capacity: s.kv.capacity,
+                positions: &pos[t0..t0 + m],
+                n_head: c.n_head,
+                n_kv_head: c.n_head_kv,
+                head_dim: c.head_dim,
+                out: &mut state.att[t0 * qd..(t0 + m) * qd],
+            });
+            t0 += m;
+        }
+        b.matmul(lw.wo.view(g), &state.att[..n * qd], n, &mut state.proj[..n * e]);
+        b.add(&mut state.x[..n * e], &state.proj[..n * e]);
+
+        b.rmsnorm(&state.x[..n * e], &lw.ffn_norm, c.rms_eps, &mut state.xn[..n * e]);
+        b.matmul_multi(
+            &[lw.w_gate.view(g), lw.w_up.view(g)],
+            &state.xn[..n * e],
+            n,
+            &mut [&mut state.gate[..n * ff], &mut state.up[..n * ff]],
+        );
+        b.silu_mul(&mut state.gate[..n * ff], &state.up[..n * ff]);
+        b.matmul(lw.w_down.view(g), &state.gate[..n * ff], n, &mut state.proj[..n * e]);
+        b.add(&mut state.x[..n * e], &state.proj[..n * e]);
+    }
+
+    /// The GPU layers for the `n` tokens of `seqs`: the residual stream goes up, comes back.
+    /// With `logits`, the GPU's output head writes the logits of `state.rows` instead.
+    fn gpu_layers_forward(&self, state: &mut RunState, seqs: &mut [SeqBatch<'_>], n: usize, logits: bool) -> Result<(), ModelError> {
+        let Some(g) = &self.gpu else { return Ok(()) };
+        if state.gpu.is_none() {
+            state.gpu = Some(g.activations(state.max_tokens)?);
+        }
+        for s in seqs.iter_mut() {
+            if s.kv.gpu.is_none() {
+                s.kv.gpu = Some(g.new_kv(s.kv.capacity)?);
+            }
+        }
+        // One small vector per call (the spans borrow the caches); buffers and bind groups are reused.
+        let mut spans: Vec<SeqSpan<'_>> = Vec::with_capacity(seqs.len());
+        for s in seqs.iter_mut() {
+            let (start, n_tok) = (s.kv.len(), s.tokens.len());
+            if let Some(kv) = s.kv.gpu.as_mut() {
+                spans.push(SeqSpan { kv, start, n_tok });
+            }
+        }
+        let e = self.config.n_embd;
+        let act = state.gpu.as_mut().ok_or_else(|| WgpuError::Unsupported("no GPU activations".into()))?;
+        if logits {
+            let k = state.rows.len() * self.config.vocab_size;
+            g.forward_logits(act, &mut state.x[..n * e], &state.pos[..n], &mut spans, &state.rows, &mut state.logits[..k])?;
+        } else {
+            g.forward(act, &mut state.x[..n * e], &state.pos[..n], &mut spans)?;
         }
         Ok(())
     }

@@ -41,6 +41,7 @@ use crate::embed::Embedder;
 use crate::engine::chat::{ChatError, ChatTemplate};
 use crate::engine::scheduler::{Scheduler, SchedulerConfig};
 use crate::engine::tokenizer::{Tokenizer, TokenizerError};
+use crate::engine::placement::{place, PlacementOptions};
 use crate::engine::{Model, ModelError};
 use crate::store::{sha256_file, Store, StoreError};
 
@@ -64,6 +65,8 @@ pub struct ServerConfig {
     /// semantic tier off.
     pub embedder: Option<PathBuf>,
     pub semantic: SemanticConfig,
+    /// Which layers run on the CPU and which on the GPU (`--backend`, `--tensor-split`).
+    pub placement: PlacementOptions,
 }
 
 impl ServerConfig {
@@ -79,6 +82,7 @@ impl ServerConfig {
             memory_cache_entries: 10_000,
             embedder: Some(crate::models::default_embedder()),
             semantic: SemanticConfig::default(),
+            placement: PlacementOptions::default(),
         }
     }
 }
@@ -110,7 +114,7 @@ pub enum ServerError {
     Tenants(#[from] TenantsError),
     #[error("the sentence embedder: {0}")]
     Embedder(#[source] crate::embed::EmbedError),
-    #[error("the CPU backend: {0}")]
+    #[error("the backend: {0}")]
     Backend(String),
     #[error("starting the engine thread: {0}")]
     Engine(std::io::Error),
@@ -159,13 +163,15 @@ impl ForgeState {
             return Err(ServerError::MissingModel(config.model.clone()));
         }
         let backend = Arc::new(CpuBackend::new(config.threads).map_err(|e| ServerError::Backend(e.to_string()))?);
-        let model = Model::load(&config.model, backend).map_err(|source| ServerError::Model { path: config.model.clone(), source })?;
+        let mut model = Model::load(&config.model, backend).map_err(|source| ServerError::Model { path: config.model.clone(), source })?;
+        let placement = place(&mut model, &config.placement).map_err(|e| ServerError::Backend(e.to_string()))?;
+        eprintln!("forge-cache: layers {placement}: {}", model.placement());
         let model_id = sha256_file(&config.model).map_err(|source| ServerError::ModelFile { path: config.model.clone(), source })?;
         let tokenizer = Arc::new(Tokenizer::from_gguf(&model.gguf)?);
         let template = ChatTemplate::from_gguf(&model.gguf)?;
         let model_name = config.model.file_stem().map_or_else(|| "model".into(), |s| s.to_string_lossy().into_owned());
         let context = model.config.n_ctx_train;
-        let backend = model.backend().name();
+        let backend = model.placement();
         let scheduler = Scheduler::start(Arc::new(model), tokenizer.clone(), config.scheduler).map_err(ServerError::Engine)?;
         let semantic = match &config.embedder {
             Some(dir) if config.cache && dir.join("tokenizer.json").is_file() => {

@@ -80,7 +80,7 @@ impl WgpuBackend {
         {
             let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: None, timestamp_writes: None });
             pass.set_pipeline(&kernel.pipeline);
-            pass.set_bind_group(0, &bg, &[]);
+            pass.set_bind_group(0, &bg, if kernel.dynamic { &[0] } else { &[] });
             pass.dispatch_workgroups(grid.0, grid.1, 1);
         }
         ctx.read_f32(enc, &bufs[out], 0, dst)
@@ -169,14 +169,15 @@ impl WgpuBackend {
 
     pub fn try_attention(&self, a: &mut AttentionArgs<'_>) -> Result<(), WgpuError> {
         let (n, hd) = (a.positions.len(), a.head_dim);
-        if hd % 2 != 0 || hd > MAX_HEAD_DIM || a.n_kv_head == 0 || a.n_head % a.n_kv_head != 0 {
+        if hd % 8 != 0 || hd > MAX_HEAD_DIM || a.n_kv_head == 0 || a.n_head % a.n_kv_head != 0 {
             return Err(WgpuError::Unsupported(format!("attention with head_dim {hd}, {} heads, {} KV heads", a.n_head, a.n_kv_head)));
         }
         if a.positions.iter().any(|&p| p as usize >= a.capacity) || a.q.len() != n * a.n_head * hd {
             return Err(WgpuError::BadShape { got: a.q.len(), expected: n * a.n_head * hd });
         }
         let scale = 1.0 / (hd as f32).sqrt();
-        let params = [n as u32, a.n_head as u32, a.n_kv_head as u32, hd as u32, a.capacity as u32, 1, scale.to_bits(), (a.n_head * hd) as u32];
+        let params =
+            [n as u32, 0, a.n_head as u32, a.n_kv_head as u32, hd as u32, a.capacity as u32, 1, (a.n_head * hd) as u32, scale.to_bits(), 0, 0, 0];
         let bits = |c: &[f16]| c.iter().map(|h| h.to_bits()).collect::<Vec<u16>>();
         let (kc, vc) = (bits(a.k_cache), bits(a.v_cache));
         let args = [

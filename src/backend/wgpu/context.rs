@@ -26,7 +26,8 @@ pub const MAX_HEAD_DIM: usize = 256;
 pub struct WgpuOptions {
     /// Accept a software adapter (llvmpipe / lavapipe) when no hardware one exists. Tests set it.
     pub allow_software: bool,
-    /// Threads per matmul row (1, 2, 4, ..., 256); `None`: 32 on GPUs, 1 on software adapters.
+    /// Threads per matmul row (1, 2, 4, ..., 256); `None`: `$FORGE_WGPU_MATMUL_LANES` if set, else
+    /// 32 on GPUs, 1 on software adapters.
     /// It fixes the reduction order, so results are bitwise stable for one setting only.
     pub matmul_lanes: Option<u32>,
 }
@@ -38,12 +39,16 @@ pub struct AdapterSummary {
     pub device_type: String,
     pub backend: String,
     pub driver: String,
+    /// PCI vendor id (0 when unknown)
+    pub vendor: u32,
 }
 
 /// A compute pipeline and the layout of its one bind group.
 pub(crate) struct Kernel {
     pub pipeline: wgpu::ComputePipeline,
     pub layout: wgpu::BindGroupLayout,
+    /// Binding 0 (the parameters) takes a dynamic offset in `set_bind_group`.
+    pub dynamic: bool,
 }
 
 /// Every pipeline, compiled once per context.
@@ -53,6 +58,9 @@ pub(crate) struct Kernels {
     pub rmsnorm: Kernel,
     pub rope: Kernel,
     pub kv_store: Kernel,
+    /// RoPE + KV store of one sequence (layer runner); parameters at a dynamic offset
+    pub rope_store: Kernel,
+    /// parameters at a dynamic offset (one slot per sequence of a step)
     pub attention: Kernel,
     pub silu_mul: Kernel,
     pub add: Kernel,
@@ -85,6 +93,8 @@ impl std::fmt::Debug for WgpuContext {
 #[derive(Clone, Copy)]
 enum B {
     Uniform,
+    /// a uniform bound with a dynamic offset
+    UniformDyn,
     Read,
     Rw,
 }
@@ -153,7 +163,8 @@ impl WgpuContext {
 
     fn with_adapter(adapter: wgpu::Adapter, opts: WgpuOptions) -> Result<Arc<WgpuContext>, WgpuError> {
         let info = adapter.get_info();
-        let lanes = opts.matmul_lanes.unwrap_or(if info.device_type == wgpu::DeviceType::Cpu { 1 } else { 32 });
+        let env_lanes = std::env::var("FORGE_WGPU_MATMUL_LANES").ok().and_then(|v| v.parse().ok());
+        let lanes = opts.matmul_lanes.or(env_lanes).unwrap_or(if info.device_type == wgpu::DeviceType::Cpu { 1 } else { 32 });
         if !lanes.is_power_of_two() || lanes > WG {
             return Err(WgpuError::Unsupported(format!("{lanes} matmul lanes (a power of two up to {WG})")));
         }
@@ -183,6 +194,7 @@ impl WgpuContext {
             device_type: format!("{:?}", info.device_type),
             backend: format!("{:?}", info.backend),
             driver: format!("{} {}", info.driver, info.driver_info).trim().to_string(),
+            vendor: info.vendor,
         };
         Ok(Arc::new(WgpuContext {
             device,
@@ -272,16 +284,6 @@ impl WgpuContext {
         Ok(())
     }
 
-    /// A uniform buffer of `slots` parameter slots, each [`uniform_align`](Self) bytes apart.
-    pub(crate) fn params(&self, label: &str, slots: usize) -> wgpu::Buffer {
-        self.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some(label),
-            size: self.uniform_align * slots.max(1) as u64,
-            usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        })
-    }
-
     /// A bind group of `kernel` over `buffers` (binding i = buffers[i]); a `(buffer, offset)`
     /// with `Some(size)` binds that window (used for parameter slots).
     pub(crate) fn bind(&self, kernel: &Kernel, buffers: &[(&wgpu::Buffer, u64, Option<u64>)]) -> wgpu::BindGroup {
@@ -336,19 +338,28 @@ impl WgpuContext {
             return self.check();
         }
         let slice = staging.slice(..len);
-        let done = Arc::new(Mutex::new(None));
-        let d2 = done.clone();
+        let (tx, rx) = std::sync::mpsc::channel();
         slice.map_async(wgpu::MapMode::Read, move |r| {
-            *d2.lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
+            let _ = tx.send(r);
         });
         self.device.poll(wgpu::PollType::wait_indefinitely()).map_err(|e| WgpuError::Gpu(e.to_string()))?;
         self.check()?;
-        let mapped = done.lock().unwrap_or_else(|p| p.into_inner()).take();
-        match mapped {
-            Some(Ok(())) => {}
-            Some(Err(e)) => return Err(WgpuError::Gpu(format!("map failed: {e}"))),
-            None => return Err(WgpuError::Gpu("map did not complete".into())),
-        }
+        // Our poll returns once our submission is done, but when several threads share the
+        // device, another thread's poll may have collected this mapping's callback and not run it
+        // yet: wait for the callback itself (polling again meanwhile), never assume it has run.
+        // (Assuming it had was the cause of the rare attention mismatches of issue 7: the op
+        // failed with "map did not complete" and the trait method fell back to the CPU result.)
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        let mapped = loop {
+            match rx.recv_timeout(std::time::Duration::from_millis(1)) {
+                Ok(r) => break r,
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) if std::time::Instant::now() < deadline => {
+                    self.device.poll(wgpu::PollType::Poll).map_err(|e| WgpuError::Gpu(e.to_string()))?;
+                }
+                Err(_) => return Err(WgpuError::Gpu("map did not complete".into())),
+            }
+        };
+        mapped.map_err(|e| WgpuError::Gpu(format!("map failed: {e}")))?;
         {
             let view = slice.get_mapped_range().map_err(|e| WgpuError::Gpu(format!("mapped range: {e:?}")))?;
             f(&view[..]);
@@ -411,7 +422,12 @@ fn build_kernels(device: &wgpu::Device, lanes: u32) -> Result<Kernels, WgpuError
         attention: k(
             "attention",
             include_str!("kernels/wgsl/attention.wgsl").into(),
-            &[B::Uniform, B::Read, B::Read, B::Read, B::Read, B::Rw],
+            &[B::UniformDyn, B::Read, B::Read, B::Read, B::Read, B::Rw],
+        )?,
+        rope_store: k(
+            "rope_store",
+            include_str!("kernels/wgsl/rope_store.wgsl").into(),
+            &[B::UniformDyn, B::Rw, B::Read, B::Read, B::Rw, B::Rw],
         )?,
         silu_mul: k("silu_mul", include_str!("kernels/wgsl/silu_mul.wgsl").into(), &[B::Uniform, B::Read, B::Read, B::Rw])?,
         add: k("add", include_str!("kernels/wgsl/add.wgsl").into(), &[B::Uniform, B::Rw, B::Read])?,
@@ -420,10 +436,19 @@ fn build_kernels(device: &wgpu::Device, lanes: u32) -> Result<Kernels, WgpuError
 
 fn kernel(device: &wgpu::Device, name: &str, src: &str, binds: &[B]) -> Result<Kernel, WgpuError> {
     let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
-    let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
-        label: Some(name),
-        source: wgpu::ShaderSource::Wgsl(src.into()),
-    });
+    let desc = wgpu::ShaderModuleDescriptor { label: Some(name), source: wgpu::ShaderSource::Wgsl(src.into()) };
+    let module = if std::env::var_os("FORGE_WGPU_SHADER_CHECKS").is_some_and(|v| v != "0") {
+        device.create_shader_module(desc)
+    } else {
+        let mut checks = wgpu::ShaderRuntimeChecks::checked();
+        checks.bounds_checks = false;
+        // SAFETY: only naga's injected index clamps are dropped (the Vulkan / Metal / DX12 robust
+        // buffer access of the platform stays on, as does loop bounding). Every index in these
+        // kernels is derived from parameters the host validated against the buffer sizes, and
+        // every kernel is tested against the CPU reference on each adapter. The clamps cost ALU
+        // on every storage access of the matmul inner loops. FORGE_WGPU_SHADER_CHECKS=1 restores them.
+        unsafe { device.create_shader_module_trusted(desc, checks) }
+    };
     let entries: Vec<wgpu::BindGroupLayoutEntry> = binds
         .iter()
         .enumerate()
@@ -432,11 +457,11 @@ fn kernel(device: &wgpu::Device, name: &str, src: &str, binds: &[B]) -> Result<K
             visibility: wgpu::ShaderStages::COMPUTE,
             ty: wgpu::BindingType::Buffer {
                 ty: match b {
-                    B::Uniform => wgpu::BufferBindingType::Uniform,
+                    B::Uniform | B::UniformDyn => wgpu::BufferBindingType::Uniform,
                     B::Read => wgpu::BufferBindingType::Storage { read_only: true },
                     B::Rw => wgpu::BufferBindingType::Storage { read_only: false },
                 },
-                has_dynamic_offset: false,
+                has_dynamic_offset: matches!(b, B::UniformDyn),
                 min_binding_size: None,
             },
             count: None,
@@ -459,5 +484,5 @@ fn kernel(device: &wgpu::Device, name: &str, src: &str, binds: &[B]) -> Result<K
     if let Some(e) = pollster::block_on(scope.pop()) {
         return Err(WgpuError::Shader { kernel: name.to_string(), msg: e.to_string() });
     }
-    Ok(Kernel { pipeline, layout })
+    Ok(Kernel { pipeline, layout, dynamic: matches!(binds.first(), Some(B::UniformDyn)) })
 }

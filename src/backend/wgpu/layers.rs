@@ -1,16 +1,26 @@
-//! [`WgpuLayers`]: layers `[a, b)` of a Llama model resident on the GPU, for one sequence.
+//! Layers `[a, b)` of a Llama model resident on the GPU.
 //!
-//! Built once: the layers' weights are uploaded as raw GGUF blocks, the KV cache and every
-//! activation buffer are allocated for `max_tokens` / `kv_capacity`, and the bind group of every
-//! dispatch of a step is created. A step ([`WgpuLayers::forward`]) writes the hidden state, the
-//! positions and the per-step parameters, records all dispatches of all its layers in one compute
-//! pass of one command buffer, and reads back only the final hidden state `[n_tok, n_embd]`.
+//! * [`GpuLayers`] — the layers' weights (raw GGUF blocks) and the RoPE table, uploaded once and
+//!   shared by every sequence and run state (the engine's `Model` owns one).
+//! * [`GpuActivations`] — the activation buffers of steps of up to `max_tokens` tokens, the
+//!   parameter slots, and the bind group of every weight dispatch; one per run state.
+//! * [`GpuKv`](super::kv::GpuKv) — one sequence's keys and values for these layers.
+//! * [`WgpuLayers`] — the three together for one sequence (tests, speed measurements).
+//!
+//! A step ([`GpuLayers::forward`]) writes the hidden state of every token of every sequence, the
+//! positions and the parameters, records all dispatches of all layers in one compute pass of one
+//! command buffer, and reads back only the final hidden state `[n_tok, n_embd]`. Per layer:
+//! RMSNorm, the fused q|k|v matmul over all tokens, then per sequence RoPE + KV store
+//! (rope_store.wgsl) and attention over that sequence's cache, then the output projection with
+//! the residual add, RMSNorm, gate|up, SiLU·mul and the down projection with the residual add.
 //! Embedding, the output norm, logits and sampling stay with the caller (the CPU).
 
 use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use super::context::{grid_1d, Kernel, WgpuContext, MAX_HEAD_DIM};
+use super::kv::GpuKv;
 use super::WgpuError;
 use crate::backend::cpu::ops::rope_table;
 use crate::engine::weights::Matrix;
@@ -23,6 +33,14 @@ pub enum KvPrecision {
     /// f16, as the CPU engine's cache (half the memory).
     F16,
     F32,
+}
+
+/// Bytes of one parameter window (16 words); slots are `slot_stride` bytes apart.
+pub(crate) const PARAM_WINDOW: u64 = 64;
+
+pub(crate) fn next_id() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed)
 }
 
 /// Weight rows on the GPU: one matrix, or several of one type stacked (q|k|v, gate|up) so that
@@ -49,91 +67,120 @@ struct GpuLayer {
     /// w_gate|w_up stacked when they share a type, else the two
     gate_up: Vec<GpuMatrix>,
     w_down: GpuMatrix,
-    /// [n_head_kv, capacity, head_dim] f16 pairs or f32, as u32 words
-    k_cache: wgpu::Buffer,
-    /// [n_head_kv, capacity, head_dim] same as k_cache
-    v_cache: wgpu::Buffer,
 }
 
-/// What one dispatch computes; with the batch size it gives the parameters and the grid.
+/// What one token-wide dispatch computes; with the batch size it gives the parameters and grid.
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Step {
     /// `accumulate`: add into the destination (the residual stream) instead of writing.
     MatMul { rows: usize, cols: usize, row_bytes: usize, y_stride: usize, y_off: usize, accumulate: bool },
     RmsNorm { dim: usize, eps: f32 },
-    /// RoPE on the query and key heads of the q|k|v rows.
-    Rope,
-    KvStore,
-    Attention,
     SiluMul,
 }
 
-/// One recorded dispatch: pipeline, bind group (with its parameter slot), what it computes.
+/// One recorded token-wide dispatch: pipeline, bind group (with its parameter slot), what it computes.
 struct Dispatch {
     pipeline: wgpu::ComputePipeline,
     bind: wgpu::BindGroup,
     step: Step,
-    /// For profiles: "attention", "matmul qkv", ...
+    /// For profiles: "matmul qkv", ...
     label: &'static str,
 }
 
-pub struct WgpuLayers {
-    ctx: Arc<WgpuContext>,
-    config: LlamaConfig,
+/// The token-wide dispatches of one layer: before the per-sequence attention and after it.
+struct LayerDispatches {
+    pre: Vec<Dispatch>,
+    post: Vec<Dispatch>,
+}
+
+/// The output norm and projection on the GPU (when the stack ends with the model's last layer).
+struct GpuHead {
+    /// [n_embd] f32
+    norm: wgpu::Buffer,
+    out: GpuMatrix,
+}
+
+/// Logit rows per read-back of [`GpuLayers::forward_logits`] (more are done in several rounds).
+pub const HEAD_ROWS: usize = 64;
+
+pub struct GpuLayers {
+    id: u64,
+    pub(crate) ctx: Arc<WgpuContext>,
+    pub(crate) config: LlamaConfig,
     layers: Range<usize>,
-    kv: KvPrecision,
-    max_tokens: usize,
-    capacity: usize,
-    /// Positions 0..len of the KV cache are valid.
-    len: usize,
+    pub(crate) kv: KvPrecision,
     gpu: Vec<GpuLayer>,
+    /// [n_pos, head_dim / 2, 2] RoPE (cos, sin) table
+    rope: wgpu::Buffer,
+    n_pos: usize,
+    head: Option<GpuHead>,
+}
+
+/// The head's buffers and bind groups in a [`GpuActivations`].
+struct HeadActs {
+    /// [HEAD_ROWS, n_embd] gathered rows, then normalized rows
+    hx: wgpu::Buffer,
+    _hn: wgpu::Buffer,
+    /// [HEAD_ROWS, vocab]
+    logits: wgpu::Buffer,
+    staging: wgpu::Buffer,
+    rows: usize,
+    norm: Dispatch,
+    out: Dispatch,
+    /// parameter slots of the two dispatches
+    slots: [usize; 2],
+}
+
+/// Activation buffers and bind groups for steps of up to `max_tokens` tokens (one per run state).
+pub struct GpuActivations {
+    pub(crate) id: u64,
+    owner: u64,
+    max_tokens: usize,
     /// [max_tokens, n_embd] residual stream (in and out)
     x: wgpu::Buffer,
     /// [max_tokens] u32 position of each token of the step
-    pos: wgpu::Buffer,
-    /// [kv_capacity, head_dim / 2, 2] RoPE (cos, sin) table
-    _rope: wgpu::Buffer,
-    /// [n_slots] parameter slots, `ctx.uniform_align` bytes apart
-    params: wgpu::Buffer,
+    pub(crate) pos: wgpu::Buffer,
+    /// parameter slots, `slot_stride` bytes apart: the token-wide steps, then one per sequence
+    pub(crate) params: wgpu::Buffer,
+    slot_stride: u64,
     /// [max_tokens, n_embd] f32, MAP_READ
     staging: wgpu::Buffer,
-    /// distinct steps; slot i of `params` holds the parameters of `slots[i]`
+    /// [max_tokens, n_head*hd + 2*kv_dim] fused q|k|v rows
+    pub(crate) qkv: wgpu::Buffer,
+    /// [max_tokens, n_head*hd] attention output
+    pub(crate) att: wgpu::Buffer,
+    /// kept alive for the bind groups: xn [max, n_embd], gu [max, 2*n_ff], act [max, n_ff]
+    _other: Vec<wgpu::Buffer>,
+    /// distinct token-wide steps; slot i of `params` holds the parameters of `slots[i]`
     slots: Vec<Step>,
-    /// every dispatch of a step, in order
-    dispatches: Vec<Dispatch>,
-    /// activation buffers, kept alive for the bind groups: xn [max, n_embd],
-    /// qkv [max, n_head*hd + 2*kv_dim], att [max, n_head*hd], gu [max, 2*n_ff], act [max, n_ff]
-    _activations: Vec<wgpu::Buffer>,
+    /// slots before the per-sequence ones: `slots`, then the head's two
+    n_fixed: usize,
+    layers: Vec<LayerDispatches>,
+    /// parameter words of a step, reused (no allocation per step)
+    words: Vec<u32>,
+    head: Option<HeadActs>,
 }
 
-impl WgpuLayers {
-    /// Uploads layers `layers` of `model` with an f16 KV cache of `kv_capacity` positions
-    /// (clamped to the trained context), for steps of up to `max_tokens` tokens.
-    pub fn new(ctx: Arc<WgpuContext>, model: &Model, layers: Range<usize>, max_tokens: usize, kv_capacity: usize) -> Result<WgpuLayers, WgpuError> {
-        WgpuLayers::with_kv(ctx, model, layers, max_tokens, kv_capacity, KvPrecision::F16)
-    }
+/// One sequence's part of a step: its KV cache and its tokens, which are `n_tok` consecutive rows
+/// of the step at positions `start, start + 1, ...` (`start` = the sequence's cached length).
+pub struct SeqSpan<'a> {
+    pub kv: &'a mut GpuKv,
+    pub start: usize,
+    pub n_tok: usize,
+}
 
-    pub fn with_kv(
-        ctx: Arc<WgpuContext>,
-        model: &Model,
-        layers: Range<usize>,
-        max_tokens: usize,
-        kv_capacity: usize,
-        kv: KvPrecision,
-    ) -> Result<WgpuLayers, WgpuError> {
+impl GpuLayers {
+    /// Uploads layers `layers` of `model` (weights as raw GGUF blocks) and a RoPE table for
+    /// `n_pos` positions (clamped to the trained context).
+    pub fn new(ctx: Arc<WgpuContext>, model: &Model, layers: Range<usize>, n_pos: usize, kv: KvPrecision) -> Result<GpuLayers, WgpuError> {
         let c = model.config.clone();
         if layers.start > layers.end || layers.end > c.n_layer {
             return Err(WgpuError::Unsupported(format!("layers {layers:?} of a {}-layer model", c.n_layer)));
         }
-        if c.head_dim % 2 != 0 || c.head_dim > MAX_HEAD_DIM || c.n_embd % 4 != 0 {
+        if c.head_dim % 8 != 0 || c.head_dim > MAX_HEAD_DIM || c.n_embd % 4 != 0 {
             return Err(WgpuError::Unsupported(format!("head_dim {} / n_embd {}", c.head_dim, c.n_embd)));
         }
-        let max_tokens = max_tokens.max(1);
-        let capacity = kv_capacity.clamp(1, c.n_ctx_train);
-        let (e, qd, kvd, ff, hd) = (c.n_embd, c.n_head * c.head_dim, c.kv_dim(), c.n_ff, c.head_dim);
-        let kv_bytes = (c.n_head_kv * capacity * hd * if kv == KvPrecision::F16 { 2 } else { 4 }) as u64;
-        let f32s = |n: usize| (n * 4) as u64;
-
+        let n_pos = n_pos.clamp(1, c.n_ctx_train);
         let mut gpu = Vec::with_capacity(layers.len());
         for li in layers.clone() {
             let lw = &model.weights.layers[li];
@@ -145,22 +192,73 @@ impl WgpuLayers {
                 ffn_norm: norm(&lw.ffn_norm, "ffn_norm")?,
                 gate_up: upload_rows(&ctx, model, &[&lw.w_gate, &lw.w_up], &format!("blk.{li}.ffn_gate_up"))?,
                 w_down: upload_rows(&ctx, model, &[&lw.w_down], &format!("blk.{li}.ffn_down"))?.remove(0),
-                k_cache: ctx.storage("k_cache", kv_bytes)?,
-                v_cache: ctx.storage("v_cache", kv_bytes)?,
             });
         }
+        let rope = ctx.storage_init("rope", bytemuck::cast_slice(&rope_table(n_pos, c.head_dim, c.rope_dims, c.rope_base)))?;
+        ctx.check()?;
+        Ok(GpuLayers { id: next_id(), ctx, config: c, layers, kv, gpu, rope, n_pos, head: None })
+    }
+
+    /// Also uploads the output norm and projection, so that [`forward_logits`](Self::forward_logits)
+    /// can return logits instead of the hidden state. Only for a stack that ends with the last layer.
+    pub fn with_head(mut self, model: &Model) -> Result<GpuLayers, WgpuError> {
+        if self.layers.end != self.config.n_layer {
+            return Err(WgpuError::Unsupported(format!("an output head after layers {:?} of {}", self.layers, self.config.n_layer)));
+        }
+        let norm = self.ctx.storage_init("output_norm", bytemuck::cast_slice(&model.weights.output_norm))?;
+        let out = upload_rows(&self.ctx, model, &[&model.weights.output], "output")?.remove(0);
+        self.head = Some(GpuHead { norm, out });
+        self.ctx.check()?;
+        Ok(self)
+    }
+
+    /// Whether logits come from the GPU ([`with_head`](Self::with_head)).
+    pub fn has_head(&self) -> bool {
+        self.head.is_some()
+    }
+
+    pub fn layers(&self) -> Range<usize> {
+        self.layers.clone()
+    }
+
+    pub fn context(&self) -> &Arc<WgpuContext> {
+        &self.ctx
+    }
+
+    /// Positions the RoPE table covers (a KV cache longer than this is refused).
+    pub fn max_positions(&self) -> usize {
+        self.n_pos
+    }
+
+    /// Bytes of weights held on the GPU.
+    pub fn weight_bytes(&self) -> u64 {
+        self.gpu.iter().map(|g| g.qkv.iter().chain(&g.gate_up).chain([&g.wo, &g.w_down]).map(|m| m.buf.size()).sum::<u64>()).sum()
+    }
+
+    /// A KV cache of `capacity` positions for these layers.
+    pub fn new_kv(&self, capacity: usize) -> Result<GpuKv, WgpuError> {
+        if capacity > self.n_pos {
+            return Err(WgpuError::ContextFull { needed: capacity, capacity: self.n_pos });
+        }
+        GpuKv::new(self.ctx.clone(), self.id, &self.config, self.layers.len(), capacity.max(1), self.kv)
+    }
+
+    /// Activation buffers and bind groups for steps of up to `max_tokens` tokens.
+    pub fn activations(&self, max_tokens: usize) -> Result<GpuActivations, WgpuError> {
+        let (ctx, c) = (&self.ctx, &self.config);
+        let max_tokens = max_tokens.max(1);
+        let (e, qd, kvd, ff) = (c.n_embd, c.n_head * c.head_dim, c.kv_dim(), c.n_ff);
+        let f32s = |n: usize| (n * 4) as u64;
         let qkvd = qd + 2 * kvd;
         let x = ctx.storage("x", f32s(max_tokens * e))?;
         let [xn, qkv, att, gu, act] = [e, qkvd, qd, 2 * ff, ff].map(|w| ctx.storage("activation", f32s(max_tokens * w)));
         let (xn, qkv, att, gu, act) = (xn?, qkv?, att?, gu?, act?);
         let pos = ctx.storage("pos", (max_tokens * 4) as u64)?;
-        let rope = ctx.storage_init("rope", bytemuck::cast_slice(&rope_table(capacity, hd, c.rope_dims, c.rope_base)))?;
         let staging = ctx.staging("staging", f32s(max_tokens * e));
 
-        // The steps of each layer with their buffers (binding 1.. of each kernel).
         let kern = &ctx.kernels;
-        let mut plan: Vec<(&Kernel, Step, &'static str, Vec<&wgpu::Buffer>)> = Vec::new();
-        for g in &gpu {
+        let mut plan: Vec<(bool, &Kernel, Step, &'static str, Vec<&wgpu::Buffer>)> = Vec::new();
+        for g in &self.gpu {
             let mm = |w: &GpuMatrix, y_stride: usize, accumulate: bool| Step::MatMul {
                 rows: w.rows,
                 cols: w.cols,
@@ -171,168 +269,228 @@ impl WgpuLayers {
             };
             let mmk = |w: &GpuMatrix| kern.matmul.get(&w.ty).ok_or_else(|| WgpuError::Unsupported(w.ty.name().into()));
             let norm = Step::RmsNorm { dim: e, eps: c.rms_eps };
-            plan.push((&kern.rmsnorm, norm, "rmsnorm", vec![&x, &g.attn_norm, &xn]));
+            plan.push((true, &kern.rmsnorm, norm, "rmsnorm", vec![&x, &g.attn_norm, &xn]));
             for w in &g.qkv {
-                plan.push((mmk(w)?, mm(w, qkvd, false), "matmul qkv", vec![&w.buf, &xn, &qkv]));
+                plan.push((true, mmk(w)?, mm(w, qkvd, false), "matmul qkv", vec![&w.buf, &xn, &qkv]));
             }
-            plan.push((&kern.rope, Step::Rope, "rope", vec![&qkv, &rope, &pos]));
-            plan.push((&kern.kv_store, Step::KvStore, "kv_store", vec![&qkv, &qkv, &g.k_cache, &g.v_cache, &pos]));
-            plan.push((&kern.attention, Step::Attention, "attention", vec![&qkv, &g.k_cache, &g.v_cache, &pos, &att]));
-            plan.push((mmk(&g.wo)?, mm(&g.wo, e, true), "matmul o + add", vec![&g.wo.buf, &att, &x]));
-            plan.push((&kern.rmsnorm, norm, "rmsnorm", vec![&x, &g.ffn_norm, &xn]));
+            plan.push((false, mmk(&g.wo)?, mm(&g.wo, e, true), "matmul o + add", vec![&g.wo.buf, &att, &x]));
+            plan.push((false, &kern.rmsnorm, norm, "rmsnorm", vec![&x, &g.ffn_norm, &xn]));
             for w in &g.gate_up {
-                plan.push((mmk(w)?, mm(w, 2 * ff, false), "matmul gate_up", vec![&w.buf, &xn, &gu]));
+                plan.push((false, mmk(w)?, mm(w, 2 * ff, false), "matmul gate_up", vec![&w.buf, &xn, &gu]));
             }
-            plan.push((&kern.silu_mul, Step::SiluMul, "silu_mul", vec![&gu, &gu, &act]));
-            plan.push((mmk(&g.w_down)?, mm(&g.w_down, e, true), "matmul down + add", vec![&g.w_down.buf, &act, &x]));
+            plan.push((false, &kern.silu_mul, Step::SiluMul, "silu_mul", vec![&gu, &gu, &act]));
+            plan.push((false, mmk(&g.w_down)?, mm(&g.w_down, e, true), "matmul down + add", vec![&g.w_down.buf, &act, &x]));
         }
         let mut slots: Vec<Step> = Vec::new();
-        for (_, s, _, _) in &plan {
+        for (_, _, s, _, _) in &plan {
             if !slots.contains(s) {
                 slots.push(*s);
             }
         }
-        let params = ctx.params("layer params", slots.len());
-        let dispatches = plan
-            .iter()
-            .map(|(kernel, step, label, bufs)| {
+        let slot_stride = ctx.uniform_align.max(PARAM_WINDOW);
+        // token-wide steps, the head's two, then one per sequence
+        let head_slots = [slots.len(), slots.len() + 1];
+        let n_fixed = slots.len() + 2;
+        let params = ctx.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("layer params"),
+            size: slot_stride * (n_fixed + max_tokens) as u64,
+            usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let mut layers: Vec<LayerDispatches> = Vec::with_capacity(self.gpu.len());
+        let per_layer = plan.len() / self.gpu.len().max(1);
+        for chunk in plan.chunks(per_layer.max(1)) {
+            let mut ld = LayerDispatches { pre: Vec::new(), post: Vec::new() };
+            for (pre, kernel, step, label, bufs) in chunk {
                 let slot = slots.iter().position(|s| s == step).unwrap_or(0) as u64;
-                let mut binds = vec![(&params, slot * ctx.uniform_align, Some(32))];
+                let mut binds = vec![(&params, slot * slot_stride, Some(PARAM_WINDOW))];
                 binds.extend(bufs.iter().map(|b| (*b, 0, None)));
-                Dispatch { pipeline: kernel.pipeline.clone(), bind: ctx.bind(kernel, &binds), step: *step, label }
-            })
-            .collect();
+                let d = Dispatch { pipeline: kernel.pipeline.clone(), bind: ctx.bind(kernel, &binds), step: *step, label };
+                if *pre { ld.pre.push(d) } else { ld.post.push(d) }
+            }
+            layers.push(ld);
+        }
+        let words = vec![0u32; (slot_stride / 4) as usize * (n_fixed + max_tokens)];
+        let head = match &self.head {
+            None => None,
+            Some(h) => {
+                let rows = max_tokens.min(HEAD_ROWS);
+                let hx = ctx.storage("head x", f32s(rows * e))?;
+                let hn = ctx.storage("head xn", f32s(rows * e))?;
+                let logits = ctx.storage("logits", f32s(rows * h.out.rows))?;
+                let staging = ctx.staging("logits staging", f32s(rows * h.out.rows));
+                let win = |slot: usize| (&params, slot as u64 * slot_stride, Some(PARAM_WINDOW));
+                let norm_bind = ctx.bind(&kern.rmsnorm, &[win(head_slots[0]), (&hx, 0, None), (&h.norm, 0, None), (&hn, 0, None)]);
+                let mmk = kern.matmul.get(&h.out.ty).ok_or_else(|| WgpuError::Unsupported(h.out.ty.name().into()))?;
+                let out_bind = ctx.bind(mmk, &[win(head_slots[1]), (&h.out.buf, 0, None), (&hn, 0, None), (&logits, 0, None)]);
+                let step = |rows: usize| Step::MatMul { rows, cols: h.out.cols, row_bytes: h.out.row_bytes, y_stride: h.out.rows, y_off: 0, accumulate: false };
+                Some(HeadActs {
+                    norm: Dispatch { pipeline: kern.rmsnorm.pipeline.clone(), bind: norm_bind, step: Step::RmsNorm { dim: e, eps: c.rms_eps }, label: "output norm" },
+                    out: Dispatch { pipeline: mmk.pipeline.clone(), bind: out_bind, step: step(h.out.rows), label: "output" },
+                    hx,
+                    _hn: hn,
+                    logits,
+                    staging,
+                    rows,
+                    slots: head_slots,
+                })
+            }
+        };
         ctx.check()?;
-        Ok(WgpuLayers {
-            config: c,
-            layers,
-            kv,
+        Ok(GpuActivations {
+            id: next_id(),
+            owner: self.id,
             max_tokens,
-            capacity,
-            len: 0,
-            gpu,
             x,
             pos,
-            _rope: rope,
             params,
+            slot_stride,
             staging,
+            qkv,
+            att,
+            _other: vec![xn, gu, act],
             slots,
-            dispatches,
-            _activations: vec![xn, qkv, att, gu, act],
-            ctx,
+            n_fixed,
+            layers,
+            words,
+            head,
         })
     }
 
-    pub fn layers(&self) -> Range<usize> {
-        self.layers.clone()
+    /// Runs these layers over `hidden` ([n_tok, n_embd], replaced by the layers' output). The
+    /// step's tokens are the sequences' tokens in order; `positions` holds each token's position
+    /// (for sequence s: `s.start, s.start + 1, ...`). Keys and values go into each sequence's cache.
+    pub fn forward(&self, act: &mut GpuActivations, hidden: &mut [f32], positions: &[u32], seqs: &mut [SeqSpan<'_>]) -> Result<(), WgpuError> {
+        self.step(act, hidden, positions, seqs, false, None).map(|_| ())
     }
 
-    /// Valid KV positions.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    pub fn capacity(&self) -> usize {
-        self.capacity
-    }
-
-    pub fn max_tokens(&self) -> usize {
-        self.max_tokens
-    }
-
-    /// Forgets positions `len..` (a rejected draft, a new prompt); the next token goes at `len`.
-    pub fn truncate(&mut self, len: usize) {
-        self.len = self.len.min(len);
-    }
-
-    /// Bytes of weights and KV cache held on the GPU.
-    pub fn gpu_bytes(&self) -> u64 {
-        self.gpu
-            .iter()
-            .map(|g| {
-                g.qkv.iter().chain(&g.gate_up).chain([&g.wo, &g.w_down]).map(|m| m.buf.size()).sum::<u64>()
-                    + g.k_cache.size()
-                    + g.v_cache.size()
-            })
-            .sum()
-    }
-
-    /// Runs this range's layers over `hidden` ([n_tok, n_embd], replaced by the layers' output)
-    /// for tokens at `positions`, which must continue the sequence: `len(), len()+1, ...`.
-    /// Their keys and values are appended to the GPU KV cache.
-    pub fn forward(&mut self, hidden: &mut [f32], positions: &[u32]) -> Result<(), WgpuError> {
-        self.step(hidden, positions, false).map(|_| ())
+    /// [`forward`](Self::forward), then the output norm and projection on the GPU for the step
+    /// rows `rows` (indices into the step's tokens): `logits` [rows.len(), vocab] in that order.
+    /// `hidden` is not read back. Needs [`with_head`](Self::with_head).
+    pub fn forward_logits(
+        &self,
+        act: &mut GpuActivations,
+        hidden: &mut [f32],
+        positions: &[u32],
+        seqs: &mut [SeqSpan<'_>],
+        rows: &[u32],
+        logits: &mut [f32],
+    ) -> Result<(), WgpuError> {
+        let Some(h) = &self.head else { return Err(WgpuError::Unsupported("logits without an output head".into())) };
+        if logits.len() != rows.len() * h.out.rows || rows.iter().any(|&r| r as usize >= positions.len()) {
+            return Err(WgpuError::BadShape { got: logits.len(), expected: rows.len() * h.out.rows });
+        }
+        self.step(act, hidden, positions, seqs, false, Some((rows, logits))).map(|_| ())
     }
 
     /// [`forward`](Self::forward) with each dispatch in its own compute pass between GPU
     /// timestamps: milliseconds of GPU time per kind of dispatch, in order of first appearance.
     /// `None` (after a plain forward) when the adapter has no timestamp queries.
-    pub fn forward_profiled(&mut self, hidden: &mut [f32], positions: &[u32]) -> Result<Option<Vec<(&'static str, f64)>>, WgpuError> {
-        self.step(hidden, positions, self.ctx.timestamps)
+    pub fn forward_profiled(
+        &self,
+        act: &mut GpuActivations,
+        hidden: &mut [f32],
+        positions: &[u32],
+        seqs: &mut [SeqSpan<'_>],
+    ) -> Result<Option<Vec<(&'static str, f64)>>, WgpuError> {
+        self.step(act, hidden, positions, seqs, self.ctx.timestamps, None)
     }
 
-    fn step(&mut self, hidden: &mut [f32], positions: &[u32], profile: bool) -> Result<Option<Vec<(&'static str, f64)>>, WgpuError> {
+    fn check_step(&self, act: &GpuActivations, hidden: &[f32], positions: &[u32], seqs: &mut [SeqSpan<'_>]) -> Result<(), WgpuError> {
         let n = positions.len();
         let e = self.config.n_embd;
-        if n > self.max_tokens {
-            return Err(WgpuError::BatchTooLarge { got: n, max: self.max_tokens });
+        if act.owner != self.id {
+            return Err(WgpuError::Unsupported("activations of another layer stack".into()));
         }
-        if hidden.len() != n * e {
+        if n > act.max_tokens {
+            return Err(WgpuError::BatchTooLarge { got: n, max: act.max_tokens });
+        }
+        if hidden.len() != n * e || seqs.iter().map(|s| s.n_tok).sum::<usize>() != n {
             return Err(WgpuError::BadShape { got: hidden.len(), expected: n * e });
         }
-        if let Some((i, &p)) = positions.iter().enumerate().find(|&(i, &p)| p as usize != self.len + i) {
-            return Err(WgpuError::BadPositions { expected: self.len + i, got: p });
+        let mut t0 = 0;
+        for s in seqs.iter_mut() {
+            if s.kv.owner != self.id {
+                return Err(WgpuError::Unsupported("a KV cache of another layer stack".into()));
+            }
+            if s.start + s.n_tok > s.kv.capacity {
+                return Err(WgpuError::ContextFull { needed: s.start + s.n_tok, capacity: s.kv.capacity });
+            }
+            for (i, &p) in positions[t0..t0 + s.n_tok].iter().enumerate() {
+                if p as usize != s.start + i {
+                    return Err(WgpuError::BadPositions { expected: s.start + i, got: p });
+                }
+            }
+            t0 += s.n_tok;
         }
-        if self.len + n > self.capacity {
-            return Err(WgpuError::ContextFull { needed: self.len + n, capacity: self.capacity });
-        }
+        Ok(())
+    }
+
+    fn step(
+        &self,
+        act: &mut GpuActivations,
+        hidden: &mut [f32],
+        positions: &[u32],
+        seqs: &mut [SeqSpan<'_>],
+        profile: bool,
+        head: Option<(&[u32], &mut [f32])>,
+    ) -> Result<Option<Vec<(&'static str, f64)>>, WgpuError> {
+        self.check_step(act, hidden, positions, seqs)?;
+        let n = positions.len();
         if n == 0 {
             return Ok(None);
         }
-        let ctx = &self.ctx;
-        ctx.queue.write_buffer(&self.x, 0, bytemuck::cast_slice(hidden));
-        ctx.queue.write_buffer(&self.pos, 0, bytemuck::cast_slice(positions));
-        let stride = ctx.uniform_align as usize / 4;
-        let mut words = vec![0u32; self.slots.len() * stride];
-        for (slot, step) in self.slots.iter().enumerate() {
-            let p = self.params_of(*step, n);
-            words[slot * stride..slot * stride + 8].copy_from_slice(&p);
+        for s in seqs.iter_mut() {
+            s.kv.bind_for(self, act)?;
         }
-        ctx.queue.write_buffer(&self.params, 0, bytemuck::cast_slice(&words));
+        let ctx = &self.ctx;
+        ctx.queue.write_buffer(&act.x, 0, bytemuck::cast_slice(hidden));
+        ctx.queue.write_buffer(&act.pos, 0, bytemuck::cast_slice(positions));
+        let stride = (act.slot_stride / 4) as usize;
+        let n_wide = act.n_fixed;
+        for (slot, step) in act.slots.iter().enumerate() {
+            let p = self.params_of(*step, n);
+            act.words[slot * stride..slot * stride + 8].copy_from_slice(&p);
+        }
+        let mut t0 = 0;
+        for (i, s) in seqs.iter().enumerate() {
+            let p = self.seq_params(s.kv.capacity, t0, s.n_tok);
+            act.words[(n_wide + i) * stride..(n_wide + i) * stride + 12].copy_from_slice(&p);
+            t0 += s.n_tok;
+        }
+        let used = (n_wide + seqs.len()) * stride;
+        ctx.queue.write_buffer(&act.params, 0, bytemuck::cast_slice(&act.words[..used]));
 
+        let n_dispatch = act.layers.iter().map(|l| l.pre.len() + l.post.len()).sum::<usize>() + 2 * self.gpu.len() * seqs.len();
         let mut enc = ctx.encoder();
         let queries = profile.then(|| {
-            ctx.device.create_query_set(&wgpu::QuerySetDescriptor {
-                label: Some("profile"),
-                ty: wgpu::QueryType::Timestamp,
-                count: 2 * self.dispatches.len() as u32,
-            })
+            ctx.device.create_query_set(&wgpu::QuerySetDescriptor { label: Some("profile"), ty: wgpu::QueryType::Timestamp, count: 2 * n_dispatch as u32 })
         });
+        let mut labels: Vec<&'static str> = Vec::new();
         if let Some(qs) = &queries {
-            for (i, d) in self.dispatches.iter().enumerate() {
+            let mut i = 0u32;
+            self.record(act, seqs, n, |label, pipeline, bind, offset, grid| {
                 let writes = wgpu::ComputePassTimestampWrites {
                     query_set: qs,
-                    beginning_of_pass_write_index: Some(2 * i as u32),
-                    end_of_pass_write_index: Some(2 * i as u32 + 1),
+                    beginning_of_pass_write_index: Some(2 * i),
+                    end_of_pass_write_index: Some(2 * i + 1),
                 };
-                let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(d.label), timestamp_writes: Some(writes) });
-                self.record(&mut pass, d, n);
-            }
+                let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(label), timestamp_writes: Some(writes) });
+                dispatch(&mut pass, pipeline, bind, offset, grid);
+                labels.push(label);
+                i += 1;
+            });
         } else {
             let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("layers"), timestamp_writes: None });
-            for d in &self.dispatches {
-                self.record(&mut pass, d, n);
-            }
+            self.record(act, seqs, n, |_, pipeline, bind, offset, grid| dispatch(&mut pass, pipeline, bind, offset, grid));
         }
-        ctx.submit_and_read(enc, &self.x, 0, &self.staging, hidden)?;
-        self.len += n;
+        if let Some((rows, logits)) = head {
+            return self.head_rounds(act, enc, rows, logits);
+        }
+        ctx.submit_and_read(enc, &act.x, 0, &act.staging, hidden)?;
         let Some(qs) = queries else { return Ok(None) };
 
-        let bytes = 16 * self.dispatches.len() as u64;
+        let bytes = 16 * n_dispatch as u64;
         let resolved = ctx.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("timestamps"),
             size: bytes,
@@ -340,62 +498,136 @@ impl WgpuLayers {
             mapped_at_creation: false,
         });
         let mut enc = ctx.encoder();
-        enc.resolve_query_set(&qs, 0..2 * self.dispatches.len() as u32, &resolved, 0);
-        let mut ticks = vec![0u64; 2 * self.dispatches.len()];
+        enc.resolve_query_set(&qs, 0..2 * n_dispatch as u32, &resolved, 0);
+        let mut ticks = vec![0u64; 2 * n_dispatch];
         ctx.map_read(enc, &resolved, 0, &ctx.staging("timestamps", bytes), bytes, |b| ticks.copy_from_slice(bytemuck::cast_slice(b)))?;
         let ns_per_tick = f64::from(ctx.queue.get_timestamp_period());
         let mut out: Vec<(&'static str, f64)> = Vec::new();
-        for (d, t) in self.dispatches.iter().zip(ticks.chunks_exact(2)) {
+        for (label, t) in labels.iter().zip(ticks.chunks_exact(2)) {
             let ms = t[1].saturating_sub(t[0]) as f64 * ns_per_tick / 1e6;
-            match out.iter_mut().find(|(l, _)| *l == d.label) {
+            match out.iter_mut().find(|(l, _)| l == label) {
                 Some((_, total)) => *total += ms,
-                None => out.push((d.label, ms)),
+                None => out.push((label, ms)),
             }
         }
         Ok(Some(out))
     }
 
-    fn record(&self, pass: &mut wgpu::ComputePass<'_>, d: &Dispatch, n: usize) {
-        let (gx, gy) = self.grid_of(d.step, n);
-        pass.set_pipeline(&d.pipeline);
-        pass.set_bind_group(0, &d.bind, &[]);
-        pass.dispatch_workgroups(gx, gy, 1);
+    /// The output head over the step's final residual stream, `HEAD_ROWS` rows per round: the
+    /// rows are gathered by buffer copies, normalized, projected, read back. The first round
+    /// rides in `enc`, the command buffer of the layers.
+    fn head_rounds(
+        &self,
+        act: &mut GpuActivations,
+        enc: wgpu::CommandEncoder,
+        rows: &[u32],
+        logits: &mut [f32],
+    ) -> Result<Option<Vec<(&'static str, f64)>>, WgpuError> {
+        let ctx = &self.ctx;
+        let e = self.config.n_embd;
+        let Some(h) = &act.head else { return Err(WgpuError::Unsupported("no head activations".into())) };
+        if rows.is_empty() {
+            // No logits wanted (a prefill chunk): still return only once the step is done, as
+            // every other step does, so that a caller's timer or error check sees this step.
+            ctx.queue.submit([enc.finish()]);
+            ctx.device.poll(wgpu::PollType::wait_indefinitely()).map_err(|e| WgpuError::Gpu(e.to_string()))?;
+            return ctx.check().map(|_| None);
+        }
+        let v = logits.len() / rows.len().max(1);
+        let mut first = Some(enc);
+        for (ci, chunk) in rows.chunks(h.rows).enumerate() {
+            let mut enc = first.take().unwrap_or_else(|| ctx.encoder());
+            let k = chunk.len();
+            for (step, slot) in [(h.norm.step, h.slots[0]), (h.out.step, h.slots[1])] {
+                let p = self.params_of(step, k);
+                ctx.queue.write_buffer(&act.params, slot as u64 * act.slot_stride, bytemuck::cast_slice(&p));
+            }
+            let row_bytes = (e * 4) as u64;
+            for (i, &r) in chunk.iter().enumerate() {
+                enc.copy_buffer_to_buffer(&act.x, r as u64 * row_bytes, &h.hx, i as u64 * row_bytes, row_bytes);
+            }
+            {
+                let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("head"), timestamp_writes: None });
+                dispatch(&mut pass, &h.norm.pipeline, &h.norm.bind, None, self.grid_of(h.norm.step, k));
+                dispatch(&mut pass, &h.out.pipeline, &h.out.bind, None, self.grid_of(h.out.step, k));
+            }
+            let off = ci * h.rows * v;
+            ctx.submit_and_read(enc, &h.logits, 0, &h.staging, &mut logits[off..off + k * v])?;
+        }
+        Ok(None)
+    }
+
+    /// Hands every dispatch of a step to `emit` in order: (label, pipeline, bind group, dynamic
+    /// parameter offset, grid).
+    fn record<'a>(
+        &'a self,
+        act: &'a GpuActivations,
+        seqs: &'a [SeqSpan<'_>],
+        n: usize,
+        mut emit: impl FnMut(&'static str, &'a wgpu::ComputePipeline, &'a wgpu::BindGroup, Option<u32>, (u32, u32)),
+    ) {
+        let c = &self.config;
+        let k = &self.ctx.kernels;
+        let seq_offset = |i: usize| ((act.n_fixed + i) as u64 * act.slot_stride) as u32;
+        for (li, ld) in act.layers.iter().enumerate() {
+            for d in &ld.pre {
+                emit(d.label, &d.pipeline, &d.bind, None, self.grid_of(d.step, n));
+            }
+            for (i, s) in seqs.iter().enumerate() {
+                let grid = grid_1d(s.n_tok * (c.n_head + 2 * c.n_head_kv) * c.head_dim / 2);
+                emit("rope + kv store", &k.rope_store.pipeline, s.kv.bind(li, 0), Some(seq_offset(i)), grid);
+            }
+            for (i, s) in seqs.iter().enumerate() {
+                emit("attention", &k.attention.pipeline, s.kv.bind(li, 1), Some(seq_offset(i)), (c.n_head as u32, s.n_tok as u32));
+            }
+            for d in &ld.post {
+                emit(d.label, &d.pipeline, &d.bind, None, self.grid_of(d.step, n));
+            }
+        }
     }
 
     /// The uniform parameters of `step` for a batch of `n` tokens (layouts in the .wgsl headers).
     fn params_of(&self, step: Step, n: usize) -> [u32; 8] {
-        let c = &self.config;
-        let (n32, hd, qd, kvd) = (n as u32, c.head_dim as u32, (c.n_head * c.head_dim) as u32, c.kv_dim() as u32);
+        let n32 = n as u32;
         match step {
             Step::MatMul { rows, cols, row_bytes, y_stride, y_off, accumulate } => {
                 [rows as u32, cols as u32, n32, row_bytes as u32, y_stride as u32, y_off as u32, accumulate as u32, 0]
             }
             Step::RmsNorm { dim, eps } => [dim as u32, n32, eps.to_bits(), 0, 0, 0, 0, 0],
-            Step::Rope => [n32, (c.n_head + c.n_head_kv) as u32, hd, qd + 2 * kvd, 0, 0, 0, 0],
-            Step::KvStore => [n32, c.n_head_kv as u32, hd, self.capacity as u32, self.kv_f16(), qd + 2 * kvd, qd, qd + kvd],
-            Step::Attention => {
-                let scale = 1.0 / (c.head_dim as f32).sqrt();
-                [n32, c.n_head as u32, c.n_head_kv as u32, hd, self.capacity as u32, self.kv_f16(), scale.to_bits(), qd + 2 * kvd]
-            }
-            Step::SiluMul => [n32, c.n_ff as u32, 2 * c.n_ff as u32, c.n_ff as u32, 0, 0, 0, 0],
+            Step::SiluMul => [n32, self.config.n_ff as u32, 2 * self.config.n_ff as u32, self.config.n_ff as u32, 0, 0, 0, 0],
         }
     }
 
-    fn kv_f16(&self) -> u32 {
-        (self.kv == KvPrecision::F16) as u32
+    /// Parameters of rope_store.wgsl and attention.wgsl for one sequence (rows t0..t0+n_tok).
+    fn seq_params(&self, capacity: usize, t0: usize, n_tok: usize) -> [u32; 12] {
+        let c = &self.config;
+        let scale = 1.0 / (c.head_dim as f32).sqrt();
+        let qkvd = c.n_head * c.head_dim + 2 * c.kv_dim();
+        let f16 = (self.kv == KvPrecision::F16) as u32;
+        [n_tok as u32, t0 as u32, c.n_head as u32, c.n_head_kv as u32, c.head_dim as u32, capacity as u32, f16, qkvd as u32, scale.to_bits(), 0, 0, 0]
     }
 
     fn grid_of(&self, step: Step, n: usize) -> (u32, u32) {
-        let c = &self.config;
         match step {
             Step::MatMul { rows, .. } => self.ctx.matmul_grid(rows, n),
             Step::RmsNorm { .. } => (n as u32, 1),
-            Step::Rope => grid_1d(n * (c.n_head + c.n_head_kv) * c.head_dim / 2),
-            Step::KvStore => grid_1d(n * c.n_head_kv * c.head_dim / 2),
-            Step::Attention => (c.n_head as u32, n as u32),
-            Step::SiluMul => grid_1d(n * c.n_ff),
+            Step::SiluMul => grid_1d(n * self.config.n_ff),
         }
     }
+
+    /// The buffers a sequence's bind groups use: (qkv, att, pos, params, rope).
+    pub(crate) fn seq_buffers<'a>(&'a self, act: &'a GpuActivations) -> [&'a wgpu::Buffer; 5] {
+        [&act.qkv, &act.att, &act.pos, &act.params, &self.rope]
+    }
+}
+
+fn dispatch(pass: &mut wgpu::ComputePass<'_>, pipeline: &wgpu::ComputePipeline, bind: &wgpu::BindGroup, offset: Option<u32>, grid: (u32, u32)) {
+    pass.set_pipeline(pipeline);
+    match offset {
+        Some(o) => pass.set_bind_group(0, bind, &[o]),
+        None => pass.set_bind_group(0, bind, &[]),
+    }
+    pass.dispatch_workgroups(grid.0, grid.1, 1);
 }
 
 /// Uploads matrices that feed one destination row (q|k|v or gate|up): stacked in one buffer when
@@ -420,4 +652,93 @@ fn upload_rows(ctx: &WgpuContext, model: &Model, mats: &[&Matrix], name: &str) -
             Ok(m)
         })
         .collect()
+}
+
+/// Layers `[a, b)` of a model on the GPU for one sequence: [`GpuLayers`], its activations and
+/// one KV cache, with the cached length tracked here.
+pub struct WgpuLayers {
+    stack: GpuLayers,
+    act: GpuActivations,
+    kv: GpuKv,
+    /// Positions 0..len of the KV cache are valid.
+    len: usize,
+}
+
+impl WgpuLayers {
+    /// Uploads layers `layers` of `model` with an f16 KV cache of `kv_capacity` positions
+    /// (clamped to the trained context), for steps of up to `max_tokens` tokens.
+    pub fn new(ctx: Arc<WgpuContext>, model: &Model, layers: Range<usize>, max_tokens: usize, kv_capacity: usize) -> Result<WgpuLayers, WgpuError> {
+        WgpuLayers::with_kv(ctx, model, layers, max_tokens, kv_capacity, KvPrecision::F16)
+    }
+
+    pub fn with_kv(
+        ctx: Arc<WgpuContext>,
+        model: &Model,
+        layers: Range<usize>,
+        max_tokens: usize,
+        kv_capacity: usize,
+        kv: KvPrecision,
+    ) -> Result<WgpuLayers, WgpuError> {
+        let capacity = kv_capacity.clamp(1, model.config.n_ctx_train);
+        let stack = GpuLayers::new(ctx, model, layers, capacity, kv)?;
+        let act = stack.activations(max_tokens)?;
+        let kv = stack.new_kv(capacity)?;
+        Ok(WgpuLayers { stack, act, kv, len: 0 })
+    }
+
+    pub fn layers(&self) -> Range<usize> {
+        self.stack.layers()
+    }
+
+    /// Valid KV positions.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.kv.capacity
+    }
+
+    pub fn max_tokens(&self) -> usize {
+        self.act.max_tokens
+    }
+
+    /// Forgets positions `len..` (a rejected draft, a new prompt); the next token goes at `len`.
+    pub fn truncate(&mut self, len: usize) {
+        self.len = self.len.min(len);
+    }
+
+    /// Bytes of weights and KV cache held on the GPU.
+    pub fn gpu_bytes(&self) -> u64 {
+        self.stack.weight_bytes() + self.kv.bytes()
+    }
+
+    /// Runs this range's layers over `hidden` ([n_tok, n_embd], replaced by the layers' output)
+    /// for tokens at `positions`, which must continue the sequence: `len(), len()+1, ...`.
+    /// Their keys and values are appended to the GPU KV cache.
+    pub fn forward(&mut self, hidden: &mut [f32], positions: &[u32]) -> Result<(), WgpuError> {
+        self.step(hidden, positions, false).map(|_| ())
+    }
+
+    /// [`forward`](Self::forward) with GPU timestamps per kind of dispatch (see
+    /// [`GpuLayers::forward_profiled`]).
+    pub fn forward_profiled(&mut self, hidden: &mut [f32], positions: &[u32]) -> Result<Option<Vec<(&'static str, f64)>>, WgpuError> {
+        self.step(hidden, positions, true)
+    }
+
+    fn step(&mut self, hidden: &mut [f32], positions: &[u32], profile: bool) -> Result<Option<Vec<(&'static str, f64)>>, WgpuError> {
+        let mut seqs = [SeqSpan { kv: &mut self.kv, start: self.len, n_tok: positions.len() }];
+        let r = if profile {
+            self.stack.forward_profiled(&mut self.act, hidden, positions, &mut seqs)?
+        } else {
+            self.stack.forward(&mut self.act, hidden, positions, &mut seqs)?;
+            None
+        };
+        self.len += positions.len();
+        Ok(r)
+    }
 }

@@ -18,14 +18,18 @@
 
 mod backend;
 mod context;
+mod kv;
 mod layers;
 
+#[cfg(test)]
+mod stress;
 #[cfg(test)]
 mod tests;
 
 pub use backend::WgpuBackend;
 pub use context::{AdapterSummary, WgpuContext, WgpuOptions, WEIGHT_TYPES};
-pub use layers::{KvPrecision, WgpuLayers};
+pub use kv::GpuKv;
+pub use layers::{GpuActivations, GpuLayers, KvPrecision, SeqSpan, WgpuLayers};
 
 #[derive(Debug, thiserror::Error)]
 pub enum WgpuError {

@@ -33,10 +33,12 @@ use crate::backend::{AttentionArgs, Backend, WeightView};
 use crate::gguf::synth::{random_matrix, tiny_shape, write_synth_model, Rng};
 use crate::gguf::{dequantize_row, GgmlType, QK, QK_K};
 
-/// One GPU test at a time. lavapipe runs every dispatch on the machine's own (2, in CI) cores;
-/// with several of these tests at once, `wgpu_kernels_are_batch_invariant` saw an attention
-/// mismatch twice in ~10 full runs before the explicit barrier after the query load in
-/// attention.wgsl, and none in 35 runs since. The root cause is not established (see issue 7).
+/// One GPU test at a time: lavapipe runs every dispatch on the machine's own (2, in CI) cores,
+/// so concurrent GPU tests only slow each other down. (The mismatches once seen here with several
+/// tests at once had another cause, found with `stress.rs`: a read-back could miss its mapping
+/// callback when another thread's poll had collected it, the op failed with "map did not
+/// complete" and the trait method fell back to the CPU result; `WgpuContext::map_read` now waits
+/// for the callback. The stress test runs without this lock.)
 fn gpu_lock() -> MutexGuard<'static, ()> {
     static GPU: Mutex<()> = Mutex::new(());
     GPU.lock().unwrap_or_else(|p| p.into_inner())
@@ -63,7 +65,7 @@ fn contexts() -> &'static [Arc<WgpuContext>] {
     })
 }
 
-fn context() -> Option<Arc<WgpuContext>> {
+pub(super) fn context() -> Option<Arc<WgpuContext>> {
     contexts().first().cloned()
 }
 
@@ -101,7 +103,7 @@ fn no_gpu_errors(all: &[Present]) {
     }
 }
 
-fn uniform(seed: u64, n: usize) -> Vec<f32> {
+pub(super) fn uniform(seed: u64, n: usize) -> Vec<f32> {
     let mut r = Rng::new(seed);
     (0..n).map(|_| r.next_f32() * 2.0 - 1.0).collect()
 }
@@ -371,6 +373,10 @@ fn batch_invariance_on(gpu: WgpuBackend) {
     let wdt = n_head * hd;
     for (t, p) in positions.iter().enumerate() {
         let one = attention(&gpu, &q[t * wdt..(t + 1) * wdt], &k, &v, cap, &[*p], (n_head, n_kv, hd));
+        // A GPU error would have made the trait method fall back to the CPU: report it as such.
+        if let Some(e) = gpu.take_error() {
+            panic!("attention token {t}: GPU error {e}");
+        }
         assert!(one.iter().zip(&batch[t * wdt..]).all(|(a, c)| a.to_bits() == c.to_bits()), "attention token {t}");
     }
     assert!(gpu.take_error().is_none());

@@ -1,176 +1,265 @@
-// attention.wgsl — causal attention of a batch of query tokens of one sequence over its KV cache.
+// attention.wgsl — causal attention of the query tokens of one sequence over its KV cache,
+// split over the keys inside one workgroup (flash-decoding within a workgroup).
 //
 // Bindings (group 0):
-//   0 uniform P { n_tok, n_head, n_kv_head, head_dim, capacity, kv_f16, scale (f32), q_stride }
-//   1 storage read  Q: array<f32>   [n_tok, q_stride]; the first n_head * head_dim values of a row
-//                                    are the token's query heads (RoPE applied)
-//   2 storage read  KC: array<u32>  [n_kv_head, capacity, head_dim], f16 pairs (kv_f16 = 1) or f32 bits
-//   3 storage read  VC: array<u32>  same layout as KC
-//   4 storage read  POS: array<u32> [n_tok] position of each query; it attends to keys 0..=POS[t]
-//   5 storage rw    O: array<f32>   [n_tok, n_head * head_dim]
-// Dispatch: (n_head, n_tok, 1) workgroups of 64 threads, one per (head, token); head_dim <= 256
-// and even. Query head h reads KV head h / (n_head / n_kv_head).
+//   0 uniform P (dynamic offset: one slot per sequence of a step) { n_tok, t0, n_head, n_kv_head,
+//       head_dim, capacity, kv_f16, q_stride, scale (f32), _, _, _ }
+//   1 storage read  Q: array<f32>        [t0 + n_tok, q_stride]; the first n_head * head_dim values
+//                                         of a row are the token's query heads (RoPE applied)
+//   2 storage read  KC: array<vec4<u32>> [n_kv_head, capacity, head_dim], f16 pairs (kv_f16 = 1)
+//                                         or f32 bits, read 16 bytes at a time
+//   3 storage read  VC: array<u32>       same layout as KC, read one pair (2 values) at a time
+//   4 storage read  POS: array<u32>      [t0 + n_tok] position of each query; it attends to 0..=POS[t]
+//   5 storage rw    O: array<f32>        [t0 + n_tok, n_head * head_dim]
+// Rows t0 .. t0 + n_tok are this sequence's. Dispatch: (n_head, n_tok, 1) workgroups of 256
+// threads, one per (head, token); head_dim a multiple of 8, at most 256. Query head h reads KV
+// head h / (n_head / n_kv_head).
 //
-// Keys are scanned in position order in tiles of 64 at absolute positions 0, 64, 128, ...: thread
-// j scores key tile+j (a fused multiply-add chain over head_dim), the tile's max and sum of
-// exponentials come from fixed trees, and each output dimension accumulates the tile's values in
-// key order (online softmax, as ops::attend_head; the loops are unrolled by hand so that loads
-// issue together, the order of the additions is unchanged). Nothing depends on the other queries
-// of the batch, so a token's output is bitwise the same in decode and prefill.
+// Order of the arithmetic (fixed, so a token's output is bitwise the same alone, in a prefill of
+// any chunking, or next to other sequences): keys are cut into tiles of 32 at absolute positions
+// 0, 32, 64, ...; the workgroup's 8 groups of 32 lanes take tiles g, g + 8, g + 16, ... Lane j of a
+// group scores key j of its tile (a fused multiply-add chain over head_dim, times `scale`). Every
+// lane of the group then walks the tile's scores in key order: the tile's max (a chain of max),
+// the group's running max m, the rescale of its running sum l and outputs by exp(m_old - m), and
+// for each key e = exp(s - m), l += e, o += e * v (lane j owns value pairs j, j + 32, ...). At
+// the end the 8 groups' (m, l, o) are merged in group order 0..7 with exp(m_g - max_g m_g).
+// The key split is inside the workgroup, so no scratch buffer and no second dispatch are needed;
+// the 8 groups load keys and values concurrently, which hides memory latency in decode.
 
 struct P {
     n_tok: u32,
+    t0: u32,
     n_head: u32,
     n_kv_head: u32,
     head_dim: u32,
     capacity: u32,
     kv_f16: u32,
-    scale: f32,
     q_stride: u32,
+    scale: f32,
+    _a: u32,
+    _b: u32,
+    _c: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: P;
 @group(0) @binding(1) var<storage, read> Q: array<f32>;
-@group(0) @binding(2) var<storage, read> KC: array<u32>;
+@group(0) @binding(2) var<storage, read> KC: array<vec4<u32>>;
 @group(0) @binding(3) var<storage, read> VC: array<u32>;
 @group(0) @binding(4) var<storage, read> POS: array<u32>;
 @group(0) @binding(5) var<storage, read_write> O: array<f32>;
 
-const AT: u32 = 64u;
+const G: u32 = 8u;   // groups per workgroup
+const L: u32 = 32u;  // lanes per group = keys per tile
 const NEG: f32 = -3.0e38; // stands for -infinity (WGSL may assume no infinities)
 
 // [head_dim] the query
 var<workgroup> qv: array<f32, 256>;
-// [AT] exp(score - max) of the current tile
-var<workgroup> es: array<f32, 64>;
-// [AT] reduction scratch
-var<workgroup> red: array<f32, 64>;
+// [G][L] scores of each group's current tile
+var<workgroup> sc: array<f32, 256>;
+// [G][256] each group's unnormalized output
+var<workgroup> go: array<f32, 2048>;
+// [G] each group's running max and sum
+var<workgroup> gm: array<f32, 8>;
+var<workgroup> gl: array<f32, 8>;
 // key count, shared so that loop bounds are workgroup-uniform
 var<workgroup> nkeys: u32;
 
-// Elements (e, e + 1) of a cache buffer, e even.
-fn k_pair(e: u32) -> vec2<f32> {
+// q · (8 key values starting at element e of KC, e a multiple of 8), continuing `acc`.
+fn dot8(acc: f32, e: u32, d: u32) -> f32 {
+    var s = acc;
     if (p.kv_f16 != 0u) {
-        return unpack2x16float(KC[e >> 1u]);
+        let w = KC[e >> 3u];
+        let a = unpack2x16float(w.x);
+        let b = unpack2x16float(w.y);
+        let c = unpack2x16float(w.z);
+        let f = unpack2x16float(w.w);
+        s = fma(qv[d], a.x, s);
+        s = fma(qv[d + 1u], a.y, s);
+        s = fma(qv[d + 2u], b.x, s);
+        s = fma(qv[d + 3u], b.y, s);
+        s = fma(qv[d + 4u], c.x, s);
+        s = fma(qv[d + 5u], c.y, s);
+        s = fma(qv[d + 6u], f.x, s);
+        s = fma(qv[d + 7u], f.y, s);
+    } else {
+        let w0 = bitcast<vec4<f32>>(KC[e >> 2u]);
+        let w1 = bitcast<vec4<f32>>(KC[(e >> 2u) + 1u]);
+        s = fma(qv[d], w0.x, s);
+        s = fma(qv[d + 1u], w0.y, s);
+        s = fma(qv[d + 2u], w0.z, s);
+        s = fma(qv[d + 3u], w0.w, s);
+        s = fma(qv[d + 4u], w1.x, s);
+        s = fma(qv[d + 5u], w1.y, s);
+        s = fma(qv[d + 6u], w1.z, s);
+        s = fma(qv[d + 7u], w1.w, s);
     }
-    return vec2<f32>(bitcast<f32>(KC[e]), bitcast<f32>(KC[e + 1u]));
+    return s;
 }
 
-fn v_at(e: u32) -> f32 {
+// Values (e, e + 1) of VC, e even.
+fn v_pair(e: u32) -> vec2<f32> {
     if (p.kv_f16 != 0u) {
-        return unpack2x16float(VC[e >> 1u])[e & 1u];
+        return unpack2x16float(VC[e >> 1u]);
     }
-    return bitcast<f32>(VC[e]);
+    return vec2<f32>(bitcast<f32>(VC[e]), bitcast<f32>(VC[e + 1u]));
 }
 
-@compute @workgroup_size(64)
-fn main(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wg: vec3<u32>) {
+@compute @workgroup_size(256)
+fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec3<u32>) {
     let h = wg.x;
-    let t = wg.y;
+    let t = p.t0 + wg.y;
     let hd = p.head_dim;
+    let g = li / L;
+    let lane = li % L;
     let kvh = h / (p.n_head / p.n_kv_head);
     let qoff = t * p.q_stride + h * hd;
-    let ooff = (t * p.n_head + h) * hd;
-    for (var d = tid; d < hd; d += AT) {
+    for (var d = li; d < hd; d += 256u) {
         qv[d] = Q[qoff + d];
     }
-    if (tid == 0u) {
+    if (li == 0u) {
         nkeys = POS[t] + 1u;
     }
-    // Every lane's query element is written before any lane reads the whole query.
     workgroupBarrier();
     let n_keys = workgroupUniformLoad(&nkeys);
+    let iters = ((n_keys + L - 1u) / L + G - 1u) / G;
     let kv0 = kvh * p.capacity;
+    let npairs = hd / 2u;
+    // value pairs lane, lane + 32, lane + 64, lane + 96 (head_dim <= 256)
+    let has1 = lane + 32u < npairs;
+    let has2 = lane + 64u < npairs;
+    let has3 = lane + 96u < npairs;
     var m = NEG;
     var l = 0.0;
-    var o: array<f32, 4>; // output dims tid, tid + 64, tid + 128, tid + 192
-    for (var start = 0u; start < n_keys; start += AT) {
-        let j = start + tid;
+    var o0 = vec2<f32>(0.0);
+    var o1 = vec2<f32>(0.0);
+    var o2 = vec2<f32>(0.0);
+    var o3 = vec2<f32>(0.0);
+    for (var it = 0u; it < iters; it++) {
+        let start = (it * G + g) * L;
+        let j = start + lane;
         var s = NEG;
         if (j < n_keys) {
             let kb = (kv0 + j) * hd;
             var dot = 0.0;
-            var d = 0u;
-            for (; d + 8u <= hd; d += 8u) {
-                let k0 = k_pair(kb + d);
-                let k1 = k_pair(kb + d + 2u);
-                let k2 = k_pair(kb + d + 4u);
-                let k3 = k_pair(kb + d + 6u);
-                dot = fma(qv[d], k0.x, dot);
-                dot = fma(qv[d + 1u], k0.y, dot);
-                dot = fma(qv[d + 2u], k1.x, dot);
-                dot = fma(qv[d + 3u], k1.y, dot);
-                dot = fma(qv[d + 4u], k2.x, dot);
-                dot = fma(qv[d + 5u], k2.y, dot);
-                dot = fma(qv[d + 6u], k3.x, dot);
-                dot = fma(qv[d + 7u], k3.y, dot);
-            }
-            for (; d < hd; d += 2u) {
-                let k0 = k_pair(kb + d);
-                dot = fma(qv[d], k0.x, dot);
-                dot = fma(qv[d + 1u], k0.y, dot);
+            for (var d = 0u; d < hd; d += 8u) {
+                dot = dot8(dot, kb + d, d);
             }
             s = dot * p.scale;
         }
-        red[tid] = s;
+        sc[li] = s;
         workgroupBarrier();
-        for (var st = AT / 2u; st > 0u; st = st >> 1u) {
-            if (tid < st) {
-                red[tid] = max(red[tid], red[tid + st]);
+        if (start < n_keys) {
+            let nk = min(L, n_keys - start);
+            let sb = g * L;
+            var tm = NEG;
+            for (var jj = 0u; jj < nk; jj++) {
+                tm = max(tm, sc[sb + jj]);
             }
-            workgroupBarrier();
-        }
-        let m_new = max(m, red[0]);
-        workgroupBarrier();
-        let corr = exp(m - m_new);
-        var e = 0.0;
-        if (j < n_keys) {
-            e = exp(s - m_new);
-        }
-        es[tid] = e;
-        red[tid] = e;
-        workgroupBarrier();
-        for (var st = AT / 2u; st > 0u; st = st >> 1u) {
-            if (tid < st) {
-                red[tid] = red[tid] + red[tid + st];
-            }
-            workgroupBarrier();
-        }
-        l = l * corr + red[0];
-        let nk = min(AT, n_keys - start);
-        for (var i = 0u; i < 4u; i++) {
-            let d = tid + i * AT;
-            if (d < hd) {
-                var a = o[i] * corr;
-                let vb = (kv0 + start) * hd + d;
-                var jj = 0u;
-                for (; jj + 4u <= nk; jj += 4u) {
-                    let v0 = v_at(vb + jj * hd);
-                    let v1 = v_at(vb + (jj + 1u) * hd);
-                    let v2 = v_at(vb + (jj + 2u) * hd);
-                    let v3 = v_at(vb + (jj + 3u) * hd);
-                    a = fma(es[jj], v0, a);
-                    a = fma(es[jj + 1u], v1, a);
-                    a = fma(es[jj + 2u], v2, a);
-                    a = fma(es[jj + 3u], v3, a);
+            let m_new = max(m, tm);
+            let corr = exp(m - m_new);
+            l = l * corr;
+            o0 = o0 * corr;
+            o1 = o1 * corr;
+            o2 = o2 * corr;
+            o3 = o3 * corr;
+            let vb = (kv0 + start) * hd + 2u * lane;
+            // Four keys at a time so that their loads issue together; the additions keep key order.
+            var jj = 0u;
+            for (; jj + 4u <= nk; jj += 4u) {
+                let e0 = exp(sc[sb + jj] - m_new);
+                let e1 = exp(sc[sb + jj + 1u] - m_new);
+                let e2 = exp(sc[sb + jj + 2u] - m_new);
+                let e3 = exp(sc[sb + jj + 3u] - m_new);
+                l = l + e0;
+                l = l + e1;
+                l = l + e2;
+                l = l + e3;
+                let r = vb + jj * hd;
+                let a0 = v_pair(r);
+                let a1 = v_pair(r + hd);
+                let a2 = v_pair(r + 2u * hd);
+                let a3 = v_pair(r + 3u * hd);
+                o0 = fma(vec2<f32>(e3), a3, fma(vec2<f32>(e2), a2, fma(vec2<f32>(e1), a1, fma(vec2<f32>(e0), a0, o0))));
+                if (has1) {
+                    let b0 = v_pair(r + 64u);
+                    let b1 = v_pair(r + hd + 64u);
+                    let b2 = v_pair(r + 2u * hd + 64u);
+                    let b3 = v_pair(r + 3u * hd + 64u);
+                    o1 = fma(vec2<f32>(e3), b3, fma(vec2<f32>(e2), b2, fma(vec2<f32>(e1), b1, fma(vec2<f32>(e0), b0, o1))));
                 }
-                for (; jj < nk; jj++) {
-                    a = fma(es[jj], v_at(vb + jj * hd), a);
+                if (has2) {
+                    let c0 = v_pair(r + 128u);
+                    let c1 = v_pair(r + hd + 128u);
+                    let c2 = v_pair(r + 2u * hd + 128u);
+                    let c3 = v_pair(r + 3u * hd + 128u);
+                    o2 = fma(vec2<f32>(e3), c3, fma(vec2<f32>(e2), c2, fma(vec2<f32>(e1), c1, fma(vec2<f32>(e0), c0, o2))));
                 }
-                o[i] = a;
+                if (has3) {
+                    let d0 = v_pair(r + 192u);
+                    let d1 = v_pair(r + hd + 192u);
+                    let d2 = v_pair(r + 2u * hd + 192u);
+                    let d3 = v_pair(r + 3u * hd + 192u);
+                    o3 = fma(vec2<f32>(e3), d3, fma(vec2<f32>(e2), d2, fma(vec2<f32>(e1), d1, fma(vec2<f32>(e0), d0, o3))));
+                }
             }
+            for (; jj < nk; jj++) {
+                let e = exp(sc[sb + jj] - m_new);
+                l = l + e;
+                let r = vb + jj * hd;
+                o0 = fma(vec2<f32>(e), v_pair(r), o0);
+                if (has1) {
+                    o1 = fma(vec2<f32>(e), v_pair(r + 64u), o1);
+                }
+                if (has2) {
+                    o2 = fma(vec2<f32>(e), v_pair(r + 128u), o2);
+                }
+                if (has3) {
+                    o3 = fma(vec2<f32>(e), v_pair(r + 192u), o3);
+                }
+            }
+            m = m_new;
         }
-        m = m_new;
         workgroupBarrier();
     }
-    var inv = 0.0;
-    if (l > 0.0) {
-        inv = 1.0 / l;
+    let gb = g * 256u + 2u * lane;
+    if (lane < npairs) {
+        go[gb] = o0.x;
+        go[gb + 1u] = o0.y;
     }
-    for (var i = 0u; i < 4u; i++) {
-        let d = tid + i * AT;
-        if (d < hd) {
-            O[ooff + d] = o[i] * inv;
+    if (has1) {
+        go[gb + 64u] = o1.x;
+        go[gb + 65u] = o1.y;
+    }
+    if (has2) {
+        go[gb + 128u] = o2.x;
+        go[gb + 129u] = o2.y;
+    }
+    if (has3) {
+        go[gb + 192u] = o3.x;
+        go[gb + 193u] = o3.y;
+    }
+    if (lane == 0u) {
+        gm[g] = m;
+        gl[g] = l;
+    }
+    workgroupBarrier();
+    let ooff = (t * p.n_head + h) * hd;
+    for (var d = li; d < hd; d += 256u) {
+        var mx = NEG;
+        for (var k = 0u; k < G; k++) {
+            mx = max(mx, gm[k]);
         }
+        var sum = 0.0;
+        var acc = 0.0;
+        for (var k = 0u; k < G; k++) {
+            let c = exp(gm[k] - mx);
+            sum = fma(gl[k], c, sum);
+            acc = fma(go[k * 256u + d], c, acc);
+        }
+        var r = 0.0;
+        if (sum > 0.0) {
+            r = acc / sum;
+        }
+        O[ooff + d] = r;
     }
 }

@@ -1,0 +1,92 @@
+// rope_store.wgsl — for the tokens of one sequence in a layer runner step: rotary embedding of
+// the query heads (in place) and key heads, then the rotated keys and the values stored into the
+// sequence's KV cache. One dispatch replaces rope.wgsl + kv_store.wgsl in the layer runner; the
+// arithmetic per value is the same as theirs (x0 c - x1 s, x0 s + x1 c, then f16 rounding by
+// pack2x16float or f32 bits).
+//
+// Bindings (group 0):
+//   0 uniform P (dynamic offset, the sequence's slot; layout as attention.wgsl) { n_tok, t0,
+//       n_head, n_kv_head, head_dim, capacity, kv_f16, q_stride, scale, _, _, _ }
+//   1 storage rw    X: array<f32>    [t0 + n_tok, q_stride] fused q|k|v rows: query heads at 0,
+//                                    key heads at n_head * head_dim, value heads after them
+//   2 storage read  CS: array<f32>   [n_pos, head_dim / 2, 2] (cos, sin), as ops::rope_table
+//   3 storage read  POS: array<u32>  [t0 + n_tok] position of each token (< n_pos and < capacity,
+//                                    checked by the host)
+//   4 storage rw    KC: array<u32>   [n_kv_head, capacity, head_dim] f16 pairs or f32 bits
+//   5 storage rw    VC: array<u32>   same layout
+// Dispatch: one thread per (token, pair of a q, k or v head), 256 per workgroup, workgroups
+// (x, y) with linear index y * num_workgroups.x + x.
+
+struct P {
+    n_tok: u32,
+    t0: u32,
+    n_head: u32,
+    n_kv_head: u32,
+    head_dim: u32,
+    capacity: u32,
+    kv_f16: u32,
+    q_stride: u32,
+    scale: f32,
+    _a: u32,
+    _b: u32,
+    _c: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: P;
+@group(0) @binding(1) var<storage, read_write> X: array<f32>;
+@group(0) @binding(2) var<storage, read> CS: array<f32>;
+@group(0) @binding(3) var<storage, read> POS: array<u32>;
+@group(0) @binding(4) var<storage, read_write> KC: array<u32>;
+@group(0) @binding(5) var<storage, read_write> VC: array<u32>;
+
+fn store(f16: bool, is_v: bool, dst: u32, a: f32, b: f32) {
+    if (f16) {
+        let w = pack2x16float(vec2<f32>(a, b));
+        if (is_v) {
+            VC[dst / 2u] = w;
+        } else {
+            KC[dst / 2u] = w;
+        }
+    } else if (is_v) {
+        VC[dst] = bitcast<u32>(a);
+        VC[dst + 1u] = bitcast<u32>(b);
+    } else {
+        KC[dst] = bitcast<u32>(a);
+        KC[dst + 1u] = bitcast<u32>(b);
+    }
+}
+
+@compute @workgroup_size(256)
+fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
+    let i = (wg.y * nw.x + wg.x) * 256u + li;
+    let half = p.head_dim / 2u;
+    let per_tok = (p.n_head + 2u * p.n_kv_head) * half;
+    if (i >= p.n_tok * per_tok) {
+        return;
+    }
+    let t = p.t0 + i / per_tok;
+    let k = i % per_tok; // head * half + pair, over the q, k and v heads
+    let head = k / half;
+    let pr = k % half;
+    let x = t * p.q_stride + 2u * k;
+    let pos = POS[t];
+    let x0 = X[x];
+    let x1 = X[x + 1u];
+    if (head >= p.n_head + p.n_kv_head) {
+        let vh = head - p.n_head - p.n_kv_head;
+        store(p.kv_f16 != 0u, true, (vh * p.capacity + pos) * p.head_dim + 2u * pr, x0, x1);
+        return;
+    }
+    let cs = pos * p.head_dim + 2u * pr;
+    let c = CS[cs];
+    let s = CS[cs + 1u];
+    let r0 = x0 * c - x1 * s;
+    let r1 = x0 * s + x1 * c;
+    if (head < p.n_head) {
+        X[x] = r0;
+        X[x + 1u] = r1;
+    } else {
+        let kh = head - p.n_head;
+        store(p.kv_f16 != 0u, false, (kh * p.capacity + pos) * p.head_dim + 2u * pr, r0, r1);
+    }
+}

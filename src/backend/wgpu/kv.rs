@@ -1,0 +1,121 @@
+//! [`GpuKv`]: one sequence's keys and values for the layers of a [`GpuLayers`] stack, in GPU
+//! buffers `[n_kv_head, capacity, head_dim]` per layer (f16 pairs or f32), plus the bind groups
+//! of its per-sequence dispatches (built on first use with a run state's activations, then
+//! reused, so decode steps create nothing).
+//!
+//! The cached length lives with the caller (the engine's `KvCache`): truncating is forgetting
+//! positions, and [`GpuKv::copy_prefix_from`] copies positions between two caches on the GPU
+//! (prefix reuse), ordered before any later step by the queue.
+
+use std::sync::Arc;
+
+use super::context::WgpuContext;
+use super::layers::{GpuActivations, GpuLayers, KvPrecision, PARAM_WINDOW};
+use super::WgpuError;
+use crate::engine::LlamaConfig;
+
+pub struct GpuKv {
+    ctx: Arc<WgpuContext>,
+    /// The [`GpuLayers`] this cache belongs to.
+    pub(crate) owner: u64,
+    pub(crate) capacity: usize,
+    n_kv_head: usize,
+    head_dim: usize,
+    /// bytes per value: 2 (f16) or 4
+    elem: usize,
+    /// per layer of the stack: [n_kv_head, capacity, head_dim]
+    k: Vec<wgpu::Buffer>,
+    v: Vec<wgpu::Buffer>,
+    /// (activations id, per layer [rope_store, attention] bind groups)
+    binds: Option<(u64, Vec<[wgpu::BindGroup; 2]>)>,
+}
+
+impl GpuKv {
+    pub(crate) fn new(ctx: Arc<WgpuContext>, owner: u64, c: &LlamaConfig, n_layers: usize, capacity: usize, kv: KvPrecision) -> Result<GpuKv, WgpuError> {
+        let elem = if kv == KvPrecision::F16 { 2 } else { 4 };
+        let bytes = (c.n_head_kv * capacity * c.head_dim * elem) as u64;
+        let mut k = Vec::with_capacity(n_layers);
+        let mut v = Vec::with_capacity(n_layers);
+        for _ in 0..n_layers {
+            k.push(ctx.storage("k_cache", bytes)?);
+            v.push(ctx.storage("v_cache", bytes)?);
+        }
+        Ok(GpuKv { ctx, owner, capacity, n_kv_head: c.n_head_kv, head_dim: c.head_dim, elem, k, v, binds: None })
+    }
+
+    /// A cache of `capacity` positions shaped like `other` (same stack, same precision).
+    pub fn new_like(other: &GpuKv, capacity: usize) -> Result<GpuKv, WgpuError> {
+        let bytes = (other.n_kv_head * capacity * other.head_dim * other.elem) as u64;
+        let mut k = Vec::with_capacity(other.k.len());
+        let mut v = Vec::with_capacity(other.k.len());
+        for _ in 0..other.k.len() {
+            k.push(other.ctx.storage("k_cache", bytes)?);
+            v.push(other.ctx.storage("v_cache", bytes)?);
+        }
+        Ok(GpuKv { ctx: other.ctx.clone(), owner: other.owner, capacity, k, v, binds: None, ..*other })
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Bytes of GPU memory held.
+    pub fn bytes(&self) -> u64 {
+        self.k.iter().chain(&self.v).map(|b| b.size()).sum()
+    }
+
+    /// Makes positions 0..n of this cache equal to those of `src` (another sequence's cache of
+    /// the same stack, any capacity), copying on the GPU.
+    pub fn copy_prefix_from(&mut self, src: &GpuKv, n: usize) -> Result<(), WgpuError> {
+        if src.owner != self.owner || src.elem != self.elem || src.k.len() != self.k.len() {
+            return Err(WgpuError::Unsupported("copying KV between caches of different layer stacks".into()));
+        }
+        if n > src.capacity || n > self.capacity {
+            return Err(WgpuError::ContextFull { needed: n, capacity: src.capacity.min(self.capacity) });
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        let row = (self.head_dim * self.elem) as u64;
+        let mut enc = self.ctx.encoder();
+        for (s, d) in src.k.iter().zip(&self.k).chain(src.v.iter().zip(&self.v)) {
+            for h in 0..self.n_kv_head as u64 {
+                enc.copy_buffer_to_buffer(s, h * src.capacity as u64 * row, d, h * self.capacity as u64 * row, n as u64 * row);
+            }
+        }
+        self.ctx.queue.submit([enc.finish()]);
+        self.ctx.check()
+    }
+
+    /// Builds the bind groups of this cache's dispatches for `act` unless they exist already.
+    pub(crate) fn bind_for(&mut self, stack: &GpuLayers, act: &GpuActivations) -> Result<(), WgpuError> {
+        if self.binds.as_ref().is_some_and(|(id, _)| *id == act.id) {
+            return Ok(());
+        }
+        let [qkv, att, pos, params, rope] = stack.seq_buffers(act);
+        let k = &self.ctx.kernels;
+        let p = (params, 0, Some(PARAM_WINDOW));
+        let binds = self
+            .k
+            .iter()
+            .zip(&self.v)
+            .map(|(kc, vc)| {
+                [
+                    self.ctx.bind(&k.rope_store, &[p, (qkv, 0, None), (rope, 0, None), (pos, 0, None), (kc, 0, None), (vc, 0, None)]),
+                    self.ctx.bind(&k.attention, &[p, (qkv, 0, None), (kc, 0, None), (vc, 0, None), (pos, 0, None), (att, 0, None)]),
+                ]
+            })
+            .collect();
+        self.binds = Some((act.id, binds));
+        self.ctx.check()
+    }
+
+    /// Bind group `which` (0: rope_store, 1: attention) of layer `li` of the stack; only after
+    /// [`bind_for`](Self::bind_for).
+    pub(crate) fn bind(&self, li: usize, which: usize) -> &wgpu::BindGroup {
+        match &self.binds {
+            Some((_, b)) => &b[li][which],
+            None => unreachable!("GpuKv::bind before bind_for"),
+        }
+    }
+}
