@@ -52,9 +52,9 @@ fn check_model(model: &Model, n: usize) {
     seq.truncate(n);
 
     // One prefill batch (the reference for this backend) vs pure decode vs odd chunkings.
-    let (batch, kv_batch) = logits_in_chunks(&model, &seq, &[64]);
+    let (batch, kv_batch) = logits_in_chunks(model, &seq, &[64]);
     for chunks in [&[1usize][..], &[7, 3, 11], &[2, 31]] {
-        let (other, kv) = logits_in_chunks(&model, &seq, chunks);
+        let (other, kv) = logits_in_chunks(model, &seq, chunks);
         for (pos, (a, b)) in batch.iter().zip(&other).enumerate() {
             assert!(a == b, "{name}: logits at position {pos} differ between one batch and chunks {chunks:?}");
         }
