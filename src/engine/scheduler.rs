@@ -29,6 +29,7 @@ use super::model::{Logits, Model, RunState, SeqBatch};
 use super::sampler::Sampler;
 use super::tokenizer::{StreamDecoder, Tokenizer, TokenizerError};
 use super::KvCache;
+use crate::workload::KvPlan;
 
 #[derive(Debug, Clone, Copy)]
 pub struct SchedulerConfig {
@@ -56,6 +57,8 @@ pub struct Job {
     pub stop_strings: Vec<String>,
     /// Where tokens and the outcome go; closing the receiver cancels the job.
     pub events: UnboundedSender<Event>,
+    /// KV reuse: the stored prefix to load at admission, where computed blocks are published.
+    pub kv: Option<KvPlan>,
 }
 
 #[derive(Debug)]
@@ -95,6 +98,8 @@ pub struct Finished {
     pub decode_steps: usize,
     /// The most sequences that shared one forward call with this one (1 = alone).
     pub peak_batch: usize,
+    /// Prompt positions whose KV was loaded from stored blocks instead of computed.
+    pub kv_reused: usize,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -179,6 +184,8 @@ struct Seq {
     peak_batch: usize,
     /// Tokens this step feeds.
     part: usize,
+    /// Prompt positions loaded from stored KV blocks.
+    kv_reused: usize,
 }
 
 impl Seq {
@@ -233,7 +240,7 @@ impl Engine<'_> {
     }
 
     fn admit(&self, q: Queued, active: &mut Vec<Seq>) {
-        let job = q.job;
+        let mut job = q.job;
         let context = self.model.config.n_ctx_train;
         let fail = |e: GenerateError| {
             let _ = job.events.send(Event::Failed(e.into()));
@@ -248,12 +255,13 @@ impl Engine<'_> {
             Ok(s) => s,
             Err(e) => return fail(GenerateError::Sampling(e)),
         };
-        let kv = self.model.new_kv(job.prompt.len() + job.params.max_tokens);
+        let mut kv = self.model.new_kv(job.prompt.len() + job.params.max_tokens);
+        let kv_reused = job.kv.as_mut().map_or(0, |p| p.load(&mut kv, &job.prompt));
         active.push(Seq {
             job,
             kv,
             sampler,
-            fed: 0,
+            fed: kv_reused,
             next: [0],
             tokens: Vec::new(),
             decoder: StreamDecoder::new(true),
@@ -266,6 +274,7 @@ impl Engine<'_> {
             decode_steps: 0,
             peak_batch: 0,
             part: 0,
+            kv_reused,
         });
     }
 
@@ -320,6 +329,9 @@ impl Engine<'_> {
                     continue; // more prompt to feed; this chunk asked for no logits
                 }
                 s.first_token_at = Some(Instant::now());
+                if let Some(p) = s.job.kv.as_mut() {
+                    p.publish(&s.kv, &s.job.prompt, &[]);
+                }
             } else {
                 s.decode_steps += 1;
             }
@@ -379,6 +391,9 @@ impl Engine<'_> {
             // An unfinished character at the end becomes U+FFFD.
             s.text.push_str(&s.decoder.finish());
         }
+        if let Some(p) = s.job.kv.as_mut() {
+            p.publish(&s.kv, &s.job.prompt, &s.tokens);
+        }
         let now = Instant::now();
         let first = s.first_token_at.unwrap_or(now);
         let done = Finished {
@@ -391,6 +406,7 @@ impl Engine<'_> {
             decode_time: now.duration_since(first),
             decode_steps: s.decode_steps,
             peak_batch: s.peak_batch,
+            kv_reused: s.kv_reused,
         };
         let _ = s.send(Event::Done(done));
     }

@@ -29,6 +29,7 @@ use crate::engine::generate::{GenerateError, GenerateParams, StopReason};
 use crate::engine::sampler::SamplingParams;
 use crate::engine::scheduler::{Event, Job};
 use crate::store::{sha256_hex, CacheMode, CachedAnswer, NewInference, ServedFrom};
+use crate::workload::{BlockKey, KvPlan, KvReport};
 
 pub type GenerateStream = Pin<Box<dyn Stream<Item = Result<GenerateResponse, Status>> + Send>>;
 
@@ -54,6 +55,10 @@ pub(crate) struct Plan {
     /// `None`: this request may not use the exact cache.
     cache_key: Option<String>,
     received: Instant,
+    /// Keys of the prompt's KV blocks (`None`: no KV reuse, e.g. BYPASS).
+    kv_keys: Option<Vec<BlockKey>>,
+    /// What KV reuse did for this request (set when it goes to the engine).
+    kv: Option<Arc<KvReport>>,
 }
 
 /// Where an answer came from and what it cost.
@@ -162,7 +167,13 @@ impl ForgeState {
             "top_p": sampling.top_p, "seed": sampling.seed, "stop": req.stop, "raw": req.raw,
         })
         .to_string();
+        let kv_keys = match (&self.kv, mode) {
+            (Some(kv), m) if m != CacheMode::Bypass => Some(kv.seed(&tenant).keys(&prompt_ids)),
+            _ => None,
+        };
         Ok(Plan {
+            kv_keys,
+            kv: None,
             tenant,
             question,
             prompt_hash: sha256_hex(prompt.as_bytes()),
@@ -265,6 +276,12 @@ impl ForgeState {
                 draft_accepted: a.draft_accepted,
                 candidates_tried: a.candidates_tried,
             })?;
+            if let (Some(kv), Some(report)) = (&state.kv, &p.kv) {
+                let decode = |t: &[u32]| state.tokenizer.decode(t, false).ok();
+                if let Err(e) = kv.finish(&p.tenant, report, id, &p.prompt_ids, decode) {
+                    eprintln!("forge-cache: storing the KV blocks of inference {id} failed: {e}");
+                }
+            }
             let computed = a.from == ServedFrom::Model && a.stop != StopReason::Cancelled;
             if computed && p.mode != CacheMode::Bypass {
                 if let Err(e) = state.store.learn(&p.tenant, id, p.question.as_deref(), &p.prompt_hash, &a.text) {
@@ -333,6 +350,16 @@ impl ForgeState {
     }
 }
 
+impl ForgeState {
+    /// The KV plan of a request the model will compute: its longest stored prefix (memory, then
+    /// disk). Blocking.
+    fn prepare_kv(&self, plan: &mut Plan) -> Option<KvPlan> {
+        let kv = self.kv.as_ref()?.prepare(&plan.tenant, plan.kv_keys.take()?, &plan.prompt_ids);
+        plan.kv = Some(kv.report().clone());
+        Some(kv)
+    }
+}
+
 fn message(text: String, token_ids: Vec<u32>, outcome: Option<Outcome>) -> GenerateResponse {
     GenerateResponse { text, token_ids, outcome }
 }
@@ -340,12 +367,13 @@ fn message(text: String, token_ids: Vec<u32>, outcome: Option<Outcome>) -> Gener
 /// The Generate call after tenant resolution.
 pub(crate) async fn generate(state: Arc<ForgeState>, tenant: String, req: GenerateRequest) -> Result<GenerateStream, ServiceError> {
     let received = Instant::now();
-    let (plan, found) = {
+    let (plan, found, kv) = {
         let state = state.clone();
         tokio::task::spawn_blocking(move || -> Result<_, ServiceError> {
-            let plan = state.plan(tenant, &req, received)?;
+            let mut plan = state.plan(tenant, &req, received)?;
             let found = state.lookup(&plan)?;
-            Ok((plan, found))
+            let kv = if found.is_none() { state.prepare_kv(&mut plan) } else { None };
+            Ok((plan, found, kv))
         })
         .await??
     };
@@ -358,7 +386,7 @@ pub(crate) async fn generate(state: Arc<ForgeState>, tenant: String, req: Genera
     }
 
     let (events_tx, events) = mpsc::unbounded_channel();
-    let job = Job { prompt: plan.prompt_ids.clone(), params: plan.params.clone(), stop_strings: plan.stop_strings.clone(), events: events_tx };
+    let job = Job { prompt: plan.prompt_ids.clone(), params: plan.params.clone(), stop_strings: plan.stop_strings.clone(), events: events_tx, kv };
     state.scheduler.submit(job)?;
     let (out, rx) = mpsc::channel(STREAM_BUFFER);
     tokio::spawn(stream_model(state, plan, events, out));
@@ -400,14 +428,14 @@ async fn stream_model(
                     stop: f.stop,
                     source_inference_id: None,
                     source_fact_id: None,
-                    tokens_computed: f.prompt_tokens + f.decode_steps,
-                    tokens_reused: 0,
+                    tokens_computed: f.prompt_tokens - f.kv_reused + f.decode_steps,
+                    tokens_reused: f.kv_reused,
                     queue: f.queue_time,
                     prefill: f.prefill_time,
                     decode: f.decode_time,
                     peak_batch: f.peak_batch,
                     ttft: ttft.or_else(|| Some(plan.received.elapsed())),
-                    kv_tokens_reused: 0,
+                    kv_tokens_reused: f.kv_reused,
                     draft_tokens: 0,
                     draft_accepted: 0,
                     candidates_tried: 0,
@@ -429,9 +457,11 @@ async fn stream_model(
     }
     // The client went away.
     drop(events);
-    let computed = plan.prompt_ids.len() + sent_ids.len().saturating_sub(1);
-    let mut answer = Answer::stored(ServedFrom::Model, sent_text, sent_ids, StopReason::Cancelled, 0);
+    let reused = plan.kv.as_ref().map_or(0, |r| r.reused_tokens());
+    let computed = plan.prompt_ids.len() - reused + sent_ids.len().saturating_sub(1);
+    let mut answer = Answer::stored(ServedFrom::Model, sent_text, sent_ids, StopReason::Cancelled, reused);
     answer.tokens_computed = computed;
+    answer.kv_tokens_reused = reused;
     answer.ttft = ttft;
     if let Err(e) = state.record(plan, answer).await {
         eprintln!("forge-cache: recording a cancelled request failed: {e}");

@@ -41,6 +41,7 @@ use crate::engine::scheduler::{Scheduler, SchedulerConfig};
 use crate::engine::tokenizer::{Tokenizer, TokenizerError};
 use crate::engine::{Model, ModelError};
 use crate::store::{sha256_file, Store, StoreError};
+use crate::workload::{KvConfig, KvWorkload, WorkloadError};
 
 /// How to run the service.
 #[derive(Debug, Clone)]
@@ -58,6 +59,8 @@ pub struct ServerConfig {
     pub default_max_tokens: usize,
     /// Answers the exact cache keeps in memory.
     pub memory_cache_entries: u64,
+    /// KV-block reuse (`None`: off).
+    pub kv: Option<KvConfig>,
 }
 
 impl ServerConfig {
@@ -71,6 +74,7 @@ impl ServerConfig {
             scheduler: SchedulerConfig::default(),
             default_max_tokens: 256,
             memory_cache_entries: 10_000,
+            kv: Some(KvConfig::default()),
         }
     }
 }
@@ -114,6 +118,8 @@ pub enum ServerError {
     Reflection(String),
     #[error("gRPC transport: {0}")]
     Transport(#[from] tonic::transport::Error),
+    #[error("KV-block reuse: {0}")]
+    Kv(#[from] WorkloadError),
     #[error("start-up task failed: {0}")]
     Join(String),
 }
@@ -133,6 +139,8 @@ pub struct ForgeState {
     pub(crate) auth: TenantAuth,
     pub(crate) cache_enabled: bool,
     pub(crate) default_max_tokens: usize,
+    /// KV-block reuse (`None`: off).
+    pub(crate) kv: Option<Arc<KvWorkload>>,
 }
 
 impl ForgeState {
@@ -155,6 +163,10 @@ impl ForgeState {
         let model_name = config.model.file_stem().map_or_else(|| "model".into(), |s| s.to_string_lossy().into_owned());
         let context = model.config.n_ctx_train;
         let backend = model.backend().name();
+        let kv = match &config.kv {
+            Some(c) => Some(Arc::new(KvWorkload::open(c, store.clone(), &model.config, &model_id)?)),
+            None => None,
+        };
         let scheduler = Scheduler::start(Arc::new(model), tokenizer.clone(), config.scheduler).map_err(ServerError::Engine)?;
         Ok(ForgeState {
             model_name,
@@ -169,6 +181,7 @@ impl ForgeState {
             auth,
             cache_enabled: config.cache,
             default_max_tokens: config.default_max_tokens,
+            kv,
         })
     }
 }
