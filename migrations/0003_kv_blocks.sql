@@ -21,7 +21,7 @@ CREATE TABLE kv_lineage (
     inference_id INTEGER REFERENCES inferences (id),
     codec        TEXT    NOT NULL CHECK (codec IN ('f16', 'q8_0', 'q4_0')),
     size_bytes   INTEGER NOT NULL,
-    -- First 8 bytes of sha256 of the stored bytes (little-endian integer).
+    -- 64-bit checksum of the stored bytes (workload::codec::checksum, xxHash64-style).
     checksum     INTEGER NOT NULL,
     storage      TEXT    NOT NULL CHECK (storage IN ('file', 'blob')),
     -- Slot in the side file (storage 'file'): bytes at slot * size_bytes.
