@@ -1,7 +1,7 @@
 //! `forge-cache generate`: answer one prompt and print the text as it is produced, then prefill
 //! and decode speed. Offline (the model runs here) unless `--server URL` names a running service,
 //! which is then called over gRPC. `--json` prints one object instead:
-//! `{prompt_tokens: [ids], tokens: [ids], text, prefill_tok_s, decode_tok_s, stop_reason}`, and
+//! `{prompt_tokens: [ids], tokens: [ids], text, prefill_tok_s, decode_tok_s, stop_reason, ttft_ms}`, and
 //! with `--server` also `served_from`, `tokens_computed`, `tokens_reused`, `source_inference_id`,
 //! `similarity`, `latency_ms` (round trip seen by the client), `server_latency_ms`, `inference_id`.
 
@@ -114,7 +114,6 @@ struct RemoteJsonOut<'a> {
     latency_ms: f64,
     server_latency_ms: f64,
     inference_id: i64,
-    ttft_ms: f64,
     kv_tokens_reused: u32,
     draft_tokens: u32,
     draft_tokens_accepted: u32,
@@ -129,6 +128,8 @@ struct JsonOut<'a> {
     prefill_tok_s: f64,
     decode_tok_s: f64,
     stop_reason: forge_cache::engine::generate::StopReason,
+    /// Start to the first token: offline, the prefill; with --server, as the service measured it.
+    ttft_ms: f64,
 }
 
 pub fn run(a: &GenerateArgs) -> anyhow::Result<()> {
@@ -200,6 +201,7 @@ pub fn run(a: &GenerateArgs) -> anyhow::Result<()> {
             prefill_tok_s: gen.prefill_tok_s(),
             decode_tok_s: gen.decode_tok_s(),
             stop_reason: gen.stop,
+            ttft_ms: gen.prefill_time.as_secs_f64() * 1e3,
         };
         writeln!(out, "{}", serde_json::to_string(&j)?)?;
     } else {
@@ -266,6 +268,7 @@ async fn remote(a: &GenerateArgs, url: &str) -> anyhow::Result<()> {
                 prefill_tok_s: if o.tokens_computed == 0 { 0.0 } else { rate(o.prompt_token_ids.len(), o.prefill_ms) },
                 decode_tok_s: rate(decode_steps, o.decode_ms),
                 stop_reason: stop,
+                ttft_ms: o.ttft_ms,
             },
             served_from,
             tokens_computed: o.tokens_computed,
@@ -275,7 +278,6 @@ async fn remote(a: &GenerateArgs, url: &str) -> anyhow::Result<()> {
             latency_ms: client_ms,
             server_latency_ms: o.latency_ms,
             inference_id: o.inference_id,
-            ttft_ms: o.ttft_ms,
             kv_tokens_reused: o.kv_tokens_reused,
             draft_tokens: o.draft_tokens,
             draft_tokens_accepted: o.draft_tokens_accepted,

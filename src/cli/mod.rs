@@ -3,6 +3,7 @@
 
 mod ab;
 mod bench;
+mod bench_kv;
 mod embed;
 mod generate;
 mod hardware;
@@ -45,6 +46,8 @@ pub enum Command {
     Embed(embed::EmbedArgs),
     /// Measure prefill and decode speed (pp128, pp512, tg128, tg128@d1024), llama-bench style.
     Bench(bench::BenchArgs),
+    /// Time to first token with KV-block reuse: cold, warm (memory), after a restart (disk), on SQuAD documents.
+    BenchKv(bench_kv::BenchKvArgs),
     /// Show the detected CPU, SIMD level, memory, GPUs and execution tier.
     Hardware(hardware::HardwareArgs),
     /// Write a GGUF model with random weights in a real model's shape (for speed measurements).
@@ -63,6 +66,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Health(args) => health::run(&args),
         Command::Embed(args) => embed::run(&args),
         Command::Bench(args) => bench::run(&args),
+        Command::BenchKv(args) => bench_kv::run(&args),
         Command::Hardware(args) => hardware::run(&args),
         Command::SynthModel(args) => synth_model::run(&args),
         Command::Ab(args) => ab::run(&args),

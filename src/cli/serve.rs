@@ -9,6 +9,7 @@ use clap::Args;
 
 use forge_cache::engine::scheduler::SchedulerConfig;
 use forge_cache::server::{start_with_shutdown, ServerConfig};
+use forge_cache::workload::{Codec, KvConfig, Storage};
 
 #[derive(Debug, Args)]
 pub struct ServeArgs {
@@ -53,6 +54,41 @@ pub struct ServeArgs {
     pub min_similarity: f64,
     #[command(flatten)]
     pub backend: super::BackendArgs,
+    /// Memory for reusable KV blocks, in MiB (least recently used evicted first).
+    #[arg(long, default_value_t = KvConfig::default().memory_bytes >> 20)]
+    pub kv_memory_mb: u64,
+    /// Disk for reusable KV blocks, in MiB (never exceeded; 0 = keep none across restarts).
+    #[arg(long, default_value_t = KvConfig::default().disk_bytes >> 20)]
+    pub kv_disk_mb: u64,
+    /// Tokens per KV block: prompts share work in whole blocks.
+    #[arg(long, default_value_t = KvConfig::default().block_tokens as u64, value_parser = clap::value_parser!(u64).range(1..=1024))]
+    pub kv_block_tokens: u64,
+    /// How KV blocks are stored on disk: f16 (lossless: answers identical after a restart),
+    /// q8_0 or q4_0 (smaller, lossy).
+    #[arg(long, default_value = "f16", value_parser = ["f16", "q8_0", "q4_0"])]
+    pub kv_codec: String,
+    /// Where stored KV bytes live: file (a memory-mapped side file DB.kv) or blob (in the database).
+    #[arg(long, default_value = "file", value_parser = ["file", "blob"])]
+    pub kv_storage: String,
+    /// Turn KV-block reuse off.
+    #[arg(long)]
+    pub no_kv_reuse: bool,
+}
+
+impl ServeArgs {
+    /// The KV-reuse configuration these flags ask for.
+    pub fn kv_config(&self) -> anyhow::Result<Option<KvConfig>> {
+        if self.no_kv_reuse {
+            return Ok(None);
+        }
+        Ok(Some(KvConfig {
+            memory_bytes: self.kv_memory_mb << 20,
+            disk_bytes: self.kv_disk_mb << 20,
+            block_tokens: self.kv_block_tokens as usize,
+            codec: Codec::parse(&self.kv_codec)?,
+            storage: if self.kv_storage == "blob" { Storage::Blob } else { Storage::File },
+        }))
+    }
 }
 
 /// Ctrl-C, or SIGTERM where there is one.
@@ -89,16 +125,22 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
     };
     config.tenants = a.tenants.clone();
     config.placement = a.backend.options()?;
+    config.kv = a.kv_config()?;
     config.scheduler = SchedulerConfig { queue_depth: a.queue_depth, max_active: a.max_batch, ..SchedulerConfig::default() };
+    let config_kv = config.kv.clone();
     super::runtime()?.block_on(async {
         let server = start_with_shutdown(config, &a.addr, shutdown_signal()).await.context("starting the service")?;
         eprintln!(
-            "forge-cache: serving {} (sha256 {}) on {} | database {} | cache {} | tenants {}",
+            "forge-cache: serving {} (sha256 {}) on {} | database {} | cache {} | KV reuse {} | tenants {}",
             server.model_name,
             &server.model_id[..12],
             server.url(),
             a.db.display(),
             if a.no_cache { "off" } else { "on" },
+            match &config_kv {
+                Some(k) => format!("{} MiB memory, {} MiB disk, {}-token blocks, {}", k.memory_bytes >> 20, k.disk_bytes >> 20, k.block_tokens, k.codec),
+                None => "off".into(),
+            },
             a.tenants.as_ref().map_or("by x-forge-tenant header".to_string(), |p| format!("by API key ({})", p.display())),
         );
         server.wait().await.context("serving")?;

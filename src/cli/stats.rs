@@ -47,7 +47,7 @@ fn parse_duration(s: &str) -> Result<u64, String> {
 
 fn render(all: &[Stats]) -> String {
     let headers: Vec<String> =
-        ["tenant", "served_from", "requests", "hit rate", "tokens computed", "tokens reused", "p50 ms", "p95 ms"].map(String::from).to_vec();
+        ["tenant", "served_from", "requests", "hit rate", "tokens computed", "tokens reused", "KV tokens reused", "p50 ms", "p95 ms"].map(String::from).to_vec();
     let mut rows = Vec::new();
     for s in all {
         for t in s.tiers.iter().filter(|t| t.requests > 0) {
@@ -58,6 +58,7 @@ fn render(all: &[Stats]) -> String {
                 format!("{:.1}%", t.hit_rate * 100.0),
                 t.tokens_computed.to_string(),
                 t.tokens_reused.to_string(),
+                t.kv_tokens_reused.to_string(),
                 format!("{:.1}", t.latency_p50_ms),
                 format!("{:.1}", t.latency_p95_ms),
             ]);
@@ -76,6 +77,23 @@ fn render(all: &[Stats]) -> String {
             s.degraded_facts,
             s.reasoning_chains
         ));
+        let k = &s.kv;
+        if k.requests > 0 || k.disk_blocks > 0 {
+            out.push_str(&format!(
+                "  KV blocks: {} tokens reused; block hit rate {:.1}% ({} of {} prompt blocks: {} from memory, {} from disk, {} corrupt and recomputed); \
+                 {:.1} MiB in memory, {:.1} MiB on disk ({} blocks)\n",
+                k.kv_tokens_reused,
+                k.block_hit_rate * 100.0,
+                k.blocks_from_memory + k.blocks_from_disk,
+                k.prompt_blocks,
+                k.blocks_from_memory,
+                k.blocks_from_disk,
+                k.blocks_corrupt,
+                k.memory_bytes as f64 / (1 << 20) as f64,
+                k.disk_bytes as f64 / (1 << 20) as f64,
+                k.disk_blocks
+            ));
+        }
     }
     out
 }

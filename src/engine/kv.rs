@@ -99,6 +99,45 @@ impl KvCache {
         Ok(())
     }
 
+    /// Rows (layer, KV head) of the cache: `n_layer * n_head_kv`.
+    fn rows(&self) -> usize {
+        self.k.len() / (self.capacity * self.head_dim).max(1)
+    }
+
+    /// Copies positions `start..start + n` of every (layer, KV head) row into `k` and `v`, laid
+    /// out [rows, n, head_dim] (a KV block). Fails when the positions are not all valid.
+    pub fn read_range(&self, start: usize, n: usize, k: &mut [f16], v: &mut [f16]) -> Result<(), String> {
+        let hd = self.head_dim;
+        let rows = self.rows();
+        if start + n > self.len || k.len() != rows * n * hd || v.len() != k.len() {
+            return Err(format!("cannot read positions {start}..{} of a cache holding {}", start + n, self.len));
+        }
+        for r in 0..rows {
+            let s = (r * self.capacity + start) * hd;
+            k[r * n * hd..(r + 1) * n * hd].copy_from_slice(&self.k[s..s + n * hd]);
+            v[r * n * hd..(r + 1) * n * hd].copy_from_slice(&self.v[s..s + n * hd]);
+        }
+        Ok(())
+    }
+
+    /// Appends the first `n` positions of a block `k`, `v` laid out [rows, stride, head_dim]
+    /// (what [`KvCache::read_range`] wrote with `n = stride`) at position `len`.
+    pub fn append_block(&mut self, k: &[f16], v: &[f16], stride: usize, n: usize) -> Result<(), String> {
+        let hd = self.head_dim;
+        let rows = self.rows();
+        if n > stride || self.len + n > self.capacity || k.len() != rows * stride * hd || v.len() != k.len() {
+            return Err(format!("cannot append {n} positions to a cache holding {} of {}", self.len, self.capacity));
+        }
+        for r in 0..rows {
+            let d = (r * self.capacity + self.len) * hd;
+            let s = r * stride * hd;
+            self.k[d..d + n * hd].copy_from_slice(&k[s..s + n * hd]);
+            self.v[d..d + n * hd].copy_from_slice(&v[s..s + n * hd]);
+        }
+        self.len += n;
+        Ok(())
+    }
+
     pub(crate) fn advance(&mut self, n: usize) {
         debug_assert!(self.len + n <= self.capacity);
         self.len += n;

@@ -40,6 +40,7 @@ use super::model::{Logits, Model, RunState, SeqBatch};
 use super::sampler::Sampler;
 use super::tokenizer::{StreamDecoder, Tokenizer, TokenizerError};
 use super::KvCache;
+use crate::workload::KvPlan;
 
 #[derive(Debug, Clone, Copy)]
 pub struct SchedulerConfig {
@@ -69,6 +70,8 @@ pub struct Job {
     pub events: UnboundedSender<Event>,
     /// Candidate answers to check, best first (may be empty).
     pub drafts: Vec<Draft>,
+    /// KV reuse: the stored prefix to load at admission, where computed blocks are published.
+    pub kv: Option<KvPlan>,
 }
 
 /// A candidate answer: the tokens the model is expected to generate, ending with a stop token
@@ -136,6 +139,8 @@ pub struct Finished {
     pub served_by: Option<Draft>,
     /// The draft last in use when some but not all tokens came from drafts.
     pub partial_source: Option<Draft>,
+    /// Prompt positions whose KV was loaded from stored blocks instead of computed.
+    pub kv_reused: usize,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -237,6 +242,8 @@ struct Seq {
     peak_batch: usize,
     /// Tokens this step feeds.
     part: usize,
+    /// Prompt positions loaded from stored KV blocks.
+    kv_reused: usize,
 }
 
 impl Seq {
@@ -353,7 +360,7 @@ impl Engine<'_> {
     }
 
     fn admit(&self, q: Queued, active: &mut Vec<Seq>) {
-        let job = q.job;
+        let mut job = q.job;
         let context = self.model.config.n_ctx_train;
         let fail = |e: GenerateError| {
             let _ = job.events.send(Event::Failed(e.into()));
@@ -368,7 +375,8 @@ impl Engine<'_> {
             Ok(s) => s,
             Err(e) => return fail(GenerateError::Sampling(e)),
         };
-        let kv = self.model.new_kv(job.prompt.len() + job.params.max_tokens);
+        let mut kv = self.model.new_kv(job.prompt.len() + job.params.max_tokens);
+        let kv_reused = job.kv.as_mut().map_or(0, |p| p.load(&mut kv, &job.prompt));
         let mut feed = Vec::with_capacity(job.prompt.len() + job.params.max_tokens + 1);
         feed.extend_from_slice(&job.prompt);
         let mut seq = Seq {
@@ -376,7 +384,8 @@ impl Engine<'_> {
             kv,
             sampler,
             feed,
-            fed: 0,
+            fed: kv_reused,
+            kv_reused,
             draft: None,
             align: (0, 0),
             used: 0,
@@ -452,6 +461,12 @@ impl Engine<'_> {
             let rows = end.saturating_sub(first_row);
             s.fed = end;
             s.computed += s.part;
+            if start < s.prompt_len() && end >= s.prompt_len() {
+                // The prompt's KV is complete (rows beyond it may hold draft tokens).
+                if let Some(p) = s.job.kv.as_mut() {
+                    p.publish(&s.kv, &s.job.prompt, &[]);
+                }
+            }
             if start >= s.prompt_len() {
                 s.decode_steps += 1;
             }
@@ -498,6 +513,11 @@ impl Engine<'_> {
             s.draft_accepted += 1;
         } else {
             s.own_tokens += 1;
+            // Rows after p followed a token the model did not choose: cut them now, so a
+            // sequence that finishes here leaves (and publishes) only its own keys and values.
+            s.kv.truncate(p + 1);
+            s.feed.truncate(p + 1);
+            s.fed = s.fed.min(p + 1);
         }
         match self.on_token(s, chosen) {
             Next::Continue => {}
@@ -573,6 +593,9 @@ impl Engine<'_> {
             // An unfinished character at the end becomes U+FFFD.
             s.text.push_str(&s.decoder.finish());
         }
+        if let Some(p) = s.job.kv.as_mut() {
+            p.publish(&s.kv, &s.job.prompt, &s.tokens);
+        }
         let now = Instant::now();
         let first = s.first_token_at.unwrap_or(now);
         let done = Finished {
@@ -595,6 +618,7 @@ impl Engine<'_> {
                 .or((s.candidates_tried > 0).then_some(0))
                 .filter(|_| s.own_tokens > 0 && s.draft_accepted > 0)
                 .map(|d| s.job.drafts[d].clone()),
+            kv_reused: s.kv_reused,
         };
         let _ = s.send(Event::Done(done));
     }

@@ -32,6 +32,7 @@ use crate::engine::generate::{GenerateError, GenerateParams, StopReason};
 use crate::engine::sampler::SamplingParams;
 use crate::engine::scheduler::{Event, Job};
 use crate::store::{sha256_hex, CacheMode, CachedAnswer, NewInference, ServedFrom};
+use crate::workload::{BlockKey, KvPlan, KvReport};
 
 pub type GenerateStream = Pin<Box<dyn Stream<Item = Result<GenerateResponse, Status>> + Send>>;
 
@@ -67,6 +68,10 @@ pub(crate) struct Plan {
     embedding: Option<Vec<f32>>,
     /// The nearest earlier answer, when one was offered as a draft (TRUST learns from it).
     top: Option<Neighbour>,
+    /// Keys of the prompt's KV blocks (`None`: no KV reuse, e.g. BYPASS).
+    kv_keys: Option<Vec<BlockKey>>,
+    /// What KV reuse did for this request (set when it goes to the engine).
+    kv: Option<Arc<KvReport>>,
 }
 
 /// Where an answer came from and what it cost.
@@ -179,7 +184,13 @@ impl ForgeState {
             "top_p": sampling.top_p, "seed": sampling.seed, "stop": req.stop, "raw": req.raw,
         })
         .to_string();
+        let kv_keys = match (&self.kv, mode) {
+            (Some(kv), m) if m != CacheMode::Bypass => Some(kv.seed(&tenant).keys(&prompt_ids)),
+            _ => None,
+        };
         Ok(Plan {
+            kv_keys,
+            kv: None,
             tenant,
             question,
             prompt_hash: sha256_hex(prompt.as_bytes()),
@@ -296,6 +307,12 @@ impl ForgeState {
                 draft_accepted: a.draft_accepted,
                 candidates_tried: a.candidates_tried,
             })?;
+            if let (Some(kv), Some(report)) = (&state.kv, &p.kv) {
+                let decode = |t: &[u32]| state.tokenizer.decode(t, false).ok();
+                if let Err(e) = kv.finish(&p.tenant, report, id, &p.prompt_ids, decode) {
+                    eprintln!("forge-cache: storing the KV blocks of inference {id} failed: {e}");
+                }
+            }
             let computed = matches!(a.from, ServedFrom::Model | ServedFrom::Verified | ServedFrom::Partial) && a.stop != StopReason::Cancelled;
             if computed && p.mode != CacheMode::Bypass {
                 if let Err(e) = state.store.learn(&p.tenant, id, p.question.as_deref(), &p.prompt_hash, &a.text) {
@@ -432,6 +449,16 @@ enum Found {
     Nothing,
 }
 
+impl ForgeState {
+    /// The KV plan of a request the model will compute: its longest stored prefix (memory, then
+    /// disk). Blocking.
+    fn prepare_kv(&self, plan: &mut Plan) -> Option<KvPlan> {
+        let kv = self.kv.as_ref()?.prepare(&plan.tenant, plan.kv_keys.take()?, &plan.prompt_ids);
+        plan.kv = Some(kv.report().clone());
+        Some(kv)
+    }
+}
+
 fn message(text: String, token_ids: Vec<u32>, outcome: Option<Outcome>) -> GenerateResponse {
     GenerateResponse { text, token_ids, outcome }
 }
@@ -439,12 +466,13 @@ fn message(text: String, token_ids: Vec<u32>, outcome: Option<Outcome>) -> Gener
 /// The Generate call after tenant resolution.
 pub(crate) async fn generate(state: Arc<ForgeState>, tenant: String, req: GenerateRequest) -> Result<GenerateStream, ServiceError> {
     let received = Instant::now();
-    let (plan, found) = {
+    let (plan, found, kv) = {
         let state = state.clone();
         tokio::task::spawn_blocking(move || -> Result<_, ServiceError> {
             let mut plan = state.plan(tenant, &req, received)?;
             let found = state.lookup(&mut plan)?;
-            Ok((plan, found))
+            let kv = if matches!(found, Found::Answer(_)) { None } else { state.prepare_kv(&mut plan) };
+            Ok((plan, found, kv))
         })
         .await??
     };
@@ -467,6 +495,7 @@ pub(crate) async fn generate(state: Arc<ForgeState>, tenant: String, req: Genera
         stop_strings: plan.stop_strings.clone(),
         events: events_tx,
         drafts,
+        kv,
     };
     state.scheduler.submit(job)?;
     let (out, rx) = mpsc::channel(STREAM_BUFFER);
@@ -515,13 +544,13 @@ async fn stream_model(
                     source_inference_id: source.map(|d| d.source),
                     source_fact_id: None,
                     tokens_computed: f.computed,
-                    tokens_reused: f.draft_accepted,
+                    tokens_reused: f.draft_accepted + f.kv_reused,
                     queue: f.queue_time,
                     prefill: f.prefill_time,
                     decode: f.decode_time,
                     peak_batch: f.peak_batch,
                     ttft: ttft.or_else(|| Some(plan.received.elapsed())),
-                    kv_tokens_reused: 0,
+                    kv_tokens_reused: f.kv_reused,
                     draft_tokens: f.draft_tokens,
                     draft_accepted: f.draft_accepted,
                     candidates_tried: f.candidates_tried,
@@ -543,9 +572,11 @@ async fn stream_model(
     }
     // The client went away.
     drop(events);
-    let computed = plan.prompt_ids.len() + sent_ids.len().saturating_sub(1);
-    let mut answer = Answer::stored(ServedFrom::Model, sent_text, sent_ids, StopReason::Cancelled, 0);
+    let reused = plan.kv.as_ref().map_or(0, |r| r.reused_tokens());
+    let computed = plan.prompt_ids.len() - reused + sent_ids.len().saturating_sub(1);
+    let mut answer = Answer::stored(ServedFrom::Model, sent_text, sent_ids, StopReason::Cancelled, reused);
     answer.tokens_computed = computed;
+    answer.kv_tokens_reused = reused;
     answer.ttft = ttft;
     if let Err(e) = state.record(plan, answer).await {
         eprintln!("forge-cache: recording a cancelled request failed: {e}");

@@ -44,6 +44,7 @@ use crate::engine::tokenizer::{Tokenizer, TokenizerError};
 use crate::engine::placement::{place, PlacementOptions};
 use crate::engine::{Model, ModelError};
 use crate::store::{sha256_file, Store, StoreError};
+use crate::workload::{KvConfig, KvWorkload, WorkloadError};
 
 /// How to run the service.
 #[derive(Debug, Clone)]
@@ -67,6 +68,8 @@ pub struct ServerConfig {
     pub semantic: SemanticConfig,
     /// Which layers run on the CPU and which on the GPU (`--backend`, `--tensor-split`).
     pub placement: PlacementOptions,
+    /// KV-block reuse (`None`: off).
+    pub kv: Option<KvConfig>,
 }
 
 impl ServerConfig {
@@ -83,6 +86,7 @@ impl ServerConfig {
             embedder: Some(crate::models::default_embedder()),
             semantic: SemanticConfig::default(),
             placement: PlacementOptions::default(),
+            kv: Some(KvConfig::default()),
         }
     }
 }
@@ -128,6 +132,8 @@ pub enum ServerError {
     Reflection(String),
     #[error("gRPC transport: {0}")]
     Transport(#[from] tonic::transport::Error),
+    #[error("KV-block reuse: {0}")]
+    Kv(#[from] WorkloadError),
     #[error("start-up task failed: {0}")]
     Join(String),
 }
@@ -148,6 +154,8 @@ pub struct ForgeState {
     pub(crate) cache_enabled: bool,
     pub(crate) default_max_tokens: usize,
     pub(crate) semantic: Option<Arc<SemanticCache>>,
+    /// KV-block reuse (`None`: off).
+    pub(crate) kv: Option<Arc<KvWorkload>>,
 }
 
 impl ForgeState {
@@ -172,6 +180,10 @@ impl ForgeState {
         let model_name = config.model.file_stem().map_or_else(|| "model".into(), |s| s.to_string_lossy().into_owned());
         let context = model.config.n_ctx_train;
         let backend = model.placement();
+        let kv = match &config.kv {
+            Some(c) => Some(Arc::new(KvWorkload::open(c, store.clone(), &model.config, &model_id)?)),
+            None => None,
+        };
         let scheduler = Scheduler::start(Arc::new(model), tokenizer.clone(), config.scheduler).map_err(ServerError::Engine)?;
         let semantic = match &config.embedder {
             Some(dir) if config.cache && dir.join("tokenizer.json").is_file() => {
@@ -203,6 +215,7 @@ impl ForgeState {
             cache_enabled: config.cache,
             default_max_tokens: config.default_max_tokens,
             semantic,
+            kv,
         })
     }
 }

@@ -31,7 +31,7 @@ use sha2::{Digest, Sha256};
 pub use facts::{Fact, InvalidateRequest, LearnReport, PutFactReport};
 pub use inferences::{CachedAnswer, NewInference};
 pub use query::QueryResult;
-pub use stats::{Stats, StatsFilter, TierStats};
+pub use stats::{KvStats, Stats, StatsFilter, TierStats};
 
 /// The current UTC time as the store writes timestamps (sortable ISO-8601 text, milliseconds).
 macro_rules! now_sql {
@@ -47,6 +47,7 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
     ("0001_init.sql", include_str!("../../migrations/0001_init.sql")),
     ("0002_reuse.sql", include_str!("../../migrations/0002_reuse.sql")),
     ("0003_semantic.sql", include_str!("../../migrations/0003_semantic.sql")),
+    ("0004_kv_blocks.sql", include_str!("../../migrations/0004_kv_blocks.sql")),
 ];
 
 #[derive(Debug, thiserror::Error)]
@@ -183,6 +184,11 @@ impl Store {
     /// back on drop), so a poisoned lock is taken over.
     pub(crate) fn conn(&self) -> MutexGuard<'_, Connection> {
         self.conn.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The database file.
+    pub fn path(&self) -> &Path {
+        &self.path
     }
 
     /// The schema version (`PRAGMA user_version`).

@@ -25,6 +25,8 @@ pub struct TierStats {
     pub hit_rate: f64,
     pub tokens_computed: u64,
     pub tokens_reused: u64,
+    /// Prompt tokens whose KV came from stored blocks.
+    pub kv_tokens_reused: u64,
     pub latency_p50_ms: f64,
     pub latency_p95_ms: f64,
 }
@@ -41,6 +43,26 @@ pub struct Stats {
     pub live_facts: u64,
     pub degraded_facts: u64,
     pub reasoning_chains: u64,
+    pub kv: KvStats,
+}
+
+/// KV-block reuse of the computed requests (`kv_requests`) and what the disk tier holds.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct KvStats {
+    pub requests: u64,
+    pub kv_tokens_reused: u64,
+    /// Whole blocks in the prompts; of those, found in memory / on disk; damaged ones found.
+    pub prompt_blocks: u64,
+    pub blocks_from_memory: u64,
+    pub blocks_from_disk: u64,
+    pub blocks_corrupt: u64,
+    /// (memory + disk) / prompt blocks.
+    pub block_hit_rate: f64,
+    /// Blocks and bytes on disk now (for the tenant).
+    pub disk_blocks: u64,
+    pub disk_bytes: u64,
+    /// Bytes in the service's memory when its latest request finished (all tenants).
+    pub memory_bytes: u64,
 }
 
 struct Row {
@@ -49,6 +71,7 @@ struct Row {
     latency_ms: f64,
     computed: u64,
     reused: u64,
+    kv_reused: u64,
     source_latency_ms: Option<f64>,
 }
 
@@ -61,7 +84,7 @@ pub fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[rank.clamp(1, sorted.len()) - 1]
 }
 
-fn summarize(tenant: String, rows: &[&Row], counts: (u64, u64, u64)) -> Stats {
+fn summarize(tenant: String, rows: &[&Row], counts: (u64, u64, u64), kv: KvStats) -> Stats {
     let n = rows.len() as u64;
     let tiers = ServedFrom::ALL
         .into_iter()
@@ -75,6 +98,7 @@ fn summarize(tenant: String, rows: &[&Row], counts: (u64, u64, u64)) -> Stats {
                 hit_rate: if n == 0 { 0.0 } else { mine.len() as f64 / n as f64 },
                 tokens_computed: mine.iter().map(|r| r.computed).sum(),
                 tokens_reused: mine.iter().map(|r| r.reused).sum(),
+                kv_tokens_reused: mine.iter().map(|r| r.kv_reused).sum(),
                 latency_p50_ms: percentile(&lat, 0.50),
                 latency_p95_ms: percentile(&lat, 0.95),
             }
@@ -94,6 +118,7 @@ fn summarize(tenant: String, rows: &[&Row], counts: (u64, u64, u64)) -> Stats {
         live_facts: counts.0,
         degraded_facts: counts.1,
         reasoning_chains: counts.2,
+        kv,
     }
 }
 
@@ -102,7 +127,7 @@ fn summarize(tenant: String, rows: &[&Row], counts: (u64, u64, u64)) -> Stats {
 pub fn compute(conn: &Connection, filter: &StatsFilter) -> Result<Vec<Stats>, StoreError> {
     let since = filter.since_seconds.map(|s| format!("-{s} seconds"));
     let mut stmt = conn.prepare(
-        "SELECT i.tenant, i.served_from, i.latency_ms, i.tokens_computed, i.tokens_reused, s.latency_ms
+        "SELECT i.tenant, i.served_from, i.latency_ms, i.tokens_computed, i.tokens_reused, s.latency_ms, i.kv_tokens_reused
          FROM inferences i LEFT JOIN inferences s ON s.id = i.source_inference_id
          WHERE (?1 IS NULL OR i.tenant = ?1)
            AND (?2 IS NULL OR i.created_at >= strftime('%Y-%m-%dT%H:%M:%fZ', 'now', ?2))",
@@ -110,12 +135,15 @@ pub fn compute(conn: &Connection, filter: &StatsFilter) -> Result<Vec<Stats>, St
     let rows = stmt
         .query_map(rusqlite::params![filter.tenant, since], |r| {
             let tier: String = r.get(1)?;
-            Ok((r.get::<_, String>(0)?, tier, r.get::<_, f64>(2)?, r.get::<_, i64>(3)?, r.get::<_, i64>(4)?, r.get::<_, Option<f64>>(5)?))
+            Ok((
+                (r.get::<_, String>(0)?, tier, r.get::<_, f64>(2)?),
+                (r.get::<_, i64>(3)?, r.get::<_, i64>(4)?, r.get::<_, Option<f64>>(5)?, r.get::<_, i64>(6)?),
+            ))
         })?
         .map(|row| {
-            let (tenant, tier, latency_ms, computed, reused, source_latency_ms) = row?;
+            let ((tenant, tier, latency_ms), (computed, reused, source_latency_ms, kv_reused)) = row?;
             let served_from = ServedFrom::parse(&tier).ok_or_else(|| StoreError::Malformed(format!("served_from {tier:?}")))?;
-            Ok(Row { tenant, served_from, latency_ms, computed: computed.max(0) as u64, reused: reused.max(0) as u64, source_latency_ms })
+            Ok(Row { tenant, served_from, latency_ms, computed: computed.max(0) as u64, reused: reused.max(0) as u64, kv_reused: kv_reused.max(0) as u64, source_latency_ms })
         })
         .collect::<Result<Vec<Row>, StoreError>>()?;
 
@@ -133,6 +161,7 @@ pub fn compute(conn: &Connection, filter: &StatsFilter) -> Result<Vec<Stats>, St
         c.2 += chains.max(0) as u64;
     }
 
+    let kv = kv_stats(conn, filter, since.as_deref())?;
     let mut tenants: Vec<String> = rows.iter().map(|r| r.tenant.clone()).chain(counts.keys().cloned()).collect();
     if let Some(t) = &filter.tenant {
         tenants.push(t.clone());
@@ -143,13 +172,67 @@ pub fn compute(conn: &Connection, filter: &StatsFilter) -> Result<Vec<Stats>, St
         .iter()
         .map(|t| {
             let mine: Vec<&Row> = rows.iter().filter(|r| &r.tenant == t).collect();
-            summarize(t.clone(), &mine, counts.get(t).copied().unwrap_or_default())
+            summarize(t.clone(), &mine, counts.get(t).copied().unwrap_or_default(), kv.get(t).cloned().unwrap_or_default())
         })
         .collect();
     if filter.tenant.is_none() && out.len() > 1 {
         let all: Vec<&Row> = rows.iter().collect();
         let total = counts.values().fold((0, 0, 0), |a, c| (a.0 + c.0, a.1 + c.1, a.2 + c.2));
-        out.push(summarize("*".into(), &all, total));
+        let mut sum = KvStats::default();
+        for k in kv.values() {
+            sum.requests += k.requests;
+            sum.kv_tokens_reused += k.kv_tokens_reused;
+            sum.prompt_blocks += k.prompt_blocks;
+            sum.blocks_from_memory += k.blocks_from_memory;
+            sum.blocks_from_disk += k.blocks_from_disk;
+            sum.blocks_corrupt += k.blocks_corrupt;
+            sum.disk_blocks += k.disk_blocks;
+            sum.disk_bytes += k.disk_bytes;
+            sum.memory_bytes = k.memory_bytes;
+        }
+        sum.block_hit_rate = hit_rate(&sum);
+        out.push(summarize("*".into(), &all, total, sum));
+    }
+    Ok(out)
+}
+
+fn hit_rate(k: &KvStats) -> f64 {
+    if k.prompt_blocks == 0 {
+        0.0
+    } else {
+        (k.blocks_from_memory + k.blocks_from_disk) as f64 / k.prompt_blocks as f64
+    }
+}
+
+/// KV reuse per tenant: `kv_requests` in the period, `kv_lineage` now.
+fn kv_stats(conn: &Connection, filter: &StatsFilter, since: Option<&str>) -> Result<BTreeMap<String, KvStats>, StoreError> {
+    let memory_bytes: i64 =
+        conn.query_row("SELECT COALESCE((SELECT memory_bytes FROM kv_requests ORDER BY created_at DESC, inference_id DESC LIMIT 1), 0)", [], |r| r.get(0))?;
+    let mut out: BTreeMap<String, KvStats> = BTreeMap::new();
+    let mut stmt = conn.prepare(
+        "SELECT tenant, COUNT(*), SUM(kv_tokens_reused), SUM(prompt_blocks), SUM(blocks_memory), SUM(blocks_disk), SUM(blocks_corrupt)
+         FROM kv_requests
+         WHERE (?1 IS NULL OR tenant = ?1) AND (?2 IS NULL OR created_at >= strftime('%Y-%m-%dT%H:%M:%fZ', 'now', ?2))
+         GROUP BY tenant",
+    )?;
+    let u = |v: i64| v.max(0) as u64;
+    for row in stmt.query_map(rusqlite::params![filter.tenant, since], |r| {
+        Ok((r.get::<_, String>(0)?, [r.get::<_, i64>(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?, r.get(6)?]))
+    })? {
+        let (tenant, v) = row?;
+        let k = out.entry(tenant).or_default();
+        (k.requests, k.kv_tokens_reused, k.prompt_blocks, k.blocks_from_memory, k.blocks_from_disk, k.blocks_corrupt) =
+            (u(v[0]), u(v[1]), u(v[2]), u(v[3]), u(v[4]), u(v[5]));
+    }
+    let mut stmt = conn.prepare("SELECT tenant, COUNT(*), COALESCE(SUM(size_bytes), 0) FROM kv_lineage WHERE ?1 IS NULL OR tenant = ?1 GROUP BY tenant")?;
+    for row in stmt.query_map([&filter.tenant], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?, r.get::<_, i64>(2)?)))? {
+        let (tenant, blocks, bytes) = row?;
+        let k = out.entry(tenant).or_default();
+        (k.disk_blocks, k.disk_bytes) = (u(blocks), u(bytes));
+    }
+    for k in out.values_mut() {
+        k.block_hit_rate = hit_rate(k);
+        k.memory_bytes = u(memory_bytes);
     }
     Ok(out)
 }

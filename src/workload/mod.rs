@@ -1,0 +1,190 @@
+//! The workload builder: reuse of stored KV blocks, so the model runs only on the part of a
+//! prompt it has not seen, also across restarts.
+//!
+//! * `keys` — a prompt's tokens in fixed blocks, each keyed by a SHA-256 chain over (tenant
+//!   salt, model id, previous key, block tokens): stable across restarts, never shared by tenants
+//! * `index` — [`Block`] (exact f16 K and V of one block) and the memory index (moka, byte
+//!   budget, LRU)
+//! * `codec` — the on-disk encodings (f16 lossless by default; q8_0 / q4_0 lossy) and checksums
+//! * `disk` — the persistent tier: `kv_lineage` rows, bytes in a memory-mapped side file (or
+//!   BLOBs), a byte budget with LRU eviction, corrupt blocks detected and dropped
+//! * `plan` — [`KvPlan`], what the engine thread does with it (load the prefix at admission,
+//!   publish computed blocks), and the per-request [`KvReport`]
+//!
+//! Request path: `server::generate` computes the prompt's block keys per tenant, asks
+//! [`KvWorkload::prepare`] for the longest reusable prefix (memory first, then disk, promoting
+//! disk blocks into memory) and sends the plan with the job; the scheduler starts the sequence's
+//! prefill after the loaded prefix; after the answer is recorded, [`KvWorkload::finish`] stores
+//! the new blocks and the request's reuse numbers (`kv_requests`). Because the forward pass is
+//! bitwise batch invariant and f16 blocks are stored byte for byte, a greedy answer with reuse is
+//! token for token the answer without it.
+
+pub mod codec;
+pub mod disk;
+pub mod index;
+pub mod keys;
+pub mod plan;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+pub use codec::{Codec, CodecError};
+pub use disk::{DiskTier, Storage};
+pub use index::{Block, Geometry, MemoryIndex};
+pub use keys::{BlockKey, ChainSeed};
+pub use plan::{KvPlan, KvReport, ReportData};
+
+use crate::engine::LlamaConfig;
+use crate::store::Store;
+
+#[derive(Debug, thiserror::Error)]
+pub enum WorkloadError {
+    #[error("KV store database: {0}")]
+    Sqlite(#[from] rusqlite::Error),
+    #[error("KV side file: {0}")]
+    Io(#[from] std::io::Error),
+    #[error(transparent)]
+    Codec(#[from] CodecError),
+    #[error("KV store: {0}")]
+    Invalid(String),
+}
+
+/// How the service reuses KV blocks.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KvConfig {
+    /// Bytes of blocks kept in memory.
+    pub memory_bytes: u64,
+    /// Bytes of blocks kept on disk (0: no persistent tier).
+    pub disk_bytes: u64,
+    /// Tokens per block.
+    pub block_tokens: usize,
+    pub codec: Codec,
+    pub storage: Storage,
+}
+
+impl Default for KvConfig {
+    fn default() -> Self {
+        KvConfig { memory_bytes: 512 << 20, disk_bytes: 2 << 30, block_tokens: 16, codec: Codec::F16, storage: Storage::File }
+    }
+}
+
+/// The block index of one model: memory over disk.
+pub struct KvWorkload {
+    geom: Geometry,
+    model_id: String,
+    memory: MemoryIndex,
+    disk: DiskTier,
+}
+
+impl KvWorkload {
+    /// Opens the tiers for a model (`model_id`: sha256 of its file) over the service's store.
+    pub fn open(config: &KvConfig, store: Arc<Store>, model: &LlamaConfig, model_id: &str) -> Result<KvWorkload, WorkloadError> {
+        let geom = Geometry::new(model, config.block_tokens);
+        let disk = DiskTier::open(store, geom, config.codec, config.storage, config.disk_bytes)?;
+        Ok(KvWorkload { geom, model_id: model_id.to_string(), memory: MemoryIndex::new(config.memory_bytes), disk })
+    }
+
+    pub fn geometry(&self) -> Geometry {
+        self.geom
+    }
+
+    /// The key chain of a tenant on this model.
+    pub fn seed(&self, tenant: &str) -> ChainSeed {
+        ChainSeed::new(tenant, &self.model_id, self.geom.block_tokens)
+    }
+
+    /// The longest reusable prefix of `prompt` (whose whole-block keys are `keys`): resident
+    /// blocks first, then stored ones (read, checked, promoted into memory). Blocking (disk).
+    pub fn prepare(&self, tenant: &str, keys: Vec<BlockKey>, prompt: &[u32]) -> KvPlan {
+        let t0 = Instant::now();
+        let b = self.geom.block_tokens;
+        // Only blocks that can be loaded matter: at least the last prompt token is computed.
+        let usable = prompt.len().saturating_sub(1).div_ceil(b).min(keys.len());
+        let mut hits: Vec<Arc<Block>> = keys[..usable].iter().map_while(|k| self.memory.get(k)).collect();
+        let from_memory = hits.len();
+        let mut corrupt = 0;
+        if hits.len() < usable {
+            match self.disk.load(&keys[hits.len()..usable]) {
+                Ok((blocks, bad)) => {
+                    for (key, block) in keys[hits.len()..].iter().zip(&blocks) {
+                        self.memory.insert(*key, block.clone());
+                    }
+                    hits.extend(blocks);
+                    corrupt = bad;
+                }
+                Err(e) => eprintln!("forge-cache: reading stored KV blocks failed ({e}); computing them"),
+            }
+        }
+        let report = Arc::new(KvReport::default());
+        {
+            let mut r = report.lock();
+            r.prompt_blocks = keys.len();
+            r.blocks_memory = from_memory;
+            r.blocks_disk = hits.len() - from_memory;
+            r.blocks_corrupt = corrupt;
+            r.load_ms = t0.elapsed().as_secs_f64() * 1e3;
+        }
+        KvPlan {
+            geom: self.geom,
+            seed: self.seed(tenant),
+            published: hits.len(),
+            keys,
+            hits,
+            memory: self.memory.clone(),
+            report,
+        }
+    }
+
+    /// After the request was recorded as `inference_id`: stores the blocks it computed (disk
+    /// budget permitting), touches the ones it reused, records its numbers in `kv_requests` and
+    /// the reused prefix in `semantic_fragments` (`decode` turns tokens into its text).
+    pub fn finish(
+        &self,
+        tenant: &str,
+        report: &KvReport,
+        inference_id: i64,
+        prompt: &[u32],
+        decode: impl FnOnce(&[u32]) -> Option<String>,
+    ) -> Result<usize, WorkloadError> {
+        let r = std::mem::take(&mut *report.lock());
+        let b = self.geom.block_tokens;
+        let whole = r.reused_tokens / b;
+        let fragment = match whole.checked_sub(1).and_then(|i| r.used.get(i)) {
+            Some(key) => decode(&prompt[..whole * b]).map(|text| (*key, whole * b, text)),
+            None => None,
+        };
+        let stored = self.disk.record(&disk::Record {
+            tenant,
+            model_id: &self.model_id,
+            inference_id,
+            used: &r.used,
+            new_blocks: &r.new_blocks,
+            prompt_blocks: r.prompt_blocks,
+            blocks_memory: r.blocks_memory,
+            blocks_disk: r.blocks_disk,
+            blocks_corrupt: r.blocks_corrupt,
+            kv_tokens_reused: r.reused_tokens,
+            load_ms: r.load_ms,
+            memory_bytes: self.memory.usage().0,
+            fragment,
+        })?;
+        // Keep the numbers readable after finishing (the new blocks are stored now).
+        *report.lock() = ReportData { new_blocks: Vec::new(), ..r };
+        Ok(stored)
+    }
+
+    /// (bytes, blocks) in memory and on disk.
+    pub fn usage(&self) -> ((u64, u64), (u64, u64)) {
+        (self.memory.usage(), self.disk.usage())
+    }
+
+    pub fn disk(&self) -> &DiskTier {
+        &self.disk
+    }
+
+    /// The side file of blocks, when the storage is `file`.
+    pub fn side_file(&self) -> Option<PathBuf> {
+        self.disk.side_file()
+    }
+}
