@@ -38,7 +38,7 @@ impl Engine {
     fn submit(&self, prompt: Vec<u32>, max_tokens: usize, drafts: Vec<Draft>) -> mpsc::UnboundedReceiver<Event> {
         let (tx, rx) = mpsc::unbounded_channel();
         let params = GenerateParams { max_tokens, sampling: SamplingParams::greedy(), stop_ids: self.tok.stop_ids().to_vec() };
-        self.sched.submit(Job { prompt, params, stop_strings: Vec::new(), events: tx, drafts }).expect("submit");
+        self.sched.submit(Job { prompt, params, stop_strings: Vec::new(), events: tx, drafts, kv: None }).expect("submit");
         rx
     }
 }
