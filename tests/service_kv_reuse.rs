@@ -69,6 +69,9 @@ fn kv_config(tweak: impl FnOnce(&mut KvConfig)) -> impl FnOnce(&mut ServerConfig
         let mut k = KvConfig::default();
         tweak(&mut k);
         c.kv = Some(k);
+        // KV reuse alone: no semantic drafts, so every computed answer is MODEL and reused
+        // tokens are KV positions only (the tiers together: tests/service_semantic.rs).
+        c.embedder = None;
     }
 }
 
@@ -140,6 +143,7 @@ async fn after_a_restart_blocks_come_from_disk_and_damage_is_recomputed() {
         let config = || {
             let mut c = common::server_config(&db);
             c.kv = Some(KvConfig { storage, ..KvConfig::default() });
+            c.embedder = None;
             c
         };
         let doc = squad(1);
