@@ -26,7 +26,7 @@ use forge_cache::backend::Backend;
 use forge_cache::engine::generate::{generate, GenerateParams};
 use forge_cache::engine::sampler::{argmax, SamplingParams};
 use forge_cache::engine::tokenizer::Tokenizer;
-use forge_cache::engine::{Logits, Model, SeqBatch};
+use forge_cache::engine::Model;
 use forge_cache::gguf::dequantize_row;
 
 const MARGIN: f32 = 0.3;
@@ -97,16 +97,6 @@ impl<'a> Tier<'a> {
     }
 }
 
-/// The CPU's top-1 minus top-2 logit after `tokens`.
-fn cpu_margin(model: &Model, tokens: &[u32]) -> f32 {
-    let mut state = model.new_state(tokens.len());
-    let mut kv = model.new_kv(tokens.len());
-    model.forward(&mut state, &mut [SeqBatch { kv: &mut kv, tokens, logits: Logits::Last }]).expect("forward");
-    let l = model.logits(&state, 0);
-    let top = argmax(l);
-    let second = l.iter().enumerate().filter(|&(i, _)| i as u32 != top).map(|(_, v)| *v).fold(f32::MIN, f32::max);
-    l[top as usize] - second
-}
 
 #[test]
 fn wgpu_greedy_matches_cpu_on_reference_prompts() {
@@ -143,7 +133,7 @@ fn wgpu_greedy_matches_cpu_on_reference_prompts() {
             }
             Some(i) => {
                 let ctx_tokens: Vec<u32> = prompt.iter().chain(&cpu[..i]).copied().collect();
-                let margin = cpu_margin(&model, &ctx_tokens);
+                let margin = common::top2_margin(&model, &ctx_tokens);
                 eprintln!("{id:>12}: step {i}: cpu {} vs wgpu {}, CPU top-2 margin {margin:.3}", cpu[i], gpu[i]);
                 assert!(margin < MARGIN, "{id}: wgpu diverges at step {i} where the CPU is confident (margin {margin:.3})");
                 compared += i;

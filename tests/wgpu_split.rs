@@ -23,9 +23,9 @@ use forge_cache::backend::cpu::CpuBackend;
 use forge_cache::backend::wgpu::{WgpuContext, WgpuOptions};
 use forge_cache::engine::generate::{generate, GenerateParams};
 use forge_cache::engine::placement::{place, BackendChoice, PlacementOptions};
-use forge_cache::engine::sampler::{argmax, SamplingParams};
+use forge_cache::engine::sampler::SamplingParams;
 use forge_cache::engine::tokenizer::Tokenizer;
-use forge_cache::engine::{Logits, Model, SeqBatch};
+use forge_cache::engine::Model;
 
 const MARGIN: f32 = 0.5;
 const TOKENS: usize = 16;
@@ -46,16 +46,6 @@ fn greedy(model: &Model, prompt: &[u32], stop: &[u32]) -> Vec<u32> {
     g.tokens.iter().copied().chain(g.stop_token).collect()
 }
 
-/// `model`'s top-1 minus top-2 logit after `tokens`.
-fn margin(model: &Model, tokens: &[u32]) -> f32 {
-    let mut state = model.new_state(tokens.len());
-    let mut kv = model.new_kv(tokens.len());
-    model.forward(&mut state, &mut [SeqBatch { kv: &mut kv, tokens, logits: Logits::Last }]).expect("forward");
-    let l = model.logits(&state, 0);
-    let top = argmax(l);
-    let second = l.iter().enumerate().filter(|&(i, _)| i as u32 != top).map(|(_, v)| *v).fold(f32::MIN, f32::max);
-    l[top as usize] - second
-}
 
 /// Tokens compared equal between `a` (the split run) and `b` (run by `reference`).
 fn compare(what: &str, id: &str, prompt: &[u32], a: &[u32], b: &[u32], reference: &Model) -> usize {
@@ -66,7 +56,7 @@ fn compare(what: &str, id: &str, prompt: &[u32], a: &[u32], b: &[u32], reference
         }
         Some(i) => {
             let ctx: Vec<u32> = prompt.iter().chain(&b[..i]).copied().collect();
-            let m = margin(reference, &ctx);
+            let m = common::top2_margin(reference, &ctx);
             eprintln!("{id:>12}: {what}: step {i}: split {} vs {}, top-2 margin {m:.3}", a[i], b[i]);
             assert!(m < MARGIN, "{id}: {what}: the split run diverges at step {i} where the other is confident (margin {m:.3})");
             i

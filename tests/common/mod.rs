@@ -48,6 +48,19 @@ pub fn cpu_backends(threads: usize) -> Vec<Arc<dyn Backend>> {
     SimdLevel::available().into_iter().map(|l| Arc::new(CpuBackend::with_simd(threads, l).expect("pool")) as Arc<dyn Backend>).collect()
 }
 
+/// `model`'s top-1 minus top-2 logit after `tokens` (how confident its next greedy token is).
+pub fn top2_margin(model: &Model, tokens: &[u32]) -> f32 {
+    let mut state = model.new_state(tokens.len());
+    let mut kv = model.new_kv(tokens.len());
+    model
+        .forward(&mut state, &mut [forge_cache::engine::SeqBatch { kv: &mut kv, tokens, logits: forge_cache::engine::Logits::Last }])
+        .expect("forward");
+    let l = model.logits(&state, 0);
+    let top = forge_cache::engine::sampler::argmax(l);
+    let second = l.iter().enumerate().filter(|&(i, _)| i as u32 != top).map(|(_, v)| *v).fold(f32::MIN, f32::max);
+    l[top as usize] - second
+}
+
 /// The model on the fastest CPU kernels.
 pub fn fast_model() -> Model {
     Model::load(smollm2_path(), Arc::new(CpuBackend::new(0).expect("pool"))).expect("load SmolLM2")
