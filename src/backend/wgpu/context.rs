@@ -43,6 +43,30 @@ pub struct AdapterSummary {
     pub vendor: u32,
 }
 
+/// What the decode matmul (matmul_vec.wgsl, steps of one token) reads as its input.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum XSrc {
+    /// the activations as they are
+    Plain,
+    /// RMSNorm folded in (binding 4: the norm weight)
+    Norm,
+    /// SiLU(gate)·up folded in (the input is the fused gate|up row)
+    Silu,
+}
+
+/// How steps of one token run (`$FORGE_WGPU_DECODE`, for measurements: `off`, `unfused`, `shared`;
+/// anything else or unset: the default, `Fused` with subgroup shuffles where subgroups are 32 wide).
+/// Every setting gives the same bits: the decode kernels keep the batch kernels' reduction order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum DecodePlan {
+    /// the batch kernels (rmsnorm, matmul, silu_mul) for one token too
+    Off,
+    /// matmul_vec.wgsl for the matmuls, rmsnorm and silu_mul dispatched apart
+    Unfused,
+    /// matmul_vec.wgsl with RMSNorm folded into q|k|v and gate|up, SiLU·mul into the down projection
+    Fused,
+}
+
 /// A compute pipeline and the layout of its one bind group.
 pub(crate) struct Kernel {
     pub pipeline: wgpu::ComputePipeline,
@@ -54,6 +78,8 @@ pub(crate) struct Kernel {
 /// Every pipeline, compiled once per context.
 pub(crate) struct Kernels {
     pub matmul: HashMap<GgmlType, Kernel>,
+    /// decode matmuls (empty when the plan is `Off`)
+    pub matvec: HashMap<(GgmlType, XSrc), Kernel>,
     pub embed: HashMap<GgmlType, Kernel>,
     pub rmsnorm: Kernel,
     pub rope: Kernel,
@@ -79,6 +105,12 @@ pub struct WgpuContext {
     pub(crate) lanes: u32,
     /// Whether GPU timestamps can be written at compute pass boundaries.
     pub(crate) timestamps: bool,
+    /// How steps of one token run.
+    pub(crate) decode: DecodePlan,
+    /// Whether the decode matmuls reduce by subgroup shuffles (subgroups of exactly `lanes`).
+    pub(crate) subgroups: bool,
+    /// A layer step is submitted in parts of this many layers (0: whole), `$FORGE_WGPU_SUBMIT_LAYERS`.
+    pub(crate) submit_layers: usize,
     /// The first error wgpu reported outside an error scope (validation, device loss).
     uncaptured: Arc<Mutex<Option<String>>>,
 }
@@ -169,10 +201,28 @@ impl WgpuContext {
             return Err(WgpuError::Unsupported(format!("{lanes} matmul lanes (a power of two up to {WG})")));
         }
         let limits = adapter.limits();
+        let env_decode = std::env::var("FORGE_WGPU_DECODE").unwrap_or_default();
+        let decode = match env_decode.as_str() {
+            "off" => DecodePlan::Off,
+            "unfused" => DecodePlan::Unfused,
+            _ => DecodePlan::Fused,
+        };
+        // Shuffles replace the workgroup-memory tree only where a subgroup is exactly one row's
+        // lanes (NVIDIA: always 32); elsewhere (lavapipe: 8) the tree stays. Same bits either way.
+        let subgroups = decode != DecodePlan::Off
+            && env_decode != "shared"
+            && lanes == 32
+            && adapter.features().contains(wgpu::Features::SUBGROUP)
+            && info.subgroup_min_size == 32
+            && info.subgroup_max_size == 32;
+        let mut features = adapter.features() & wgpu::Features::TIMESTAMP_QUERY;
+        if subgroups {
+            features |= wgpu::Features::SUBGROUP;
+        }
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
             label: Some("forge-cache"),
             // Timestamps only serve WgpuLayers::forward_profiled; asked for when offered.
-            required_features: adapter.features() & wgpu::Features::TIMESTAMP_QUERY,
+            required_features: features,
             required_limits: limits.clone(),
             experimental_features: wgpu::ExperimentalFeatures::default(),
             memory_hints: wgpu::MemoryHints::Performance,
@@ -188,7 +238,7 @@ impl WgpuContext {
                 *s = Some(e.to_string());
             }
         }));
-        let kernels = build_kernels(&device, lanes)?;
+        let kernels = build_kernels(&device, lanes, decode, subgroups)?;
         let summary = AdapterSummary {
             name: info.name.clone(),
             device_type: format!("{:?}", info.device_type),
@@ -205,6 +255,9 @@ impl WgpuContext {
             max_binding: limits.max_storage_buffer_binding_size,
             lanes,
             timestamps,
+            decode,
+            subgroups,
+            submit_layers: std::env::var("FORGE_WGPU_SUBMIT_LAYERS").ok().and_then(|v| v.parse().ok()).unwrap_or(0),
             uncaptured,
         }))
     }
@@ -216,6 +269,17 @@ impl WgpuContext {
     /// Threads per matmul row (see [`WgpuOptions::matmul_lanes`]).
     pub fn matmul_lanes(&self) -> u32 {
         self.lanes
+    }
+
+    /// How one-token steps run: "batch kernels", "matvec, unfused" or "matvec + folded norm / silu",
+    /// with "(subgroup shuffles)" where the decode matmuls reduce by subgroups.
+    pub fn decode_kernels(&self) -> String {
+        let plan = match self.decode {
+            DecodePlan::Off => "batch kernels",
+            DecodePlan::Unfused => "matvec, unfused",
+            DecodePlan::Fused => "matvec + folded norm / silu",
+        };
+        format!("{plan}{}", if self.subgroups { " (subgroup shuffles)" } else { "" })
     }
 
     /// Matmul workgroups for `rows` outputs of `n_tok` tokens.
@@ -390,27 +454,46 @@ pub(crate) fn grid_1d(n: usize) -> (u32, u32) {
     (x as u32, groups.div_ceil(x) as u32)
 }
 
-fn build_kernels(device: &wgpu::Device, lanes: u32) -> Result<Kernels, WgpuError> {
+/// `src` with its `LANES` / `ROWS` lines set for `lanes` threads per row.
+fn with_lanes(name: &str, src: &str, lanes: u32) -> Result<String, WgpuError> {
+    let (l_line, r_line) = ("const LANES: u32 = 32u;", "const ROWS: u32 = 8u;");
+    if !src.contains(l_line) || !src.contains(r_line) {
+        return Err(WgpuError::Shader { kernel: name.into(), msg: "LANES / ROWS lines not found".into() });
+    }
+    Ok(src.replace(l_line, &format!("const LANES: u32 = {lanes}u;")).replace(r_line, &format!("const ROWS: u32 = {}u;", WG / lanes)))
+}
+
+fn build_kernels(device: &wgpu::Device, lanes: u32, decode: DecodePlan, subgroups: bool) -> Result<Kernels, WgpuError> {
     let k = |name: &str, src: String, binds: &[B]| kernel(device, name, &src, binds);
     let mm = [B::Uniform, B::Read, B::Read, B::Rw];
-    let matmul_src = include_str!("kernels/wgsl/matmul.wgsl");
-    let (l_line, r_line) = ("const LANES: u32 = 32u;", "const ROWS: u32 = 8u;");
-    if !matmul_src.contains(l_line) || !matmul_src.contains(r_line) {
-        return Err(WgpuError::Shader { kernel: "matmul".into(), msg: "LANES / ROWS lines not found".into() });
+    let matmul_src = with_lanes("matmul", include_str!("kernels/wgsl/matmul.wgsl"), lanes)?;
+    let vec_src = with_lanes("matmul_vec", include_str!("kernels/wgsl/matmul_vec.wgsl"), lanes)?;
+    let (enable, vec_main) = match subgroups {
+        true => ("enable subgroups;\n", include_str!("kernels/wgsl/mv_main_sg.wgsl")),
+        false => ("", include_str!("kernels/wgsl/mv_main.wgsl")),
+    };
+    let mut srcs = vec![(XSrc::Plain, include_str!("kernels/wgsl/mv_x_plain.wgsl"))];
+    if decode == DecodePlan::Fused {
+        srcs.push((XSrc::Norm, include_str!("kernels/wgsl/mv_x_norm.wgsl")));
+        srcs.push((XSrc::Silu, include_str!("kernels/wgsl/mv_x_silu.wgsl")));
     }
-    let matmul_src = matmul_src
-        .replace(l_line, &format!("const LANES: u32 = {lanes}u;"))
-        .replace(r_line, &format!("const ROWS: u32 = {}u;", WG / lanes));
     let mut matmul = HashMap::new();
+    let mut matvec = HashMap::new();
     let mut embed = HashMap::new();
     for ty in WEIGHT_TYPES {
         let deq = weight_source(ty);
         let name = ty.name();
         matmul.insert(ty, k(&format!("matmul_{name}"), format!("{BYTES}\n{deq}\n{matmul_src}"), &mm)?);
         embed.insert(ty, k(&format!("embed_{name}"), format!("{BYTES}\n{deq}\n{}", include_str!("kernels/wgsl/embed.wgsl")), &mm)?);
+        for &(xs, x_src) in srcs.iter().filter(|_| decode != DecodePlan::Off) {
+            let binds: &[B] = if xs == XSrc::Norm { &[B::Uniform, B::Read, B::Read, B::Rw, B::Read] } else { &mm };
+            let src = format!("{enable}{BYTES}\n{deq}\n{x_src}\n{vec_src}\n{vec_main}");
+            matvec.insert((ty, xs), k(&format!("matmul_vec_{name}_{xs:?}"), src, binds)?);
+        }
     }
     Ok(Kernels {
         matmul,
+        matvec,
         embed,
         rmsnorm: k("rmsnorm", include_str!("kernels/wgsl/rmsnorm.wgsl").into(), &[B::Uniform, B::Read, B::Read, B::Rw])?,
         rope: k("rope", include_str!("kernels/wgsl/rope.wgsl").into(), &[B::Uniform, B::Rw, B::Read, B::Read])?,

@@ -19,7 +19,8 @@ use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use super::context::{grid_1d, Kernel, WgpuContext, MAX_HEAD_DIM};
+use super::context::{grid_1d, WgpuContext, MAX_HEAD_DIM};
+use super::decode::{layer_plan, Acts, PlanItem};
 use super::kv::GpuKv;
 use super::WgpuError;
 use crate::backend::cpu::ops::rope_table;
@@ -45,35 +46,37 @@ pub(crate) fn next_id() -> u64 {
 
 /// Weight rows on the GPU: one matrix, or several of one type stacked (q|k|v, gate|up) so that
 /// a single dispatch computes them all.
-struct GpuMatrix {
+pub(super) struct GpuMatrix {
     /// [rows, row_bytes] raw GGUF blocks
-    buf: wgpu::Buffer,
-    ty: GgmlType,
-    rows: usize,
-    cols: usize,
-    row_bytes: usize,
+    pub buf: wgpu::Buffer,
+    pub ty: GgmlType,
+    pub rows: usize,
+    pub cols: usize,
+    pub row_bytes: usize,
     /// First output column of these rows in the destination row.
-    y_off: usize,
+    pub y_off: usize,
 }
 
-struct GpuLayer {
+pub(super) struct GpuLayer {
     /// [n_embd] f32
-    attn_norm: wgpu::Buffer,
+    pub attn_norm: wgpu::Buffer,
     /// wq|wk|wv stacked when they share a type, else the three
-    qkv: Vec<GpuMatrix>,
-    wo: GpuMatrix,
+    pub qkv: Vec<GpuMatrix>,
+    pub wo: GpuMatrix,
     /// [n_embd] f32
-    ffn_norm: wgpu::Buffer,
+    pub ffn_norm: wgpu::Buffer,
     /// w_gate|w_up stacked when they share a type, else the two
-    gate_up: Vec<GpuMatrix>,
-    w_down: GpuMatrix,
+    pub gate_up: Vec<GpuMatrix>,
+    pub w_down: GpuMatrix,
 }
 
 /// What one token-wide dispatch computes; with the batch size it gives the parameters and grid.
 #[derive(Debug, Clone, Copy, PartialEq)]
-enum Step {
+pub(super) enum Step {
     /// `accumulate`: add into the destination (the residual stream) instead of writing.
     MatMul { rows: usize, cols: usize, row_bytes: usize, y_stride: usize, y_off: usize, accumulate: bool },
+    /// One token's matmul (matmul_vec.wgsl); `eps` for a folded RMSNorm.
+    MatVec { rows: usize, cols: usize, row_bytes: usize, y_off: usize, accumulate: bool, eps: f32 },
     RmsNorm { dim: usize, eps: f32 },
     SiluMul,
 }
@@ -87,10 +90,24 @@ struct Dispatch {
     label: &'static str,
 }
 
-/// The token-wide dispatches of one layer: before the per-sequence attention and after it.
+/// The token-wide dispatches of one layer: before the per-sequence attention and after it; for
+/// steps of one token `pre1` / `post1` (decode.rs) when not empty.
 struct LayerDispatches {
     pre: Vec<Dispatch>,
     post: Vec<Dispatch>,
+    pre1: Vec<Dispatch>,
+    post1: Vec<Dispatch>,
+}
+
+impl LayerDispatches {
+    /// The lists for a step of `n` tokens.
+    fn lists(&self, n: usize) -> (&[Dispatch], &[Dispatch]) {
+        if n == 1 && !self.pre1.is_empty() {
+            (&self.pre1, &self.post1)
+        } else {
+            (&self.pre, &self.post)
+        }
+    }
 }
 
 /// The output norm and projection on the GPU (when the stack ends with the model's last layer).
@@ -257,7 +274,8 @@ impl GpuLayers {
         let staging = ctx.staging("staging", f32s(max_tokens * e));
 
         let kern = &ctx.kernels;
-        let mut plan: Vec<(bool, &Kernel, Step, &'static str, Vec<&wgpu::Buffer>)> = Vec::new();
+        let mut plan: Vec<PlanItem<'_>> = Vec::new();
+        let mut plan1: Vec<Vec<PlanItem<'_>>> = Vec::new();
         for g in &self.gpu {
             let mm = |w: &GpuMatrix, y_stride: usize, accumulate: bool| Step::MatMul {
                 rows: w.rows,
@@ -269,6 +287,8 @@ impl GpuLayers {
             };
             let mmk = |w: &GpuMatrix| kern.matmul.get(&w.ty).ok_or_else(|| WgpuError::Unsupported(w.ty.name().into()));
             let norm = Step::RmsNorm { dim: e, eps: c.rms_eps };
+            let acts = Acts { x: &x, xn: &xn, qkv: &qkv, att: &att, gu: &gu, act: &act };
+            plan1.push(layer_plan(kern, ctx.decode, g, &acts, norm)?);
             plan.push((true, &kern.rmsnorm, norm, "rmsnorm", vec![&x, &g.attn_norm, &xn]));
             for w in &g.qkv {
                 plan.push((true, mmk(w)?, mm(w, qkvd, false), "matmul qkv", vec![&w.buf, &xn, &qkv]));
@@ -282,7 +302,7 @@ impl GpuLayers {
             plan.push((false, mmk(&g.w_down)?, mm(&g.w_down, e, true), "matmul down + add", vec![&g.w_down.buf, &act, &x]));
         }
         let mut slots: Vec<Step> = Vec::new();
-        for (_, _, s, _, _) in &plan {
+        for (_, _, s, _, _) in plan.iter().chain(plan1.iter().flatten()) {
             if !slots.contains(s) {
                 slots.push(*s);
             }
@@ -299,14 +319,19 @@ impl GpuLayers {
         });
         let mut layers: Vec<LayerDispatches> = Vec::with_capacity(self.gpu.len());
         let per_layer = plan.len() / self.gpu.len().max(1);
-        for chunk in plan.chunks(per_layer.max(1)) {
-            let mut ld = LayerDispatches { pre: Vec::new(), post: Vec::new() };
-            for (pre, kernel, step, label, bufs) in chunk {
-                let slot = slots.iter().position(|s| s == step).unwrap_or(0) as u64;
-                let mut binds = vec![(&params, slot * slot_stride, Some(PARAM_WINDOW))];
-                binds.extend(bufs.iter().map(|b| (*b, 0, None)));
-                let d = Dispatch { pipeline: kernel.pipeline.clone(), bind: ctx.bind(kernel, &binds), step: *step, label };
-                if *pre { ld.pre.push(d) } else { ld.post.push(d) }
+        let dispatch_of = |(pre, kernel, step, label, bufs): &PlanItem<'_>| {
+            let slot = slots.iter().position(|s| s == step).unwrap_or(0) as u64;
+            let mut binds = vec![(&params, slot * slot_stride, Some(PARAM_WINDOW))];
+            binds.extend(bufs.iter().map(|b| (*b, 0, None)));
+            (*pre, Dispatch { pipeline: kernel.pipeline.clone(), bind: ctx.bind(kernel, &binds), step: *step, label })
+        };
+        for (chunk, one) in plan.chunks(per_layer.max(1)).zip(&plan1) {
+            let mut ld = LayerDispatches { pre: Vec::new(), post: Vec::new(), pre1: Vec::new(), post1: Vec::new() };
+            for (pre, d) in chunk.iter().map(dispatch_of) {
+                if pre { ld.pre.push(d) } else { ld.post.push(d) }
+            }
+            for (pre, d) in one.iter().map(dispatch_of) {
+                if pre { ld.pre1.push(d) } else { ld.post1.push(d) }
             }
             layers.push(ld);
         }
@@ -461,7 +486,7 @@ impl GpuLayers {
         let used = (n_wide + seqs.len()) * stride;
         ctx.queue.write_buffer(&act.params, 0, bytemuck::cast_slice(&act.words[..used]));
 
-        let n_dispatch = act.layers.iter().map(|l| l.pre.len() + l.post.len()).sum::<usize>() + 2 * self.gpu.len() * seqs.len();
+        let n_dispatch = act.layers.iter().map(|l| l.lists(n).0.len() + l.lists(n).1.len()).sum::<usize>() + 2 * self.gpu.len() * seqs.len();
         let mut enc = ctx.encoder();
         let queries = profile.then(|| {
             ctx.device.create_query_set(&wgpu::QuerySetDescriptor { label: Some("profile"), ty: wgpu::QueryType::Timestamp, count: 2 * n_dispatch as u32 })
@@ -469,7 +494,7 @@ impl GpuLayers {
         let mut labels: Vec<&'static str> = Vec::new();
         if let Some(qs) = &queries {
             let mut i = 0u32;
-            self.record(act, seqs, n, |label, pipeline, bind, offset, grid| {
+            self.record(act, seqs, n, 0..act.layers.len(), |label, pipeline, bind, offset, grid| {
                 let writes = wgpu::ComputePassTimestampWrites {
                     query_set: qs,
                     beginning_of_pass_write_index: Some(2 * i),
@@ -481,8 +506,23 @@ impl GpuLayers {
                 i += 1;
             });
         } else {
-            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("layers"), timestamp_writes: None });
-            self.record(act, seqs, n, |_, pipeline, bind, offset, grid| dispatch(&mut pass, pipeline, bind, offset, grid));
+            // Every `submit_layers` layers the recorded part is submitted, so that the GPU runs it
+            // while the rest is recorded (0: one submission per step).
+            let (nl, every) = (act.layers.len(), ctx.submit_layers);
+            let mut l0 = 0;
+            loop {
+                let l1 = if every == 0 { nl } else { (l0 + every).min(nl) };
+                {
+                    let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("layers"), timestamp_writes: None });
+                    self.record(act, seqs, n, l0..l1, |_, pipeline, bind, offset, grid| dispatch(&mut pass, pipeline, bind, offset, grid));
+                }
+                l0 = l1;
+                if l0 >= nl {
+                    break;
+                }
+                let done = std::mem::replace(&mut enc, ctx.encoder());
+                ctx.queue.submit([done.finish()]);
+            }
         }
         if let Some((rows, logits)) = head {
             return self.head_rounds(act, enc, rows, logits);
@@ -564,13 +604,15 @@ impl GpuLayers {
         act: &'a GpuActivations,
         seqs: &'a [SeqSpan<'_>],
         n: usize,
+        layers: Range<usize>,
         mut emit: impl FnMut(&'static str, &'a wgpu::ComputePipeline, &'a wgpu::BindGroup, Option<u32>, (u32, u32)),
     ) {
         let c = &self.config;
         let k = &self.ctx.kernels;
         let seq_offset = |i: usize| ((act.n_fixed + i) as u64 * act.slot_stride) as u32;
-        for (li, ld) in act.layers.iter().enumerate() {
-            for d in &ld.pre {
+        for (li, ld) in act.layers.iter().enumerate().take(layers.end).skip(layers.start) {
+            let (pre, post) = ld.lists(n);
+            for d in pre {
                 emit(d.label, &d.pipeline, &d.bind, None, self.grid_of(d.step, n));
             }
             for (i, s) in seqs.iter().enumerate() {
@@ -580,7 +622,7 @@ impl GpuLayers {
             for (i, s) in seqs.iter().enumerate() {
                 emit("attention", &k.attention.pipeline, s.kv.bind(li, 1), Some(seq_offset(i)), (c.n_head as u32, s.n_tok as u32));
             }
-            for d in &ld.post {
+            for d in post {
                 emit(d.label, &d.pipeline, &d.bind, None, self.grid_of(d.step, n));
             }
         }
@@ -592,6 +634,9 @@ impl GpuLayers {
         match step {
             Step::MatMul { rows, cols, row_bytes, y_stride, y_off, accumulate } => {
                 [rows as u32, cols as u32, n32, row_bytes as u32, y_stride as u32, y_off as u32, accumulate as u32, 0]
+            }
+            Step::MatVec { rows, cols, row_bytes, y_off, accumulate, eps } => {
+                [rows as u32, cols as u32, 1, row_bytes as u32, 0, y_off as u32, accumulate as u32, eps.to_bits()]
             }
             Step::RmsNorm { dim, eps } => [dim as u32, n32, eps.to_bits(), 0, 0, 0, 0, 0],
             Step::SiluMul => [n32, self.config.n_ff as u32, 2 * self.config.n_ff as u32, self.config.n_ff as u32, 0, 0, 0, 0],
@@ -610,6 +655,7 @@ impl GpuLayers {
     fn grid_of(&self, step: Step, n: usize) -> (u32, u32) {
         match step {
             Step::MatMul { rows, .. } => self.ctx.matmul_grid(rows, n),
+            Step::MatVec { rows, .. } => self.ctx.matmul_grid(rows, 1),
             Step::RmsNorm { .. } => (n as u32, 1),
             Step::SiluMul => grid_1d(n * self.config.n_ff),
         }

@@ -18,6 +18,7 @@
 
 mod backend;
 mod context;
+mod decode;
 mod kv;
 mod layers;
 

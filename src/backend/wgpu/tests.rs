@@ -51,7 +51,7 @@ fn contexts() -> &'static [Arc<WgpuContext>] {
     static CTX: OnceLock<Vec<Arc<WgpuContext>>> = OnceLock::new();
     CTX.get_or_init(|| match WgpuContext::new(WgpuOptions { allow_software: true, matmul_lanes: None }) {
         Ok(c) => {
-            eprintln!("wgpu tests run on {:?}, {} matmul lanes", c.adapter(), c.matmul_lanes());
+            eprintln!("wgpu tests run on {:?}, {} matmul lanes, decode: {}", c.adapter(), c.matmul_lanes(), c.decode_kernels());
             let mut v = vec![c.clone()];
             if c.matmul_lanes() != 32 {
                 v.extend(WgpuContext::new(WgpuOptions { allow_software: true, matmul_lanes: Some(32) }).ok());

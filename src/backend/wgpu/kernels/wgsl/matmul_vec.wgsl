@@ -1,0 +1,86 @@
+// matmul_vec.wgsl — the decode (n_tok = 1) matmul: Y[r] = sum_c W[r, c] * x[c], with the same
+// per-row reduction order as matmul.wgsl, so that a token's outputs are bitwise the same computed
+// alone or in a batch. Composed at pipeline creation as
+//   [`enable subgroups;`] + bytes.wgsl + dequant_<type>.wgsl + mv_x_<source>.wgsl + this file
+//   + mv_main.wgsl (workgroup-memory tree) or mv_main_sg.wgsl (subgroup shuffles, subgroups of 32)
+// with the `LANES` and `ROWS` lines replaced as in matmul.wgsl (LANES * ROWS = 256).
+// The x source (mv_x_*.wgsl) provides binding 2 (and 4), `prepare(li)` and `xv(i)`, the i-th
+// vec4 of the matmul's input: the activations as they are (plain), RMSNorm folded in (norm), or
+// SiLU(gate)·up folded in (silu); each computes the very bits rmsnorm.wgsl / silu_mul.wgsl write.
+//
+// Bindings (group 0):
+//   0 uniform P { rows, cols, n_tok (1), row_bytes, y_stride (unused), y_off, accumulate, eps (f32 bits, norm) }
+//   1 storage read  W: array<u32>  [rows, row_bytes] raw GGUF blocks (zero-padded to words)
+//   2 storage read  X              see mv_x_*.wgsl
+//   3 storage rw    Y: array<f32>  output r is Y[y_off + r], written or added to (accumulate = 1)
+//   4 storage read  G              (norm only) see mv_x_norm.wgsl
+// Dispatch: (ceil(rows / ROWS), 1, 1) workgroups of 256 = ROWS rows x LANES lanes.
+//
+// Order (matmul.wgsl's): lane l of a row sums chunks l, l+LANES, ... (each chunk a chain of 32
+// fused multiply-adds from zero, added to the lane's sum from zero); the lane sums are added by the
+// tree of strides LANES/2, ..., 1. Here two chunks of a lane are loaded before either is added
+// (more loads in flight), which leaves the order of the additions as it is.
+
+struct P {
+    rows: u32,
+    cols: u32,
+    n_tok: u32,
+    row_bytes: u32,
+    y_stride: u32,
+    y_off: u32,
+    accumulate: u32,
+    eps: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: P;
+@group(0) @binding(1) var<storage, read> W: array<u32>;
+@group(0) @binding(3) var<storage, read_write> Y: array<f32>;
+
+const LANES: u32 = 32u;
+const ROWS: u32 = 8u;
+
+fn dot4(s: f32, w: vec4<f32>, x: vec4<f32>) -> f32 {
+    return fma(w.w, x.w, fma(w.z, x.z, fma(w.y, x.y, fma(w.x, x.x, s))));
+}
+
+fn chunk_dot(row: u32, c: u32) -> f32 {
+    let w = dequant_chunk(row, c);
+    let xb = c * 8u;
+    var s = 0.0;
+    s = dot4(s, w[0], xv(xb));
+    s = dot4(s, w[1], xv(xb + 1u));
+    s = dot4(s, w[2], xv(xb + 2u));
+    s = dot4(s, w[3], xv(xb + 3u));
+    s = dot4(s, w[4], xv(xb + 4u));
+    s = dot4(s, w[5], xv(xb + 5u));
+    s = dot4(s, w[6], xv(xb + 6u));
+    s = dot4(s, w[7], xv(xb + 7u));
+    return s;
+}
+
+// The sum of lane `lane`'s chunks of row r.
+fn lane_sum(r: u32, lane: u32) -> f32 {
+    let row = r * p.row_bytes;
+    let nc = p.cols / 32u;
+    var acc = 0.0;
+    var c = lane;
+    for (; c + LANES < nc; c += 2u * LANES) {
+        let s0 = chunk_dot(row, c);
+        let s1 = chunk_dot(row, c + LANES);
+        acc = acc + s0;
+        acc = acc + s1;
+    }
+    if (c < nc) {
+        acc = acc + chunk_dot(row, c);
+    }
+    return acc;
+}
+
+fn store(r: u32, v: f32) {
+    let y = p.y_off + r;
+    if (p.accumulate != 0u) {
+        Y[y] = Y[y] + v;
+    } else {
+        Y[y] = v;
+    }
+}

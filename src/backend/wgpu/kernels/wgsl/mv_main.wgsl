@@ -1,0 +1,26 @@
+// mv_main.wgsl — entry point of matmul_vec.wgsl: lane sums added by a workgroup-memory tree
+// (strides LANES/2, ..., 1), matmul.wgsl's tree.
+
+var<workgroup> part: array<f32, 256>;
+
+@compute @workgroup_size(256)
+fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec3<u32>) {
+    prepare(li);
+    let lane = li % LANES;
+    let r = wg.x * ROWS + li / LANES;
+    var v = 0.0;
+    if (r < p.rows) {
+        v = lane_sum(r, lane);
+    }
+    part[li] = v;
+    workgroupBarrier();
+    for (var st = LANES / 2u; st > 0u; st = st >> 1u) {
+        if (lane < st) {
+            part[li] = part[li] + part[li + st];
+        }
+        workgroupBarrier();
+    }
+    if (r < p.rows && lane == 0u) {
+        store(r, part[li]);
+    }
+}
