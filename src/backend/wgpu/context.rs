@@ -468,9 +468,9 @@ fn build_kernels(device: &wgpu::Device, lanes: u32, decode: DecodePlan, subgroup
     let mm = [B::Uniform, B::Read, B::Read, B::Rw];
     let matmul_src = with_lanes("matmul", include_str!("kernels/wgsl/matmul.wgsl"), lanes)?;
     let vec_src = with_lanes("matmul_vec", include_str!("kernels/wgsl/matmul_vec.wgsl"), lanes)?;
-    let (enable, vec_main) = match subgroups {
-        true => ("enable subgroups;\n", include_str!("kernels/wgsl/mv_main_sg.wgsl")),
-        false => ("", include_str!("kernels/wgsl/mv_main.wgsl")),
+    let vec_main = match subgroups {
+        true => include_str!("kernels/wgsl/mv_main_sg.wgsl"),
+        false => include_str!("kernels/wgsl/mv_main.wgsl"),
     };
     let mut srcs = vec![(XSrc::Plain, include_str!("kernels/wgsl/mv_x_plain.wgsl"))];
     if decode == DecodePlan::Fused {
@@ -487,7 +487,7 @@ fn build_kernels(device: &wgpu::Device, lanes: u32, decode: DecodePlan, subgroup
         embed.insert(ty, k(&format!("embed_{name}"), format!("{BYTES}\n{deq}\n{}", include_str!("kernels/wgsl/embed.wgsl")), &mm)?);
         for &(xs, x_src) in srcs.iter().filter(|_| decode != DecodePlan::Off) {
             let binds: &[B] = if xs == XSrc::Norm { &[B::Uniform, B::Read, B::Read, B::Rw, B::Read] } else { &mm };
-            let src = format!("{enable}{BYTES}\n{deq}\n{x_src}\n{vec_src}\n{vec_main}");
+            let src = format!("{BYTES}\n{deq}\n{x_src}\n{vec_src}\n{vec_main}");
             matvec.insert((ty, xs), k(&format!("matmul_vec_{name}_{xs:?}"), src, binds)?);
         }
     }

@@ -1,7 +1,7 @@
 // matmul_vec.wgsl — the decode (n_tok = 1) matmul: Y[r] = sum_c W[r, c] * x[c], with the same
 // per-row reduction order as matmul.wgsl, so that a token's outputs are bitwise the same computed
 // alone or in a batch. Composed at pipeline creation as
-//   [`enable subgroups;`] + bytes.wgsl + dequant_<type>.wgsl + mv_x_<source>.wgsl + this file
+//   bytes.wgsl + dequant_<type>.wgsl + mv_x_<source>.wgsl + this file
 //   + mv_main.wgsl (workgroup-memory tree) or mv_main_sg.wgsl (subgroup shuffles, subgroups of 32)
 // with the `LANES` and `ROWS` lines replaced as in matmul.wgsl (LANES * ROWS = 256).
 // The x source (mv_x_*.wgsl) provides binding 2 (and 4), `prepare(li)` and `xv(i)`, the i-th
@@ -20,6 +20,7 @@
 // fused multiply-adds from zero, added to the lane's sum from zero); the lane sums are added by the
 // tree of strides LANES/2, ..., 1. Here two chunks of a lane are loaded before either is added
 // (more loads in flight), which leaves the order of the additions as it is.
+// Subgroup builtins need no `enable` in this naga (30): the device feature SUBGROUP allows them.
 
 struct P {
     rows: u32,
@@ -43,8 +44,7 @@ fn dot4(s: f32, w: vec4<f32>, x: vec4<f32>) -> f32 {
     return fma(w.w, x.w, fma(w.z, x.z, fma(w.y, x.y, fma(w.x, x.x, s))));
 }
 
-fn chunk_dot(row: u32, c: u32) -> f32 {
-    let w = dequant_chunk(row, c);
+fn chunk_dot(w: array<vec4<f32>, 8>, c: u32) -> f32 {
     let xb = c * 8u;
     var s = 0.0;
     s = dot4(s, w[0], xv(xb));
@@ -58,20 +58,37 @@ fn chunk_dot(row: u32, c: u32) -> f32 {
     return s;
 }
 
-// The sum of lane `lane`'s chunks of row r.
-fn lane_sum(r: u32, lane: u32) -> f32 {
+// The sum of lane `lane`'s chunks of row r (0 past the last row). Calls prepare(li), which may
+// hold workgroup barriers: every invocation calls this. The lane's first two chunks are loaded
+// before prepare(), so that their weights are on the way while a folded norm is computed.
+fn lane_partial(li: u32, r: u32, lane: u32) -> f32 {
     let row = r * p.row_bytes;
-    let nc = p.cols / 32u;
+    let nc = select(0u, p.cols / 32u, r < p.rows);
+    var w0: array<vec4<f32>, 8>;
+    var w1: array<vec4<f32>, 8>;
+    if (lane < nc) {
+        w0 = dequant_chunk(row, lane);
+    }
+    if (lane + LANES < nc) {
+        w1 = dequant_chunk(row, lane + LANES);
+    }
+    prepare(li);
     var acc = 0.0;
-    var c = lane;
+    if (lane < nc) {
+        acc = acc + chunk_dot(w0, lane);
+    }
+    if (lane + LANES < nc) {
+        acc = acc + chunk_dot(w1, lane + LANES);
+    }
+    var c = lane + 2u * LANES;
     for (; c + LANES < nc; c += 2u * LANES) {
-        let s0 = chunk_dot(row, c);
-        let s1 = chunk_dot(row, c + LANES);
-        acc = acc + s0;
-        acc = acc + s1;
+        let a = dequant_chunk(row, c);
+        let b = dequant_chunk(row, c + LANES);
+        acc = acc + chunk_dot(a, c);
+        acc = acc + chunk_dot(b, c + LANES);
     }
     if (c < nc) {
-        acc = acc + chunk_dot(row, c);
+        acc = acc + chunk_dot(dequant_chunk(row, c), c);
     }
     return acc;
 }

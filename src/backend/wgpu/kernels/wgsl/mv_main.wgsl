@@ -5,14 +5,9 @@ var<workgroup> part: array<f32, 256>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec3<u32>) {
-    prepare(li);
     let lane = li % LANES;
     let r = wg.x * ROWS + li / LANES;
-    var v = 0.0;
-    if (r < p.rows) {
-        v = lane_sum(r, lane);
-    }
-    part[li] = v;
+    part[li] = lane_partial(li, r, lane);
     workgroupBarrier();
     for (var st = LANES / 2u; st > 0u; st = st >> 1u) {
         if (lane < st) {
