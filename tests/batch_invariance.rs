@@ -102,7 +102,7 @@ fn logits_and_kv_are_bitwise_batch_invariant_on_every_cpu_level() {
 
 #[test]
 fn logits_are_bitwise_batch_invariant_on_wgpu_and_split() {
-    if let Err(e) = WgpuContext::new(WgpuOptions { allow_software: true, matmul_lanes: None }) {
+    if let Err(e) = WgpuContext::new(WgpuOptions { allow_software: true, matmul_lanes: None, decode_kernels: None }) {
         return eprintln!("skipped: {e}");
     }
     for (backend, split) in [(BackendChoice::Wgpu, None), (BackendChoice::Split, Some("cpu:13,igpu:17"))] {

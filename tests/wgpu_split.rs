@@ -66,7 +66,7 @@ fn compare(what: &str, id: &str, prompt: &[u32], a: &[u32], b: &[u32], reference
 
 #[test]
 fn split_greedy_matches_cpu_and_wgpu_alone() {
-    if let Err(e) = WgpuContext::new(WgpuOptions { allow_software: true, matmul_lanes: None }) {
+    if let Err(e) = WgpuContext::new(WgpuOptions { allow_software: true, matmul_lanes: None, decode_kernels: None }) {
         return eprintln!("skipped: {e}");
     }
     let cpu = placed(BackendChoice::Cpu, None);

@@ -19,6 +19,9 @@ pub const WEIGHT_TYPES: [GgmlType; 8] = GgmlType::ALL;
 pub const WG: u32 = 256;
 /// Tokens per matmul workgroup (see matmul.wgsl).
 pub const MM_TOKENS: u32 = 8;
+/// Layers per submission of a layer step: the GPU runs the first parts while the CPU records the
+/// rest (H100, 1.1B model, tg128: 0 (one submission) 309, 4: 327, 6: 330, 11: 325 tokens/s).
+pub const SUBMIT_LAYERS: usize = 6;
 /// Largest head_dim the attention kernel takes.
 pub const MAX_HEAD_DIM: usize = 256;
 
@@ -30,6 +33,12 @@ pub struct WgpuOptions {
     /// 32 on GPUs, 1 on software adapters.
     /// It fixes the reduction order, so results are bitwise stable for one setting only.
     pub matmul_lanes: Option<u32>,
+    /// Decode kernels (matmul_vec.wgsl with RMSNorm and SiLU·mul folded in) for one-token steps:
+    /// `Some(true)` on, `Some(false)` off, `None`: `$FORGE_WGPU_DECODE` (`fused`, `shared`: on,
+    /// `shared` without subgroup shuffles; `unfused`: matmul_vec alone), else off. Off by default:
+    /// on the H100 they measured slower than the batch kernels (docs/perf.md, "wgpu tier").
+    /// Same bits either way.
+    pub decode_kernels: Option<bool>,
 }
 
 /// What was chosen, for logs and `forge-cache hardware`.
@@ -54,9 +63,8 @@ pub(crate) enum XSrc {
     Silu,
 }
 
-/// How steps of one token run (`$FORGE_WGPU_DECODE`, for measurements: `off`, `unfused`, `shared`;
-/// anything else or unset: the default, `Fused` with subgroup shuffles where subgroups are 32 wide).
-/// Every setting gives the same bits: the decode kernels keep the batch kernels' reduction order.
+/// How steps of one token run (see [`WgpuOptions::decode_kernels`]). Every setting gives the same
+/// bits: the decode kernels keep the batch kernels' reduction order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum DecodePlan {
     /// the batch kernels (rmsnorm, matmul, silu_mul) for one token too
@@ -109,7 +117,8 @@ pub struct WgpuContext {
     pub(crate) decode: DecodePlan,
     /// Whether the decode matmuls reduce by subgroup shuffles (subgroups of exactly `lanes`).
     pub(crate) subgroups: bool,
-    /// A layer step is submitted in parts of this many layers (0: whole), `$FORGE_WGPU_SUBMIT_LAYERS`.
+    /// A layer step is submitted in parts of this many layers (0: whole); [`SUBMIT_LAYERS`] unless
+    /// `$FORGE_WGPU_SUBMIT_LAYERS` says otherwise.
     pub(crate) submit_layers: usize,
     /// The first error wgpu reported outside an error scope (validation, device loss).
     uncaptured: Arc<Mutex<Option<String>>>,
@@ -202,10 +211,10 @@ impl WgpuContext {
         }
         let limits = adapter.limits();
         let env_decode = std::env::var("FORGE_WGPU_DECODE").unwrap_or_default();
-        let decode = match env_decode.as_str() {
-            "off" => DecodePlan::Off,
-            "unfused" => DecodePlan::Unfused,
-            _ => DecodePlan::Fused,
+        let decode = match (opts.decode_kernels, env_decode.as_str()) {
+            (Some(true), _) | (None, "fused" | "shared") => DecodePlan::Fused,
+            (None, "unfused") => DecodePlan::Unfused,
+            _ => DecodePlan::Off,
         };
         // Shuffles replace the workgroup-memory tree only where a subgroup is exactly one row's
         // lanes (NVIDIA: always 32); elsewhere (lavapipe: 8) the tree stays. Same bits either way.
@@ -257,7 +266,7 @@ impl WgpuContext {
             timestamps,
             decode,
             subgroups,
-            submit_layers: std::env::var("FORGE_WGPU_SUBMIT_LAYERS").ok().and_then(|v| v.parse().ok()).unwrap_or(0),
+            submit_layers: std::env::var("FORGE_WGPU_SUBMIT_LAYERS").ok().and_then(|v| v.parse().ok()).unwrap_or(SUBMIT_LAYERS),
             uncaptured,
         }))
     }

@@ -45,17 +45,17 @@ fn gpu_lock() -> MutexGuard<'static, ()> {
 }
 
 /// The shared test contexts (software adapters allowed): the default one, plus one with 32
-/// matmul lanes when the default differs (software adapters default to 1), so that both
-/// reduction layouts are tested here. Empty, with a message, when there is no adapter.
+/// matmul lanes and the decode kernels (software adapters default to 1 lane; the decode kernels
+/// are off by default), so that both reduction layouts and both one-token paths are tested here.
+/// Empty, with a message, when there is no adapter.
 fn contexts() -> &'static [Arc<WgpuContext>] {
     static CTX: OnceLock<Vec<Arc<WgpuContext>>> = OnceLock::new();
-    CTX.get_or_init(|| match WgpuContext::new(WgpuOptions { allow_software: true, matmul_lanes: None }) {
+    CTX.get_or_init(|| match WgpuContext::new(WgpuOptions { allow_software: true, matmul_lanes: None, decode_kernels: None }) {
         Ok(c) => {
             eprintln!("wgpu tests run on {:?}, {} matmul lanes, decode: {}", c.adapter(), c.matmul_lanes(), c.decode_kernels());
             let mut v = vec![c.clone()];
-            if c.matmul_lanes() != 32 {
-                v.extend(WgpuContext::new(WgpuOptions { allow_software: true, matmul_lanes: Some(32) }).ok());
-            }
+            let other = WgpuContext::new(WgpuOptions { allow_software: true, matmul_lanes: Some(32), decode_kernels: Some(true) });
+            v.extend(other.inspect(|o| eprintln!("and on 32 matmul lanes, decode: {}", o.decode_kernels())).ok());
             v
         }
         Err(e) => {
