@@ -12,6 +12,7 @@
 //! answer is recorded as `cancelled` and never served from a cache.
 
 use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -319,14 +320,10 @@ impl ForgeState {
                     eprintln!("forge-cache: fact extraction for inference {id} failed: {e}");
                 }
                 state.learn_semantic(p, a, id);
-                if let Some(sem) = state.semantic.clone() {
-                    // Fact embeddings are for later lookups: off the answer's path.
-                    let tenant = p.tenant.clone();
-                    tokio::task::spawn_blocking(move || {
-                        if let Err(e) = sem.index_new_facts(&tenant) {
-                            eprintln!("forge-cache: embedding new facts failed: {e}");
-                        }
-                    });
+                if let Some(ix) = &state.fact_indexer {
+                    // Fact embeddings are for later lookups: off the answer's path, while no
+                    // request runs (`cache::indexer`).
+                    ix.notify(&p.tenant);
                 }
             }
             if let (true, Some(key)) = (computed, &p.cache_key) {
@@ -459,6 +456,22 @@ impl ForgeState {
     }
 }
 
+/// Counts a Generate call as in progress until dropped (the fact indexer waits for zero).
+struct InFlight(Arc<AtomicUsize>);
+
+impl InFlight {
+    fn new(n: &Arc<AtomicUsize>) -> InFlight {
+        n.fetch_add(1, Ordering::Relaxed);
+        InFlight(n.clone())
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 fn message(text: String, token_ids: Vec<u32>, outcome: Option<Outcome>) -> GenerateResponse {
     GenerateResponse { text, token_ids, outcome }
 }
@@ -466,6 +479,7 @@ fn message(text: String, token_ids: Vec<u32>, outcome: Option<Outcome>) -> Gener
 /// The Generate call after tenant resolution.
 pub(crate) async fn generate(state: Arc<ForgeState>, tenant: String, req: GenerateRequest) -> Result<GenerateStream, ServiceError> {
     let received = Instant::now();
+    let guard = InFlight::new(&state.in_flight);
     let (plan, found, kv) = {
         let state = state.clone();
         tokio::task::spawn_blocking(move || -> Result<_, ServiceError> {
@@ -499,7 +513,10 @@ pub(crate) async fn generate(state: Arc<ForgeState>, tenant: String, req: Genera
     };
     state.scheduler.submit(job)?;
     let (out, rx) = mpsc::channel(STREAM_BUFFER);
-    tokio::spawn(stream_model(state, plan, events, out));
+    tokio::spawn(async move {
+        stream_model(state, plan, events, out).await;
+        drop(guard);
+    });
     Ok(Box::pin(ReceiverStream::new(rx)))
 }
 
