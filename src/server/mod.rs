@@ -11,8 +11,9 @@
 //!   CLI and the tests
 //!
 //! Threads: the engine runs on its own thread ([`crate::engine::scheduler`]) with the CPU
-//! backend's pool; SQLite calls run on tokio's blocking pool; the async runtime itself needs
-//! only a couple of workers.
+//! backend's pool; SQLite calls and question embeddings run on tokio's blocking pool; new facts
+//! are embedded on the fact indexer's low-priority thread while no request is in flight
+//! ([`crate::cache::indexer`]); the async runtime itself needs only a couple of workers.
 
 pub mod client;
 mod error;
