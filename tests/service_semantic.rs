@@ -60,6 +60,16 @@ async fn verified_reuse_serves_exactly_the_uncached_text() {
     assert!(sql_i64(&s.db, "SELECT count(*) FROM prompt_vectors") >= 6);
     assert_eq!(sql_i64(&s.db, "SELECT count(*) FROM semantic_outcomes WHERE tenant = 'default'"), 3);
     assert_eq!(sql_i64(&s.db, "SELECT SUM(draft_accepted) FROM v_semantic WHERE tenant = 'default'"), accepted as i64);
+
+    // The facts of every computed answer get embedded once the service is idle (in the
+    // background, `cache::indexer`): none is lost, none is embedded twice.
+    let facts = sql_i64(&s.db, "SELECT count(*) FROM facts");
+    assert!(facts > 0, "the answers left facts");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while sql_i64(&s.db, "SELECT count(*) FROM fact_vectors") < facts && std::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(sql_i64(&s.db, "SELECT count(*) FROM fact_vectors"), facts, "every fact embedded, once");
     server.stop().await.expect("stop");
 }
 

@@ -8,11 +8,13 @@
 //!   model verifies (VERIFIED/PARTIAL), or served as they are when the learned `trust` decision
 //!   bounds the error rate (TRUST).
 //! * `trust` — fitting that decision on the outcomes of verified checks.
+//! * `indexer` — fact embeddings in the background, yielding to requests.
 //!
 //! The FACT tier (a live user-provided fact answering the question) is a store lookup
 //! ([`crate::store::Store::fact_answer`]).
 
 pub mod exact;
+pub mod indexer;
 pub mod semantic;
 pub mod trust;
 

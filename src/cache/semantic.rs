@@ -123,11 +123,13 @@ impl SemanticCache {
         Ok(self.store.nearest_answers(scope, embedding, self.config.k, self.config.min_similarity)?)
     }
 
-    /// Embeds the content of every fact of `tenant` not embedded yet.
-    pub fn index_new_facts(&self, tenant: &str) -> Result<usize, SemanticError> {
-        let facts = self.store.unindexed_facts(tenant, 256)?;
-        for (id, content) in &facts {
-            self.store.index_fact(tenant, *id, &self.embed(content)?)?;
+    /// Embeds (in one batch) the content of at most `limit` facts of `tenant` not embedded yet,
+    /// oldest first; returns how many.
+    pub fn index_new_facts(&self, tenant: &str, limit: usize) -> Result<usize, SemanticError> {
+        let facts = self.store.unindexed_facts(tenant, limit)?;
+        let texts: Vec<&str> = facts.iter().map(|(_, c)| c.as_str()).collect();
+        for ((id, _), e) in facts.iter().zip(self.embedder.embed_batch(&texts)?) {
+            self.store.index_fact(tenant, *id, &e.vector)?;
         }
         Ok(facts.len())
     }

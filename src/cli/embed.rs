@@ -24,6 +24,12 @@ pub struct EmbedArgs {
     pub model: Option<PathBuf>,
     #[arg(long, default_value_t = 0)]
     pub threads: usize,
+    /// Embed each text alone (as the service embeds a question) and print the wall time per
+    /// text (p50, p95, mean, after one warm-up text) to stderr; `--repeat N` passes over the texts.
+    #[arg(long)]
+    pub time: bool,
+    #[arg(long, default_value_t = 1, requires = "time")]
+    pub repeat: usize,
 }
 
 #[derive(serde::Serialize)]
@@ -40,7 +46,7 @@ pub fn run(a: &EmbedArgs) -> anyhow::Result<()> {
     }
     let embedder = Embedder::load(&dir, Arc::new(CpuBackend::new(a.threads)?)).with_context(|| format!("loading {}", dir.display()))?;
     let texts: Vec<&str> = a.texts.iter().map(String::as_str).collect();
-    let embs = embedder.embed_batch(&texts)?;
+    let embs = if a.time { time_each(&embedder, &texts, a.repeat.max(1))? } else { embedder.embed_batch(&texts)? };
     let mut out = std::io::stdout().lock();
     for (text, e) in texts.iter().zip(&embs) {
         if a.json {
@@ -52,4 +58,39 @@ pub fn run(a: &EmbedArgs) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// Embeds every text alone, `repeat` times over, and prints the per-text wall times to stderr.
+fn time_each(embedder: &Embedder, texts: &[&str], repeat: usize) -> anyhow::Result<Vec<forge_cache::embed::Embedding>> {
+    if let Some(t) = texts.first() {
+        embedder.embed(t)?; // warm-up: page in the weights
+    }
+    let mut ms = Vec::with_capacity(texts.len() * repeat);
+    let mut out = Vec::with_capacity(texts.len());
+    let mut tokens = 0usize;
+    for pass in 0..repeat {
+        for t in texts {
+            let start = std::time::Instant::now();
+            let e = embedder.embed(t)?;
+            ms.push(start.elapsed().as_secs_f64() * 1e3);
+            tokens += e.token_ids.len();
+            if pass == 0 {
+                out.push(e);
+            }
+        }
+    }
+    let mut sorted = ms.clone();
+    sorted.sort_by(f64::total_cmp);
+    let pct = |p: f64| sorted[((sorted.len() - 1) as f64 * p).round() as usize];
+    if !sorted.is_empty() {
+        eprintln!(
+            "embedded {} texts alone ({} tokens on average): p50 {:.2} ms, p95 {:.2} ms, mean {:.2} ms per text",
+            ms.len(),
+            tokens / ms.len(),
+            pct(0.5),
+            pct(0.95),
+            ms.iter().sum::<f64>() / ms.len() as f64
+        );
+    }
+    Ok(out)
 }

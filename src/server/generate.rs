@@ -12,6 +12,7 @@
 //! answer is recorded as `cancelled` and never served from a cache.
 
 use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -268,104 +269,105 @@ impl ForgeState {
     }
 
     /// Records the request, learns from a computed answer, updates the exact cache; returns the
-    /// last message's outcome.
-    async fn record(self: &Arc<Self>, plan: Arc<Plan>, answer: Answer) -> Result<(Outcome, String), ServiceError> {
+    /// last message's outcome. Blocking: answers from the caches call it on the blocking thread
+    /// that found them (one thread hop less on the hit path), the model's answers through
+    /// [`ForgeState::record`].
+    fn record_now(&self, plan: &Plan, answer: Answer) -> Result<(Outcome, String), ServiceError> {
         let latency = plan.received.elapsed();
-        let state = self.clone();
-        tokio::task::spawn_blocking(move || {
-            let p = &plan;
-            let a = &answer;
-            let id = state.store.record_inference(&NewInference {
-                tenant: &p.tenant,
-                question: p.question.as_deref(),
-                prompt: &p.prompt,
-                prompt_hash: &p.prompt_hash,
-                model: &state.model_name,
-                model_id: &state.model_id,
-                params: &p.params_json,
-                cache_mode: p.mode,
-                cache_key: p.cache_key.as_deref(),
-                served_from: a.from,
-                source_inference_id: a.source_inference_id,
-                source_fact_id: a.source_fact_id,
-                similarity: a.similarity.or((a.from != ServedFrom::Model).then_some(1.0)),
-                prompt_tokens: p.prompt_ids.len(),
-                completion_tokens: a.tokens.len(),
-                tokens_computed: a.tokens_computed,
-                tokens_reused: a.tokens_reused,
-                stop_reason: a.stop,
-                response: &a.text,
-                response_tokens: &a.tokens,
-                queue_ms: ms(a.queue),
-                prefill_ms: ms(a.prefill),
-                decode_ms: ms(a.decode),
-                latency_ms: ms(latency),
-                backend: &state.backend,
-                ttft_ms: a.ttft.map(ms),
-                kv_tokens_reused: a.kv_tokens_reused,
-                draft_tokens: a.draft_tokens,
-                draft_accepted: a.draft_accepted,
-                candidates_tried: a.candidates_tried,
-            })?;
-            if let (Some(kv), Some(report)) = (&state.kv, &p.kv) {
-                let decode = |t: &[u32]| state.tokenizer.decode(t, false).ok();
-                if let Err(e) = kv.finish(&p.tenant, report, id, &p.prompt_ids, decode) {
-                    eprintln!("forge-cache: storing the KV blocks of inference {id} failed: {e}");
-                }
+        let state = self;
+        let p = plan;
+        let a = &answer;
+        let id = state.store.record_inference(&NewInference {
+            tenant: &p.tenant,
+            question: p.question.as_deref(),
+            prompt: &p.prompt,
+            prompt_hash: &p.prompt_hash,
+            model: &state.model_name,
+            model_id: &state.model_id,
+            params: &p.params_json,
+            cache_mode: p.mode,
+            cache_key: p.cache_key.as_deref(),
+            served_from: a.from,
+            source_inference_id: a.source_inference_id,
+            source_fact_id: a.source_fact_id,
+            similarity: a.similarity.or((a.from != ServedFrom::Model).then_some(1.0)),
+            prompt_tokens: p.prompt_ids.len(),
+            completion_tokens: a.tokens.len(),
+            tokens_computed: a.tokens_computed,
+            tokens_reused: a.tokens_reused,
+            stop_reason: a.stop,
+            response: &a.text,
+            response_tokens: &a.tokens,
+            queue_ms: ms(a.queue),
+            prefill_ms: ms(a.prefill),
+            decode_ms: ms(a.decode),
+            latency_ms: ms(latency),
+            backend: &state.backend,
+            ttft_ms: a.ttft.map(ms),
+            kv_tokens_reused: a.kv_tokens_reused,
+            draft_tokens: a.draft_tokens,
+            draft_accepted: a.draft_accepted,
+            candidates_tried: a.candidates_tried,
+        })?;
+        if let (Some(kv), Some(report)) = (&state.kv, &p.kv) {
+            let decode = |t: &[u32]| state.tokenizer.decode(t, false).ok();
+            if let Err(e) = kv.finish(&p.tenant, report, id, &p.prompt_ids, decode) {
+                eprintln!("forge-cache: storing the KV blocks of inference {id} failed: {e}");
             }
-            let computed = matches!(a.from, ServedFrom::Model | ServedFrom::Verified | ServedFrom::Partial) && a.stop != StopReason::Cancelled;
-            if computed && p.mode != CacheMode::Bypass {
-                if let Err(e) = state.store.learn(&p.tenant, id, p.question.as_deref(), &p.prompt_hash, &a.text) {
-                    eprintln!("forge-cache: fact extraction for inference {id} failed: {e}");
-                }
-                state.learn_semantic(p, a, id);
-                if let Some(sem) = state.semantic.clone() {
-                    // Fact embeddings are for later lookups: off the answer's path.
-                    let tenant = p.tenant.clone();
-                    tokio::task::spawn_blocking(move || {
-                        if let Err(e) = sem.index_new_facts(&tenant) {
-                            eprintln!("forge-cache: embedding new facts failed: {e}");
-                        }
-                    });
-                }
+        }
+        let computed = matches!(a.from, ServedFrom::Model | ServedFrom::Verified | ServedFrom::Partial) && a.stop != StopReason::Cancelled;
+        if computed && p.mode != CacheMode::Bypass {
+            if let Err(e) = state.store.learn(&p.tenant, id, p.question.as_deref(), &p.prompt_hash, &a.text) {
+                eprintln!("forge-cache: fact extraction for inference {id} failed: {e}");
             }
-            if let (true, Some(key)) = (computed, &p.cache_key) {
-                let cached = CachedAnswer {
-                    inference_id: id,
-                    response: a.text.clone(),
-                    response_tokens: a.tokens.clone(),
-                    stop_reason: a.stop,
-                    tokens_computed: a.tokens_computed,
-                };
-                state.exact.put(key, cached);
+            state.learn_semantic(p, a, id);
+            if let Some(ix) = &state.fact_indexer {
+                // Fact embeddings are for later lookups: off the answer's path, while no
+                // request runs (`cache::indexer`).
+                ix.notify(&p.tenant);
             }
-            let outcome = Outcome {
-                served_from: proto::ServedFrom::from(a.from) as i32,
-                stop_reason: proto::StopReason::from(a.stop) as i32,
+        }
+        if let (true, Some(key)) = (computed, &p.cache_key) {
+            let cached = CachedAnswer {
                 inference_id: id,
-                source_inference_id: a.source_inference_id.unwrap_or_default(),
-                source_fact_id: a.source_fact_id.unwrap_or_default(),
-                similarity: a.similarity.unwrap_or(if a.from == ServedFrom::Model { 0.0 } else { 1.0 }) as f32,
-                prompt_token_ids: p.prompt_ids.clone(),
-                completion_tokens: a.tokens.len() as u32,
-                tokens_computed: a.tokens_computed as u32,
-                tokens_reused: a.tokens_reused as u32,
-                queue_ms: ms(a.queue),
-                prefill_ms: ms(a.prefill),
-                decode_ms: ms(a.decode),
-                latency_ms: ms(latency),
-                peak_batch: a.peak_batch as u32,
-                model: state.model_name.clone(),
-                backend: state.backend.clone(),
-                ttft_ms: a.ttft.map(ms).unwrap_or_default(),
-                kv_tokens_reused: a.kv_tokens_reused as u32,
-                draft_tokens: a.draft_tokens as u32,
-                draft_tokens_accepted: a.draft_accepted as u32,
-                candidates_tried: a.candidates_tried as u32,
+                response: a.text.clone(),
+                response_tokens: a.tokens.clone(),
+                stop_reason: a.stop,
+                tokens_computed: a.tokens_computed,
             };
-            Ok((outcome, answer.text))
-        })
-        .await?
+            state.exact.put(key, cached);
+        }
+        let outcome = Outcome {
+            served_from: proto::ServedFrom::from(a.from) as i32,
+            stop_reason: proto::StopReason::from(a.stop) as i32,
+            inference_id: id,
+            source_inference_id: a.source_inference_id.unwrap_or_default(),
+            source_fact_id: a.source_fact_id.unwrap_or_default(),
+            similarity: a.similarity.unwrap_or(if a.from == ServedFrom::Model { 0.0 } else { 1.0 }) as f32,
+            prompt_token_ids: p.prompt_ids.clone(),
+            completion_tokens: a.tokens.len() as u32,
+            tokens_computed: a.tokens_computed as u32,
+            tokens_reused: a.tokens_reused as u32,
+            queue_ms: ms(a.queue),
+            prefill_ms: ms(a.prefill),
+            decode_ms: ms(a.decode),
+            latency_ms: ms(latency),
+            peak_batch: a.peak_batch as u32,
+            model: state.model_name.clone(),
+            backend: state.backend.clone(),
+            ttft_ms: a.ttft.map(ms).unwrap_or_default(),
+            kv_tokens_reused: a.kv_tokens_reused as u32,
+            draft_tokens: a.draft_tokens as u32,
+            draft_tokens_accepted: a.draft_accepted as u32,
+            candidates_tried: a.candidates_tried as u32,
+        };
+        Ok((outcome, answer.text))
+    }
+
+    /// [`ForgeState::record_now`] on the blocking pool.
+    async fn record(self: &Arc<Self>, plan: Arc<Plan>, answer: Answer) -> Result<(Outcome, String), ServiceError> {
+        let state = self.clone();
+        tokio::task::spawn_blocking(move || state.record_now(&plan, answer)).await?
     }
 
     /// FACT, then EXACT, then the semantic tier: TRUST serves a neighbour's answer, else the
@@ -441,6 +443,12 @@ impl ForgeState {
     }
 }
 
+/// A request after the caches: its messages, or what the engine needs.
+enum Served {
+    Cached([GenerateResponse; 2]),
+    Model(Plan, Vec<Draft>, Option<KvPlan>),
+}
+
 /// What the caches found for a request.
 enum Found {
     Answer(Answer),
@@ -459,6 +467,22 @@ impl ForgeState {
     }
 }
 
+/// Counts a Generate call as in progress until dropped (the fact indexer waits for zero).
+struct InFlight(Arc<AtomicUsize>);
+
+impl InFlight {
+    fn new(n: &Arc<AtomicUsize>) -> InFlight {
+        n.fetch_add(1, Ordering::Relaxed);
+        InFlight(n.clone())
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 fn message(text: String, token_ids: Vec<u32>, outcome: Option<Outcome>) -> GenerateResponse {
     GenerateResponse { text, token_ids, outcome }
 }
@@ -466,26 +490,29 @@ fn message(text: String, token_ids: Vec<u32>, outcome: Option<Outcome>) -> Gener
 /// The Generate call after tenant resolution.
 pub(crate) async fn generate(state: Arc<ForgeState>, tenant: String, req: GenerateRequest) -> Result<GenerateStream, ServiceError> {
     let received = Instant::now();
-    let (plan, found, kv) = {
+    let guard = InFlight::new(&state.in_flight);
+    let computed = {
         let state = state.clone();
         tokio::task::spawn_blocking(move || -> Result<_, ServiceError> {
             let mut plan = state.plan(tenant, &req, received)?;
-            let found = state.lookup(&mut plan)?;
-            let kv = if matches!(found, Found::Answer(_)) { None } else { state.prepare_kv(&mut plan) };
-            Ok((plan, found, kv))
+            let drafts = match state.lookup(&mut plan)? {
+                // Served from a cache: recorded here, on the same thread.
+                Found::Answer(answer) => {
+                    let tokens = answer.tokens.clone();
+                    let (outcome, text) = state.record_now(&plan, answer)?;
+                    return Ok(Served::Cached([message(text, tokens, None), message(String::new(), Vec::new(), Some(outcome))]));
+                }
+                Found::Drafts(d) => d,
+                Found::Nothing => Vec::new(),
+            };
+            let kv = state.prepare_kv(&mut plan);
+            Ok(Served::Model(plan, drafts, kv))
         })
         .await??
     };
-    let plan = Arc::new(plan);
-    let drafts = match found {
-        Found::Answer(answer) => {
-            let tokens = answer.tokens.clone();
-            let (outcome, text) = state.record(plan, answer).await?;
-            let msgs = [message(text, tokens, None), message(String::new(), Vec::new(), Some(outcome))];
-            return Ok(Box::pin(tokio_stream::iter(msgs.map(Ok))));
-        }
-        Found::Drafts(d) => d,
-        Found::Nothing => Vec::new(),
+    let (plan, drafts, kv) = match computed {
+        Served::Cached(msgs) => return Ok(Box::pin(tokio_stream::iter(msgs.map(Ok)))),
+        Served::Model(plan, drafts, kv) => (Arc::new(plan), drafts, kv),
     };
 
     let (events_tx, events) = mpsc::unbounded_channel();
@@ -499,7 +526,10 @@ pub(crate) async fn generate(state: Arc<ForgeState>, tenant: String, req: Genera
     };
     state.scheduler.submit(job)?;
     let (out, rx) = mpsc::channel(STREAM_BUFFER);
-    tokio::spawn(stream_model(state, plan, events, out));
+    tokio::spawn(async move {
+        stream_model(state, plan, events, out).await;
+        drop(guard);
+    });
     Ok(Box::pin(ReceiverStream::new(rx)))
 }
 

@@ -11,8 +11,9 @@
 //!   CLI and the tests
 //!
 //! Threads: the engine runs on its own thread ([`crate::engine::scheduler`]) with the CPU
-//! backend's pool; SQLite calls run on tokio's blocking pool; the async runtime itself needs
-//! only a couple of workers.
+//! backend's pool; SQLite calls and question embeddings run on tokio's blocking pool; new facts
+//! are embedded on the fact indexer's low-priority thread while no request is in flight
+//! ([`crate::cache::indexer`]); the async runtime itself needs only a couple of workers.
 
 pub mod client;
 mod error;
@@ -24,6 +25,7 @@ pub mod tenants;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use tokio::net::TcpListener;
@@ -35,6 +37,7 @@ pub use error::ServiceError;
 pub use tenants::{TenantAuth, TenantsError};
 
 use crate::backend::cpu::CpuBackend;
+use crate::cache::indexer::{FactIndexer, IdleFn, IndexFn, IndexerConfig};
 use crate::cache::semantic::{SemanticCache, SemanticConfig};
 use crate::cache::ExactCache;
 use crate::embed::Embedder;
@@ -156,6 +159,10 @@ pub struct ForgeState {
     pub(crate) semantic: Option<Arc<SemanticCache>>,
     /// KV-block reuse (`None`: off).
     pub(crate) kv: Option<Arc<KvWorkload>>,
+    /// Generate calls in progress (from arrival to their last message).
+    pub(crate) in_flight: Arc<AtomicUsize>,
+    /// Embeds new facts while no request runs (with the semantic tier).
+    pub(crate) fact_indexer: Option<FactIndexer>,
 }
 
 impl ForgeState {
@@ -201,7 +208,24 @@ impl ForgeState {
             }
             _ => None,
         };
+        let in_flight = Arc::new(AtomicUsize::new(0));
+        let fact_indexer = match &semantic {
+            Some(sem) => {
+                let (sem, busy) = (sem.clone(), in_flight.clone());
+                let index: Arc<IndexFn> = Arc::new(move |tenant: &str, limit: usize| sem.index_new_facts(tenant, limit).map_err(|e| e.to_string()));
+                let idle: Arc<IdleFn> = Arc::new(move || busy.load(Ordering::Relaxed) == 0);
+                let ix = FactIndexer::spawn(IndexerConfig::default(), idle, index).map_err(ServerError::Engine)?;
+                // Facts left unindexed by an earlier run.
+                for tenant in store.tenants_with_unindexed_facts()? {
+                    ix.notify(&tenant);
+                }
+                Some(ix)
+            }
+            None => None,
+        };
         Ok(ForgeState {
+            in_flight,
+            fact_indexer,
             model_name,
             model_id,
             context,

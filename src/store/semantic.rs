@@ -123,6 +123,17 @@ impl Store {
         Ok(rows.collect::<Result<_, _>>()?)
     }
 
+    /// Tenants with facts that have no embedding yet.
+    pub fn tenants_with_unindexed_facts(&self) -> Result<Vec<String>, StoreError> {
+        let conn = self.conn();
+        let mut q = conn.prepare(
+            "SELECT DISTINCT f.tenant FROM facts f
+             WHERE f.id > (SELECT COALESCE(MAX(v.fact_id), 0) FROM fact_vectors v WHERE v.tenant = f.tenant)",
+        )?;
+        let rows = q.query_map([], |r| r.get(0))?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
     /// The lowest similarity at which `source`'s answer was found wrong for another question.
     pub fn lowest_wrong_similarity(&self, source_inference_id: i64) -> Result<Option<f64>, StoreError> {
         Ok(self
@@ -244,5 +255,13 @@ mod tests {
         assert_eq!(store.lowest_wrong_similarity(a).expect("min"), Some(0.93));
         assert_eq!(store.lowest_wrong_similarity(b).expect("min"), None);
         store.index_fact("t", 1, &q).expect("fact vector");
+
+        // Facts without embeddings are found per tenant until they are indexed.
+        store.learn("u", other, Some("What is the capital of France?"), "h", "The capital of France is Paris.").expect("learn");
+        assert_eq!(store.tenants_with_unindexed_facts().expect("tenants"), vec!["u".to_string()]);
+        for (id, _) in store.unindexed_facts("u", 100).expect("unindexed") {
+            store.index_fact("u", id, &q).expect("fact vector");
+        }
+        assert!(store.tenants_with_unindexed_facts().expect("tenants").is_empty());
     }
 }

@@ -44,13 +44,6 @@ fn load8f(x: &[f32]) -> __m256 {
     unsafe { _mm256_loadu_ps(x.as_ptr()) }
 }
 
-#[inline(always)]
-fn load8f_bytes(b: &[u8]) -> __m256 {
-    assert!(b.len() >= 32);
-    // SAFETY: the assert guarantees 32 readable bytes (8 little-endian f32); unaligned load.
-    unsafe { _mm256_loadu_ps(b.as_ptr() as *const f32) }
-}
-
 /// Two adjacent little-endian f16 at `b[0..4]` as f32.
 #[inline(always)]
 fn f16x2(b: &[u8]) -> (f32, f32) {
@@ -187,43 +180,6 @@ fn dot_q4_1<const NT: usize>(w: &[u8], x: [&[BlockQ8]; NT], out: &mut [f32; NT])
         for t in 0..NT {
             out[t] = hsum(acc[t]) + summ[t];
         }
-    }
-}
-
-/// F32 weights (little-endian bytes) · f32 activations: four independent FMA chains over 32
-/// elements at a time, then 8 at a time, then a scalar tail.
-#[target_feature(enable = "avx2,fma")]
-pub fn dot_f32(w: &[u8], x: &[f32]) -> f32 {
-    dot_f32_with(x, |i| load8f_bytes(&w[4 * i..]), |i| f32::from_le_bytes([w[4 * i], w[4 * i + 1], w[4 * i + 2], w[4 * i + 3]]))
-}
-
-/// F16 weights · f32 activations (same summation scheme as `dot_f32`).
-#[target_feature(enable = "avx2,fma,f16c")]
-pub fn dot_f16(w: &[u8], x: &[f32]) -> f32 {
-    dot_f32_with(x, |i| _mm256_cvtph_ps(load16(&w[2 * i..])), |i| f16x1(&w[2 * i..]))
-}
-
-/// Shared body of the float dots: `load(i)` gives weights i..i+8 as f32, `one(i)` weight i.
-#[inline(always)]
-fn dot_f32_with(x: &[f32], load: impl Fn(usize) -> __m256, one: impl Fn(usize) -> f32) -> f32 {
-    // SAFETY (whole function): only inlined into the avx2+fma functions above.
-    unsafe {
-        let n32 = x.len() / 32 * 32;
-        let n8 = x.len() / 8 * 8;
-        let mut acc = [_mm256_setzero_ps(); 4];
-        for i in (0..n32).step_by(32) {
-            for (k, a) in acc.iter_mut().enumerate() {
-                *a = _mm256_fmadd_ps(load(i + 8 * k), load8f(&x[i + 8 * k..]), *a);
-            }
-        }
-        for i in (n32..n8).step_by(8) {
-            acc[0] = _mm256_fmadd_ps(load(i), load8f(&x[i..]), acc[0]);
-        }
-        let mut s = hsum(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
-        for i in n8..x.len() {
-            s += one(i) * x[i];
-        }
-        s
     }
 }
 

@@ -7,6 +7,7 @@
 //! tiles share weight unpacking, never accumulators); attention splits (token, head) pairs.
 //! That is what makes results batch invariant.
 
+pub mod f32mm;
 pub mod ops;
 pub mod quant;
 mod shared;
@@ -164,18 +165,6 @@ impl CpuBackend {
         }
     }
 
-    fn dot_float(&self, ty: GgmlType, w: &[u8], x: &[f32]) -> f32 {
-        match (self.simd, ty) {
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: `Avx2` and `Avx512Vnni` are only set after detecting avx2, fma and f16c.
-            (SimdLevel::Avx2 | SimdLevel::Avx512Vnni, GgmlType::F32) => unsafe { avx2::dot_f32(w, x) },
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: as above.
-            (SimdLevel::Avx2 | SimdLevel::Avx512Vnni, GgmlType::F16) => unsafe { avx2::dot_f16(w, x) },
-            _ => quant::dot_float_scalar(ty, w, x),
-        }
-    }
-
     /// Rows per dynamically scheduled chunk: enough chunks to balance the threads, enough rows
     /// that a chunk's weights are reused across all tokens while they sit in L1/L2.
     fn row_chunk(&self, rows: usize) -> usize {
@@ -259,13 +248,7 @@ impl Backend for CpuBackend {
             assert_eq!(o.len(), n_tok * w.rows, "matmul: out is not [n_tok, rows]");
         }
         match fmt {
-            ActFormat::F32 => self.rows_parallel(ws, outs, &|m, rows, out| {
-                for t in 0..n_tok {
-                    for r in rows.clone() {
-                        out.write(t, r, self.dot_float(ws[m].ty, ws[m].row(r), &x[t * cols..(t + 1) * cols]));
-                    }
-                }
-            }),
+            ActFormat::F32 => self.rows_parallel(ws, outs, &|m, rows, out| f32mm::matmul_rows(self.simd, ws[m], rows, x, n_tok, out)),
             ActFormat::Q8 => {
                 let nb = cols / QK;
                 let mut s = self.scratch.lock().unwrap_or_else(|p| p.into_inner());

@@ -2,7 +2,8 @@
 //! request BYPASS (cache off), once with the chosen cache mode — each arm in its own fresh
 //! tenant namespace (tenants share nothing, so each arm starts from an empty cache), then a
 //! per-request comparison: identical texts, latency percentiles, requests/s, tokens computed,
-//! hit rate per tier; a JSON report, a Markdown report and two SVG plots.
+//! hit rate per tier; a JSON report, a Markdown report and two SVG plots. `--interleave`
+//! alternates the arms request by request instead of running one after the other.
 
 mod report;
 mod svg;
@@ -57,6 +58,12 @@ pub struct AbArgs {
     /// Run only the cache-on arm (no comparison): e.g. to calibrate TRUST with --on-tenant.
     #[arg(long)]
     pub skip_off: bool,
+    /// Run the arms interleaved (one cache-off request, one cache-on request, alternating
+    /// which goes first), so both see the same load on a shared machine; each arm's
+    /// requests/s is then its request count over the sum of its own requests' times. Without
+    /// it the whole cache-off arm runs first, then the cache-on arm.
+    #[arg(long, conflicts_with = "skip_off")]
+    pub interleave: bool,
     /// Tenant of the cache-on arm (default: a fresh one per run). Reusing one across runs keeps
     /// what it learned, e.g. TRUST outcomes from an earlier verified run.
     #[arg(long)]
@@ -127,16 +134,18 @@ pub fn run(a: &AbArgs) -> anyhow::Result<()> {
     let rt = super::runtime()?;
     let (off, on) = rt.block_on(async {
         let client = Client::connect(&a.server).await.with_context(|| format!("connecting to {}", a.server))?;
-        let off = if a.skip_off {
-            None
-        } else {
-            Some(arm(&client, &lines, CacheMode::Bypass, |t| format!("ab{run_id}-off-{t}"), "cache off").await?)
-        };
         let on_tenant = a.on_tenant.clone();
-        let on = arm(&client, &lines, a.mode.proto(), |t| on_tenant.clone().unwrap_or_else(|| format!("ab{run_id}-on-{t}")), "cache on ").await?;
+        let on_tenant = |t: &str| on_tenant.clone().unwrap_or_else(|| format!("ab{run_id}-on-{t}"));
+        let off_tenant = |t: &str| format!("ab{run_id}-off-{t}");
+        if a.interleave {
+            let (off, on) = interleaved(&client, &lines, a.mode.proto(), off_tenant, on_tenant).await?;
+            return anyhow::Ok((Some(off), on));
+        }
+        let off = if a.skip_off { None } else { Some(arm(&client, &lines, CacheMode::Bypass, off_tenant, "cache off").await?) };
+        let on = arm(&client, &lines, a.mode.proto(), on_tenant, "cache on ").await?;
         anyhow::Ok((off, on))
     })?;
-    let r = report::Report::build(&lines, off.as_ref(), &on, a.mode);
+    let r = report::Report::build(&lines, off.as_ref(), &on, a.mode, a.interleave);
     std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
     r.write_files(&a.out, path)?;
     if let Some(j) = &a.json {
@@ -156,48 +165,80 @@ async fn arm(client: &Client, lines: &[workload::Line], mode: CacheMode, tenant:
     let mut shots = Vec::with_capacity(lines.len());
     let mut hits = 0;
     for (i, l) in lines.iter().enumerate() {
-        let mut c = client.clone().with_tenant(tenant(l.tenant.as_deref().unwrap_or("default")));
-        let req = proto::GenerateRequest {
-            prompt: l.prompt.clone(),
-            system: l.system.clone().unwrap_or_default(),
-            max_tokens: l.max_tokens,
-            cache_mode: mode as i32,
-            ..Default::default()
-        };
-        let t0 = Instant::now();
-        let shot = match c.generate(req).await {
-            Ok(g) => {
-                let served = g.served_from();
-                if served != proto::ServedFrom::Model {
-                    hits += 1;
-                }
-                Shot {
-                    text: g.text,
-                    served_from: served.as_str_name().to_string(),
-                    latency_ms: g.client_latency.as_secs_f64() * 1e3,
-                    tokens_computed: g.outcome.tokens_computed,
-                    draft_tokens: g.outcome.draft_tokens,
-                    draft_accepted: g.outcome.draft_tokens_accepted,
-                    similarity: g.outcome.similarity,
-                    error: None,
-                }
-            }
-            Err(e) => Shot {
-                text: String::new(),
-                served_from: "ERROR".into(),
-                latency_ms: t0.elapsed().as_secs_f64() * 1e3,
-                tokens_computed: 0,
-                draft_tokens: 0,
-                draft_accepted: 0,
-                similarity: 0.0,
-                error: Some(e.to_string()),
-            },
-        };
+        let (shot, _) = shoot(client, l, mode, &tenant).await;
+        hits += usize::from(shot.served_from != "MODEL");
         shots.push(shot);
         progress(label, i + 1, lines.len(), start.elapsed(), hits);
     }
     eprintln!();
     Ok(Arm { shots, wall: start.elapsed() })
+}
+
+/// Both arms at once, one request at a time, alternating: line i's cache-off request then its
+/// cache-on request for even i, the other way round for odd i. Both arms thus see the same
+/// machine load over the run; each arm's wall time is the sum of its own requests' times.
+async fn interleaved(
+    client: &Client,
+    lines: &[workload::Line],
+    mode: CacheMode,
+    off_tenant: impl Fn(&str) -> String,
+    on_tenant: impl Fn(&str) -> String,
+) -> anyhow::Result<(Arm, Arm)> {
+    let start = Instant::now();
+    let (mut off, mut on) = (Arm { shots: Vec::new(), wall: Duration::ZERO }, Arm { shots: Vec::new(), wall: Duration::ZERO });
+    let mut hits = 0;
+    for (i, l) in lines.iter().enumerate() {
+        let order = if i % 2 == 0 { [false, true] } else { [true, false] };
+        for is_on in order {
+            let (arm, m, t): (&mut Arm, CacheMode, &dyn Fn(&str) -> String) =
+                if is_on { (&mut on, mode, &on_tenant) } else { (&mut off, CacheMode::Bypass, &off_tenant) };
+            let (shot, took) = shoot(client, l, m, t).await;
+            if is_on {
+                hits += usize::from(shot.served_from != "MODEL");
+            }
+            arm.shots.push(shot);
+            arm.wall += took;
+        }
+        progress("off+on   ", i + 1, lines.len(), start.elapsed(), hits);
+    }
+    eprintln!();
+    Ok((off, on))
+}
+
+/// One request; its outcome and how long the call took here.
+async fn shoot(client: &Client, l: &workload::Line, mode: CacheMode, tenant: &dyn Fn(&str) -> String) -> (Shot, Duration) {
+    let t0 = Instant::now();
+    let mut c = client.clone().with_tenant(tenant(l.tenant.as_deref().unwrap_or("default")));
+    let req = proto::GenerateRequest {
+        prompt: l.prompt.clone(),
+        system: l.system.clone().unwrap_or_default(),
+        max_tokens: l.max_tokens,
+        cache_mode: mode as i32,
+        ..Default::default()
+    };
+    let shot = match c.generate(req).await {
+        Ok(g) => Shot {
+            text: g.text.clone(),
+            served_from: g.served_from().as_str_name().to_string(),
+            latency_ms: g.client_latency.as_secs_f64() * 1e3,
+            tokens_computed: g.outcome.tokens_computed,
+            draft_tokens: g.outcome.draft_tokens,
+            draft_accepted: g.outcome.draft_tokens_accepted,
+            similarity: g.outcome.similarity,
+            error: None,
+        },
+        Err(e) => Shot {
+            text: String::new(),
+            served_from: "ERROR".into(),
+            latency_ms: t0.elapsed().as_secs_f64() * 1e3,
+            tokens_computed: 0,
+            draft_tokens: 0,
+            draft_accepted: 0,
+            similarity: 0.0,
+            error: Some(e.to_string()),
+        },
+    };
+    (shot, t0.elapsed())
 }
 
 fn progress(label: &str, done: usize, total: usize, elapsed: Duration, hits: usize) {

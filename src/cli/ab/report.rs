@@ -43,11 +43,15 @@ pub struct ArmTotals {
     pub tokens_computed: u64,
     /// Share of requests per served_from.
     pub hit_rates: BTreeMap<String, f64>,
+    /// Client round-trip latency per served_from: (requests, p50 ms, p95 ms).
+    pub latency_by_tier: BTreeMap<String, (usize, f64, f64)>,
 }
 
 #[derive(Debug, Serialize)]
 pub struct Report {
     pub mode: Mode,
+    /// The arms ran interleaved request by request (same load), not one after the other.
+    pub interleaved: bool,
     pub requests: Vec<Request>,
     pub off: Option<ArmTotals>,
     pub on: ArmTotals,
@@ -74,7 +78,19 @@ fn totals(arm: &Arm) -> ArmTotals {
     for s in &arm.shots {
         *hit_rates.entry(s.served_from.clone()).or_insert(0.0) += 1.0 / n as f64;
     }
+    let mut by_tier: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+    for s in &arm.shots {
+        by_tier.entry(s.served_from.clone()).or_default().push(s.latency_ms);
+    }
+    let latency_by_tier = by_tier
+        .into_iter()
+        .map(|(k, mut v)| {
+            v.sort_by(f64::total_cmp);
+            (k, (v.len(), percentile(&v, 0.50), percentile(&v, 0.95)))
+        })
+        .collect();
     ArmTotals {
+        latency_by_tier,
         requests: n,
         wall_s: arm.wall.as_secs_f64(),
         requests_per_s: n as f64 / arm.wall.as_secs_f64().max(1e-9),
@@ -87,7 +103,7 @@ fn totals(arm: &Arm) -> ArmTotals {
 }
 
 impl Report {
-    pub fn build(lines: &[Line], off: Option<&Arm>, on: &Arm, mode: Mode) -> Report {
+    pub fn build(lines: &[Line], off: Option<&Arm>, on: &Arm, mode: Mode, interleaved: bool) -> Report {
         let requests: Vec<Request> = lines
             .iter()
             .enumerate()
@@ -122,6 +138,7 @@ impl Report {
         let ont = totals(on);
         Report {
             mode,
+            interleaved,
             identical: off.map(|_| requests.iter().filter(|r| r.identical == Some(true)).count()),
             speedup: offt.as_ref().map(|o| ont.requests_per_s / o.requests_per_s.max(1e-9)),
             draft_tokens: on.shots.iter().map(|s| s.draft_tokens as u64).sum(),
@@ -146,6 +163,12 @@ impl Report {
                 t.requests_per_s, t.latency_p50_ms, t.latency_p95_ms, t.latency_p99_ms, t.tokens_computed, t.wall_s
             );
         };
+        let how = if self.interleaved {
+            "arms interleaved request by request (same load); wall s = sum of the arm's own request times"
+        } else {
+            "arms run one after the other"
+        };
+        let _ = writeln!(s, "{how}\n");
         let _ = writeln!(s, "| arm | requests/s | p50 ms | p95 ms | p99 ms | tokens computed | wall s |\n|---|---|---|---|---|---|---|");
         if let Some(o) = &self.off {
             row(&mut s, "cache off (BYPASS)", o);
@@ -157,6 +180,9 @@ impl Report {
         }
         let hits: Vec<String> = self.on.hit_rates.iter().map(|(k, v)| format!("{k} {:.1}%", v * 100.0)).collect();
         let _ = writeln!(s, "served from (cache on): {}", hits.join(", "));
+        let tiers: Vec<String> =
+            self.on.latency_by_tier.iter().map(|(k, (n, p50, p95))| format!("{k} (n={n}) p50 {p50:.2} / p95 {p95:.2}")).collect();
+        let _ = writeln!(s, "latency by tier, ms (cache on, client round trip): {}", tiers.join(", "));
         let _ = writeln!(
             s,
             "draft tokens accepted: {}/{} ({:.1}%)",
