@@ -7,7 +7,7 @@
 use std::arch::x86_64::*;
 
 use super::quant::{BlockQ8, BlockQ8K};
-use super::shared::{tile_rows, SharedOut};
+use super::shared::{prefetch, tile_rows, SharedOut};
 use crate::backend::WeightView;
 use crate::gguf::types::q4k_scale_min;
 use crate::gguf::{GgmlType, QK_K};
@@ -141,6 +141,7 @@ fn dot_signed<const BB: usize, const NT: usize>(
     unsafe {
         let mut acc = [_mm256_setzero_ps(); NT];
         for (ib, wb) in blocks.iter().enumerate() {
+            prefetch(w, ib * BB);
             let d = f16x1(&wb[..2]);
             let q = weights(wb);
             let qa = _mm256_sign_epi8(q, q);
@@ -175,6 +176,7 @@ fn dot_q4_1<const NT: usize>(w: &[u8], x: [&[BlockQ8]; NT], out: &mut [f32; NT])
         let mut acc = [_mm256_setzero_ps(); NT];
         let mut summ = [0f32; NT];
         for (ib, wb) in blocks.iter().enumerate() {
+            prefetch(w, ib * 20);
             let (d, m) = f16x2(&wb[..4]);
             let q = nibbles(&wb[4..20]);
             for t in 0..NT {
