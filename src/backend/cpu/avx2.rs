@@ -7,7 +7,7 @@
 use std::arch::x86_64::*;
 
 use super::quant::{BlockQ8, BlockQ8K};
-use super::shared::{tile_rows, SharedOut};
+use super::shared::{prefetch, tile_rows, SharedOut};
 use crate::backend::WeightView;
 use crate::gguf::types::q4k_scale_min;
 use crate::gguf::{GgmlType, QK_K};
@@ -134,6 +134,7 @@ fn dot_signed<const BB: usize, const NT: usize>(
     unsafe {
         let mut acc = [_mm256_setzero_ps(); NT];
         for (ib, wb) in blocks.iter().enumerate() {
+            prefetch(w, ib * BB);
             let d = f16x1(&wb[..2]);
             let q = weights(wb);
             let qa = _mm256_sign_epi8(q, q);
@@ -168,6 +169,7 @@ fn dot_q4_1<const NT: usize>(w: &[u8], x: [&[BlockQ8]; NT], out: &mut [f32; NT])
         let mut acc = [_mm256_setzero_ps(); NT];
         let mut summ = [0f32; NT];
         for (ib, wb) in blocks.iter().enumerate() {
+            prefetch(w, ib * 20);
             let (d, m) = f16x2(&wb[..4]);
             let q = nibbles(&wb[4..20]);
             for t in 0..NT {
@@ -190,28 +192,70 @@ pub const MAX_GROUP: usize = 8;
 /// each key and value row is converted from f16 once for the whole group. Per head the
 /// arithmetic follows `ops::attend_head` (same tiles, key order and softmax), so a
 /// query's result never depends on the batch or on the other heads.
+///
+/// Keys are converted [`SUB`] at a time into a small f32 tile; scores are computed eight keys at
+/// a time (eight independent FMA chains, then one transposing reduction that adds exactly the
+/// pairs `hsum` adds, so each score is bitwise `dot8`'s), and each head's output accumulates a
+/// sub-tile's values in registers (`accumulate`: the same FMA per element, in key order, as one
+/// FMA per key).
 #[target_feature(enable = "avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
 pub fn attend_group(q: &[f32], keys: &[half::f16], vals: &[half::f16], n_keys: usize, hd: usize, scale: f32, out: &mut [f32]) {
+    attend_range(q, keys, vals, 0..n_keys, hd, scale, out, None)
+}
+
+/// [`attend_group`] over the keys `range` only (its start a multiple of `ops::ATT_TILE`, so
+/// tiles stay at absolute positions). With `ml` ([g, 2]) the output is left unnormalized and
+/// each head's running max and sum are written to `ml[2h]`, `ml[2h + 1]`, for
+/// `CpuBackend::attention` to merge the segments of a long context.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+pub fn attend_range(
+    q: &[f32],
+    keys: &[half::f16],
+    vals: &[half::f16],
+    range: std::ops::Range<usize>,
+    hd: usize,
+    scale: f32,
+    out: &mut [f32],
+    ml: Option<&mut [f32]>,
+) {
     const T: usize = super::ops::ATT_TILE;
+    const SUB: usize = 32;
     let g = q.len() / hd;
+    let n_keys = range.end;
     assert!(hd % 8 == 0 && hd <= 256 && g <= MAX_GROUP && out.len() == q.len());
-    assert!(keys.len() >= n_keys * hd && vals.len() >= n_keys * hd);
+    assert!(keys.len() >= n_keys * hd && vals.len() >= n_keys * hd && range.start % T == 0);
     let mut scores = [[0f32; T]; MAX_GROUP];
     let mut m = [f32::NEG_INFINITY; MAX_GROUP];
     let mut l = [0f32; MAX_GROUP];
-    let mut row = [0f32; 256];
+    let mut tile = [0f32; SUB * 256];
+    let mut e = [0f32; SUB];
     out.fill(0.0);
-    let mut start = 0;
+    let mut start = range.start;
     while start < n_keys {
         let end = (start + T).min(n_keys);
         let mut tile_max = [f32::NEG_INFINITY; MAX_GROUP];
-        for j in start..end {
-            f16_row(&keys[j * hd..(j + 1) * hd], &mut row[..hd]);
+        for s0 in (start..end).step_by(SUB) {
+            let n = (end - s0).min(SUB);
+            for j in 0..n {
+                f16_row(&keys[(s0 + j) * hd..(s0 + j + 1) * hd], &mut tile[j * hd..(j + 1) * hd]);
+            }
             for h in 0..g {
-                let s = dot8(&q[h * hd..(h + 1) * hd], &row[..hd]) * scale;
-                scores[h][j - start] = s;
-                tile_max[h] = tile_max[h].max(s);
+                let qh = &q[h * hd..(h + 1) * hd];
+                let sc = &mut scores[h][s0 - start..s0 - start + n];
+                let mut j = 0;
+                while j + 8 <= n {
+                    dots8(qh, &tile[j * hd..(j + 8) * hd], &mut sc[j..j + 8]);
+                    j += 8;
+                }
+                for (jj, s) in sc.iter_mut().enumerate().skip(j) {
+                    *s = dot8(qh, &tile[jj * hd..(jj + 1) * hd]);
+                }
+                for s in sc.iter_mut() {
+                    *s *= scale;
+                    tile_max[h] = tile_max[h].max(*s);
+                }
             }
         }
         let mut e_scale = [0f32; MAX_GROUP];
@@ -225,20 +269,95 @@ pub fn attend_group(q: &[f32], keys: &[half::f16], vals: &[half::f16], n_keys: u
             m[h] = m_new;
             e_scale[h] = m_new;
         }
-        for j in start..end {
-            f16_row(&vals[j * hd..(j + 1) * hd], &mut row[..hd]);
+        for s0 in (start..end).step_by(SUB) {
+            let n = (end - s0).min(SUB);
+            for j in 0..n {
+                f16_row(&vals[(s0 + j) * hd..(s0 + j + 1) * hd], &mut tile[j * hd..(j + 1) * hd]);
+            }
             for h in 0..g {
-                let e = (scores[h][j - start] - e_scale[h]).exp();
-                l[h] += e;
-                axpy8(&mut out[h * hd..(h + 1) * hd], e, &row[..hd]);
+                for j in 0..n {
+                    e[j] = (scores[h][s0 - start + j] - e_scale[h]).exp();
+                    l[h] += e[j];
+                }
+                accumulate(&mut out[h * hd..(h + 1) * hd], &e[..n], &tile[..n * hd]);
             }
         }
         start = end;
+    }
+    if let Some(ml) = ml {
+        for h in 0..g {
+            ml[2 * h] = m[h];
+            ml[2 * h + 1] = l[h];
+        }
+        return;
     }
     for h in 0..g {
         let inv = if l[h] > 0.0 { 1.0 / l[h] } else { 0.0 };
         for o in out[h * hd..(h + 1) * hd].iter_mut() {
             *o *= inv;
+        }
+    }
+}
+
+/// Eight dots of `q` with the rows of `k8` ([8, hd]): per row the FMA chain of `dot8`, then the
+/// eight `hsum`s done together: lanes i and i+4 added, then elements 0+2 and 1+3, then those two
+/// (addition commutes, so `hadd`'s operand order gives the same bits).
+#[inline(always)]
+fn dots8(q: &[f32], k8: &[f32], out: &mut [f32]) {
+    let hd = q.len();
+    assert!(k8.len() == 8 * hd && out.len() == 8 && hd % 8 == 0);
+    // SAFETY: AVX/FMA enabled in every caller; every load reads 8 in-bounds floats
+    // (c + 8 <= hd, rows of k8 are hd long: asserted); the store writes out[0..8].
+    unsafe {
+        let mut acc = [_mm256_setzero_ps(); 8];
+        for c in (0..hd).step_by(8) {
+            let qv = _mm256_loadu_ps(q.as_ptr().add(c));
+            for (r, a) in acc.iter_mut().enumerate() {
+                *a = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k8.as_ptr().add(r * hd + c)), *a);
+            }
+        }
+        // t[r] = [lo(acc r) + hi(acc r), lo(acc r+4) + hi(acc r+4)]
+        let t = |r: usize| {
+            let lo = _mm256_permute2f128_ps::<0x20>(acc[r], acc[r + 4]);
+            let hi = _mm256_permute2f128_ps::<0x31>(acc[r], acc[r + 4]);
+            _mm256_add_ps(lo, hi)
+        };
+        let (t0, t1, t2, t3) = (t(0), t(1), t(2), t(3));
+        // p = [t0_0 + t0_2, t0_1 + t0_3, t1_0 + t1_2, t1_1 + t1_3] per 128-bit lane
+        let p = |a: __m256, b: __m256| {
+            let (a, b) = (_mm256_castps_pd(a), _mm256_castps_pd(b));
+            _mm256_add_ps(_mm256_castpd_ps(_mm256_unpacklo_pd(a, b)), _mm256_castpd_ps(_mm256_unpackhi_pd(a, b)))
+        };
+        let s = _mm256_hadd_ps(p(t0, t1), p(t2, t3));
+        _mm256_storeu_ps(out.as_mut_ptr(), s);
+    }
+}
+
+/// out += Σ_j e[j] · v[j] (v: [e.len(), out.len()]), keys in order: per element exactly the
+/// FMAs `ops::attend_head` does key by key, with the running sums kept in registers 64 floats at a time.
+#[inline(always)]
+fn accumulate(out: &mut [f32], e: &[f32], v: &[f32]) {
+    let hd = out.len();
+    assert!(v.len() == e.len() * hd && hd % 8 == 0);
+    for c0 in (0..hd).step_by(64) {
+        let w = (hd - c0).min(64) / 8;
+        // SAFETY: AVX/FMA enabled in every caller; loads and stores touch out[c0..c0 + 8w] and
+        // v[j*hd + c0..j*hd + c0 + 8w], in bounds (c0 + 8w <= hd, j < e.len(): asserted).
+        unsafe {
+            let mut acc = [_mm256_setzero_ps(); 8];
+            for (i, a) in acc.iter_mut().enumerate().take(w) {
+                *a = _mm256_loadu_ps(out.as_ptr().add(c0 + 8 * i));
+            }
+            for (j, &ej) in e.iter().enumerate() {
+                let ev = _mm256_set1_ps(ej);
+                let row = v.as_ptr().add(j * hd + c0);
+                for (i, a) in acc.iter_mut().enumerate().take(w) {
+                    *a = _mm256_fmadd_ps(ev, _mm256_loadu_ps(row.add(8 * i)), *a);
+                }
+            }
+            for (i, a) in acc.iter().enumerate().take(w) {
+                _mm256_storeu_ps(out.as_mut_ptr().add(c0 + 8 * i), *a);
+            }
         }
     }
 }
@@ -265,17 +384,6 @@ fn dot8(a: &[f32], b: &[f32]) -> f32 {
     hsum(acc)
 }
 
-/// out += e * v (length a multiple of 8), one FMA per lane as in `axpy_f16`.
-#[inline(always)]
-fn axpy8(out: &mut [f32], e: f32, v: &[f32]) {
-    // SAFETY: FMA/AVX enabled in every caller; chunks are 8 floats.
-    unsafe {
-        let ev = _mm256_set1_ps(e);
-        for (o, x) in out.chunks_exact_mut(8).zip(v.chunks_exact(8)) {
-            _mm256_storeu_ps(o.as_mut_ptr(), _mm256_fmadd_ps(ev, load8f(x), load8f(o)));
-        }
-    }
-}
 
 /// Rows `rows` of a Q4_K / Q6_K matrix against `n_tok` Q8_K activation rows (`acts`:
 /// [n_tok, cols / 256]). The integer sums are exactly those of `quant::dot_q8k_scalar` and the

@@ -16,7 +16,7 @@
 use std::arch::x86_64::*;
 
 use super::quant::BlockQ8;
-use super::shared::{tile_rows_with, SharedOut};
+use super::shared::{prefetch, tile_rows_with, SharedOut};
 use crate::backend::WeightView;
 use crate::gguf::{GgmlType, QK};
 
@@ -275,6 +275,7 @@ fn dot_pairs<F: PairFormat, const NT: usize>(w: &[u8], x: [&[PairQ8]; NT], out: 
     let mut acc = [zero512(); NT];
     let mut macc = [zero128(); NT];
     for ip in 0..pairs {
+        prefetch(w, ip * F::PB);
         step::<F, NT>(&F::unpack(&w[ip * F::PB..(ip + 1) * F::PB], true), x, ip, &mut acc, &mut macc);
     }
     if tail != 0 {

@@ -101,6 +101,10 @@ struct Scratch {
     /// [n_tok, (cols / 32).div_ceil(2)] (the AVX-512 layout of `q8`)
     #[cfg(target_arch = "x86_64")]
     pairs: Vec<avx512::PairQ8>,
+    /// segmented attention: unnormalized outputs [n_tok, n_kv_head, segments, group * head_dim]
+    att: Vec<f32>,
+    /// segmented attention: (max, sum) per query head [n_tok, n_kv_head, segments, group, 2]
+    att_ml: Vec<f32>,
 }
 
 pub struct CpuBackend {
@@ -320,6 +324,13 @@ impl Backend for CpuBackend {
         let group = n_head / a.n_kv_head;
         let scale = 1.0 / (hd as f32).sqrt();
         let (q, k, v, positions) = (a.q, a.k_cache, a.v_cache, a.positions);
+        #[cfg(target_arch = "x86_64")]
+        if matches!(self.simd, SimdLevel::Avx2 | SimdLevel::Avx512Vnni) && hd % 8 == 0 && hd <= 256 && group <= avx2::MAX_GROUP {
+            let n_seg = positions.iter().map(|&p| (p as usize + 1).div_ceil(ops::ATT_SEG)).max().unwrap_or(1);
+            if n_seg > 1 {
+                return self.attention_segmented(a, n_seg);
+            }
+        }
         // Work items: (token, KV head); the group's query heads are contiguous in q and out.
         let n_items = positions.len() * a.n_kv_head;
         let gw = group * hd;
@@ -356,6 +367,85 @@ impl Backend for CpuBackend {
         for (a, b) in x.iter_mut().zip(y) {
             *a += b;
         }
+    }
+}
+
+impl CpuBackend {
+    /// Attention when some query sees more than one `ops::ATT_SEG` of keys (x86 SIMD levels):
+    /// work items (token, KV head, segment), then a merge of each query's segments in order.
+    /// A query with a single segment is computed whole, exactly as by `attend`.
+    #[cfg(target_arch = "x86_64")]
+    fn attention_segmented(&self, a: AttentionArgs<'_>, n_seg: usize) {
+        const SEG: usize = ops::ATT_SEG;
+        let (hd, n_kv, cap, positions) = (a.head_dim, a.n_kv_head, a.capacity, a.positions);
+        let group = a.n_head / n_kv;
+        let gw = group * hd;
+        let scale = 1.0 / (hd as f32).sqrt();
+        let n_items = positions.len() * n_kv * n_seg;
+        let mut s = self.scratch.lock().unwrap_or_else(|p| p.into_inner());
+        let s = &mut *s;
+        // Sized for the whole cache the first time, so decode does not grow it step by step.
+        let per_tok = n_kv * cap.div_ceil(SEG).max(n_seg);
+        s.att.resize((positions.len() * per_tok * gw).max(s.att.len()), 0.0);
+        s.att_ml.resize((positions.len() * per_tok * 2 * group).max(s.att_ml.len()), 0.0);
+        let (part, ml) = (SharedSlice::new(&mut s.att), SharedSlice::new(&mut s.att_ml));
+        let out = SharedSlice::new(a.out);
+        let (part, ml, out) = (&part, &ml, &out);
+        let segs = |t: usize| (positions[t] as usize + 1).div_ceil(SEG);
+        self.team.for_chunks(n_items, 1, &|range| {
+            for i in range {
+                let (tk, seg) = (i / n_seg, i % n_seg);
+                let (t, kvh) = (tk / n_kv, tk % n_kv);
+                let n_keys = positions[t] as usize + 1;
+                if seg >= segs(t) {
+                    continue;
+                }
+                let keys = &a.k_cache[kvh * cap * hd..(kvh * cap + n_keys) * hd];
+                let vals = &a.v_cache[kvh * cap * hd..(kvh * cap + n_keys) * hd];
+                let qg = &a.q[tk * gw..(tk + 1) * gw];
+                // SAFETY (all three): item i owns part[i*gw..], ml[i*2g..] and, for a query of
+                // one segment (whose only item is seg 0), out[tk*gw..]; items are disjoint.
+                // `Avx2`/`Avx512Vnni` are only set after detecting avx2, fma and f16c.
+                if segs(t) == 1 {
+                    let o = unsafe { out.slice(tk * gw, gw) };
+                    unsafe { avx2::attend_range(qg, keys, vals, 0..n_keys, hd, scale, o, None) }
+                } else {
+                    let (o, m) = unsafe { (part.slice(i * gw, gw), ml.slice(i * 2 * group, 2 * group)) };
+                    let r = seg * SEG..((seg + 1) * SEG).min(n_keys);
+                    unsafe { avx2::attend_range(qg, keys, vals, r, hd, scale, o, Some(m)) }
+                }
+            }
+        });
+        self.team.for_chunks(positions.len() * n_kv, 1, &|range| {
+            for tk in range {
+                let ns = segs(tk / n_kv);
+                if ns == 1 {
+                    continue;
+                }
+                // SAFETY: item tk owns out[tk*gw..]; the first region has ended, so the partial
+                // results are only read.
+                let o = unsafe { out.slice(tk * gw, gw) };
+                let p = unsafe { part.slice(tk * n_seg * gw, n_seg * gw) };
+                let m = unsafe { ml.slice(tk * n_seg * 2 * group, n_seg * 2 * group) };
+                for h in 0..group {
+                    let oh = &mut o[h * hd..(h + 1) * hd];
+                    let mmax = (0..ns).map(|sg| m[sg * 2 * group + 2 * h]).fold(f32::NEG_INFINITY, f32::max);
+                    let mut l = 0f32;
+                    oh.fill(0.0);
+                    for sg in 0..ns {
+                        let w = (m[sg * 2 * group + 2 * h] - mmax).exp();
+                        l += m[sg * 2 * group + 2 * h + 1] * w;
+                        for (x, y) in oh.iter_mut().zip(&p[sg * gw + h * hd..sg * gw + (h + 1) * hd]) {
+                            *x += y * w;
+                        }
+                    }
+                    let inv = if l > 0.0 { 1.0 / l } else { 0.0 };
+                    for x in oh.iter_mut() {
+                        *x *= inv;
+                    }
+                }
+            }
+        });
     }
 }
 

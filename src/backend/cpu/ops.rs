@@ -84,6 +84,13 @@ pub fn gelu(x: f32) -> f32 {
 /// so a query's arithmetic never depends on what else is in the batch.
 pub const ATT_TILE: usize = 128;
 
+/// Keys per segment when the x86 SIMD levels split a long context (more than one segment) into
+/// work items of their own, merged afterwards (`CpuBackend::attention`): a decode step then has
+/// more items than KV heads to spread over the threads. The split depends only on the query's
+/// position, so a token's result is the same in every batch; contexts of one segment keep the
+/// unsegmented arithmetic.
+pub const ATT_SEG: usize = 4 * ATT_TILE;
+
 /// One query head against keys 0..n_keys of one KV head (rows of `head_dim` f16 values):
 /// softmax(q·k * scale)-weighted sum of values, written to `out`. Tiled online softmax at absolute
 /// tile positions: no allocation, fixed key order. The reference for every attention kernel.

@@ -94,10 +94,20 @@ fn kv(n: usize, seed: u64) -> Vec<f16> {
 
 #[test]
 fn attention_simd_matches_reference_and_is_batch_invariant() {
-    let (n_head, n_kv, hd, cap) = (4, 2, 64, 300);
+    check_attention(300, (290..300).collect());
+}
+
+/// Contexts longer than one `ops::ATT_SEG` (512 keys): the x86 levels split them into segments
+/// and merge; queries on both sides of the 512 and 1024 boundaries, alone and batched.
+#[test]
+fn long_context_attention_matches_reference_and_is_batch_invariant() {
+    check_attention(1300, [0, 3, 510, 511, 512, 513, 700, 1023, 1024, 1025, 1299].into());
+}
+
+fn check_attention(cap: usize, positions: Vec<u32>) {
+    let (n_head, n_kv, hd) = (6, 2, 64);
     let k = kv(n_kv * cap * hd, 3);
     let v = kv(n_kv * cap * hd, 4);
-    let positions: Vec<u32> = (290..300).collect();
     let q = rand_f32(5, positions.len() * n_head * hd);
     let run = |b: &CpuBackend, q: &[f32], pos: &[u32]| {
         let mut out = vec![0f32; q.len()];
