@@ -152,20 +152,20 @@ fn rank(t: wgpu::DeviceType) -> Option<u8> {
 
 /// The `dequant_chunk` source of `ty` (16-bit floats share one, with their own `pair16`).
 fn weight_source(ty: GgmlType) -> String {
-    let half = |pair: &str| format!("{pair}\n{}", include_str!("kernels/wgsl/dequant_16bit.wgsl"));
+    let half = |pair: &str| format!("{pair}\n{}", include_str!("../../../kernels/wgsl/dequant_16bit.wgsl"));
     match ty {
-        GgmlType::F32 => include_str!("kernels/wgsl/dequant_f32.wgsl").into(),
-        GgmlType::F16 => half(include_str!("kernels/wgsl/pair_f16.wgsl")),
-        GgmlType::BF16 => half(include_str!("kernels/wgsl/pair_bf16.wgsl")),
-        GgmlType::Q4_0 => include_str!("kernels/wgsl/dequant_q4_0.wgsl").into(),
-        GgmlType::Q4_1 => include_str!("kernels/wgsl/dequant_q4_1.wgsl").into(),
-        GgmlType::Q8_0 => include_str!("kernels/wgsl/dequant_q8_0.wgsl").into(),
-        GgmlType::Q4K => include_str!("kernels/wgsl/dequant_q4_k.wgsl").into(),
-        GgmlType::Q6K => include_str!("kernels/wgsl/dequant_q6_k.wgsl").into(),
+        GgmlType::F32 => include_str!("../../../kernels/wgsl/dequant_f32.wgsl").into(),
+        GgmlType::F16 => half(include_str!("../../../kernels/wgsl/pair_f16.wgsl")),
+        GgmlType::BF16 => half(include_str!("../../../kernels/wgsl/pair_bf16.wgsl")),
+        GgmlType::Q4_0 => include_str!("../../../kernels/wgsl/dequant_q4_0.wgsl").into(),
+        GgmlType::Q4_1 => include_str!("../../../kernels/wgsl/dequant_q4_1.wgsl").into(),
+        GgmlType::Q8_0 => include_str!("../../../kernels/wgsl/dequant_q8_0.wgsl").into(),
+        GgmlType::Q4K => include_str!("../../../kernels/wgsl/dequant_q4_k.wgsl").into(),
+        GgmlType::Q6K => include_str!("../../../kernels/wgsl/dequant_q6_k.wgsl").into(),
     }
 }
 
-const BYTES: &str = include_str!("kernels/wgsl/bytes.wgsl");
+const BYTES: &str = include_str!("../../../kernels/wgsl/bytes.wgsl");
 
 impl WgpuContext {
     /// The best adapter under `opts`, or `None` (never an error): the caller stays on the CPU.
@@ -475,16 +475,16 @@ fn with_lanes(name: &str, src: &str, lanes: u32) -> Result<String, WgpuError> {
 fn build_kernels(device: &wgpu::Device, lanes: u32, decode: DecodePlan, subgroups: bool) -> Result<Kernels, WgpuError> {
     let k = |name: &str, src: String, binds: &[B]| kernel(device, name, &src, binds);
     let mm = [B::Uniform, B::Read, B::Read, B::Rw];
-    let matmul_src = with_lanes("matmul", include_str!("kernels/wgsl/matmul.wgsl"), lanes)?;
-    let vec_src = with_lanes("matmul_vec", include_str!("kernels/wgsl/matmul_vec.wgsl"), lanes)?;
+    let matmul_src = with_lanes("matmul", include_str!("../../../kernels/wgsl/matmul.wgsl"), lanes)?;
+    let vec_src = with_lanes("matmul_vec", include_str!("../../../kernels/wgsl/matmul_vec.wgsl"), lanes)?;
     let vec_main = match subgroups {
-        true => include_str!("kernels/wgsl/mv_main_sg.wgsl"),
-        false => include_str!("kernels/wgsl/mv_main.wgsl"),
+        true => include_str!("../../../kernels/wgsl/mv_main_sg.wgsl"),
+        false => include_str!("../../../kernels/wgsl/mv_main.wgsl"),
     };
-    let mut srcs = vec![(XSrc::Plain, include_str!("kernels/wgsl/mv_x_plain.wgsl"))];
+    let mut srcs = vec![(XSrc::Plain, include_str!("../../../kernels/wgsl/mv_x_plain.wgsl"))];
     if decode == DecodePlan::Fused {
-        srcs.push((XSrc::Norm, include_str!("kernels/wgsl/mv_x_norm.wgsl")));
-        srcs.push((XSrc::Silu, include_str!("kernels/wgsl/mv_x_silu.wgsl")));
+        srcs.push((XSrc::Norm, include_str!("../../../kernels/wgsl/mv_x_norm.wgsl")));
+        srcs.push((XSrc::Silu, include_str!("../../../kernels/wgsl/mv_x_silu.wgsl")));
     }
     let mut matmul = HashMap::new();
     let mut matvec = HashMap::new();
@@ -493,7 +493,7 @@ fn build_kernels(device: &wgpu::Device, lanes: u32, decode: DecodePlan, subgroup
         let deq = weight_source(ty);
         let name = ty.name();
         matmul.insert(ty, k(&format!("matmul_{name}"), format!("{BYTES}\n{deq}\n{matmul_src}"), &mm)?);
-        embed.insert(ty, k(&format!("embed_{name}"), format!("{BYTES}\n{deq}\n{}", include_str!("kernels/wgsl/embed.wgsl")), &mm)?);
+        embed.insert(ty, k(&format!("embed_{name}"), format!("{BYTES}\n{deq}\n{}", include_str!("../../../kernels/wgsl/embed.wgsl")), &mm)?);
         for &(xs, x_src) in srcs.iter().filter(|_| decode != DecodePlan::Off) {
             let binds: &[B] = if xs == XSrc::Norm { &[B::Uniform, B::Read, B::Read, B::Rw, B::Read] } else { &mm };
             let src = format!("{BYTES}\n{deq}\n{x_src}\n{vec_src}\n{vec_main}");
@@ -504,25 +504,25 @@ fn build_kernels(device: &wgpu::Device, lanes: u32, decode: DecodePlan, subgroup
         matmul,
         matvec,
         embed,
-        rmsnorm: k("rmsnorm", include_str!("kernels/wgsl/rmsnorm.wgsl").into(), &[B::Uniform, B::Read, B::Read, B::Rw])?,
-        rope: k("rope", include_str!("kernels/wgsl/rope.wgsl").into(), &[B::Uniform, B::Rw, B::Read, B::Read])?,
+        rmsnorm: k("rmsnorm", include_str!("../../../kernels/wgsl/rmsnorm.wgsl").into(), &[B::Uniform, B::Read, B::Read, B::Rw])?,
+        rope: k("rope", include_str!("../../../kernels/wgsl/rope.wgsl").into(), &[B::Uniform, B::Rw, B::Read, B::Read])?,
         kv_store: k(
             "kv_store",
-            include_str!("kernels/wgsl/kv_store.wgsl").into(),
+            include_str!("../../../kernels/wgsl/kv_store.wgsl").into(),
             &[B::Uniform, B::Read, B::Read, B::Rw, B::Rw, B::Read],
         )?,
         attention: k(
             "attention",
-            include_str!("kernels/wgsl/attention.wgsl").into(),
+            include_str!("../../../kernels/wgsl/attention.wgsl").into(),
             &[B::UniformDyn, B::Read, B::Read, B::Read, B::Read, B::Rw],
         )?,
         rope_store: k(
             "rope_store",
-            include_str!("kernels/wgsl/rope_store.wgsl").into(),
+            include_str!("../../../kernels/wgsl/rope_store.wgsl").into(),
             &[B::UniformDyn, B::Rw, B::Read, B::Read, B::Rw, B::Rw],
         )?,
-        silu_mul: k("silu_mul", include_str!("kernels/wgsl/silu_mul.wgsl").into(), &[B::Uniform, B::Read, B::Read, B::Rw])?,
-        add: k("add", include_str!("kernels/wgsl/add.wgsl").into(), &[B::Uniform, B::Rw, B::Read])?,
+        silu_mul: k("silu_mul", include_str!("../../../kernels/wgsl/silu_mul.wgsl").into(), &[B::Uniform, B::Read, B::Read, B::Rw])?,
+        add: k("add", include_str!("../../../kernels/wgsl/add.wgsl").into(), &[B::Uniform, B::Rw, B::Read])?,
     })
 }
 
