@@ -1,4 +1,4 @@
-//! AVX-512 VNNI kernels (x86-64) for Q4_0 / Q4_1 / Q8_0 weights: `vpdpbusd` multiplies 64 u8
+//! AVX-512 VNNI kernels (x86-64) for Q4_0 / Q4_1 weights: `vpdpbusd` multiplies 64 u8
 //! weights by 64 i8 activations and adds groups of four into 16 i32 lanes, so one instruction
 //! covers two 32-weight blocks. Chosen at run time by `SimdLevel::detect` (avx512f, avx512bw,
 //! avx512vl, avx512vnni, plus the AVX2 set that the other kernels of this level reuse); each
@@ -95,15 +95,17 @@ pub fn pack_pair(b0: &BlockQ8, b1: &BlockQ8, p: &mut PairQ8) {
     p.s = [b0.s, b1.s, 0.0, 0.0];
 }
 
-/// Rows `rows` of a Q4_0 / Q4_1 / Q8_0 matrix against `n_tok` activation rows (`acts`:
+/// Rows `rows` of a Q4_0 / Q4_1 matrix against `n_tok` activation rows (`acts`:
+/// (Q8_0 runs the AVX2 kernel at this level: its pair form needed two loads and a two-source
+/// permute per pair and measured slower, decode 216 -> 228 t/s without it; docs/perf.md)
 /// [n_tok, (cols / 32).div_ceil(2)] pairs), in token tiles of 4 (then single tokens).
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub fn matmul_rows_q8(w: WeightView<'_>, rows: std::ops::Range<usize>, acts: &[PairQ8], n_tok: usize, out: &SharedOut) {
     let np = (w.cols / QK).div_ceil(2);
+    assert!(matches!(w.ty, GgmlType::Q4_0 | GgmlType::Q4_1), "avx512: Q4_0 / Q4_1 only");
     match w.ty {
         GgmlType::Q4_0 => tile_rows_with(w, rows, acts, np, n_tok, out, dot_pairs::<Q4_0, 4>, dot_pairs::<Q4_0, 1>),
-        GgmlType::Q4_1 => tile_rows_with(w, rows, acts, np, n_tok, out, dot_pairs::<Q4_1, 4>, dot_pairs::<Q4_1, 1>),
-        _ => tile_rows_with(w, rows, acts, np, n_tok, out, dot_pairs::<Q8_0, 4>, dot_pairs::<Q8_0, 1>),
+        _ => tile_rows_with(w, rows, acts, np, n_tok, out, dot_pairs::<Q4_1, 4>, dot_pairs::<Q4_1, 1>),
     }
 }
 
@@ -171,7 +173,6 @@ trait PairFormat {
 
 struct Q4_0;
 struct Q4_1;
-struct Q8_0;
 
 /// One weight pair unpacked: 64 u8 weights in `PairQ8` lane order, the weight scale per lane
 /// (f32), and for Q4_1 the mins [m0, m1, m0, m1].
@@ -240,27 +241,6 @@ impl PairFormat for Q4_0 {
         unsafe {
             let q = nibbles(p, widx(bytes_idx(1, 10, 1, 10)));
             let d = f16x16(_mm512_permutexvar_epi16(widx(scale_idx(0, 9)), p));
-            Unpacked { q, d, m: _mm_setzero_ps() }
-        }
-    }
-}
-
-impl PairFormat for Q8_0 {
-    const PB: usize = 68;
-    const SHIFT: u32 = 7;
-    const MIN: bool = false;
-    #[inline(always)]
-    fn unpack(b: &[u8], full: bool) -> Unpacked {
-        // pair: d0 qs0[32] d1 qs1[32] (68 bytes): `a` = bytes 0..64, `c` = bytes 4..68.
-        // Words of a: d0 0, qs0 1..17, d1 17; words of c (+32 in the index): qs1 16..32.
-        let a = load_n(b, 0, if full { 64 } else { 34 });
-        let c = load_n(b, 4, if full { 64 } else { 30 });
-        // SAFETY: AVX-512F/BW are enabled in the caller.
-        unsafe {
-            let q = _mm512_permutex2var_epi16(a, widx(bytes_idx(1, 32 + 16, 9, 32 + 24)), c);
-            // i8 weights as u8 = w + 128; the activations' lane sums (times 128) take it back out.
-            let q = _mm512_xor_si512(q, _mm512_set1_epi8(-128));
-            let d = f16x16(_mm512_permutexvar_epi16(widx(scale_idx(0, 17)), a));
             Unpacked { q, d, m: _mm_setzero_ps() }
         }
     }
