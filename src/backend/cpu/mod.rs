@@ -359,8 +359,15 @@ impl Backend for CpuBackend {
     }
 
     fn gelu(&self, x: &mut [f32]) {
-        for v in x.iter_mut() {
-            *v = ops::gelu(*v);
+        match self.simd {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `Avx2` and `Avx512Vnni` are only set after detecting avx2 and fma.
+            SimdLevel::Avx2 | SimdLevel::Avx512Vnni => unsafe { avx2::gelu(x) },
+            _ => {
+                for v in x.iter_mut() {
+                    *v = ops::gelu(*v);
+                }
+            }
         }
     }
 

@@ -4,7 +4,7 @@
 use half::f16;
 
 use super::testutil::{rand_f32, rand_row};
-use super::{CpuBackend, SimdLevel};
+use super::{ops, CpuBackend, SimdLevel};
 use crate::backend::{AttentionArgs, Backend, WeightView};
 use crate::gguf::GgmlType;
 
@@ -185,6 +185,26 @@ fn avx512_quantization_equals_scalar_bitwise() {
             assert_eq!(&p.qs[h..h + 16], &blk.qs[..16], "block {b}");
             assert_eq!(&p.qs[32 + h..48 + h], &blk.qs[16..], "block {b}");
             assert_eq!((p.d[4 * (b % 2)].to_bits(), p.s[b % 2].to_bits()), (blk.d.to_bits(), blk.s.to_bits()), "block {b}");
+        }
+    }
+}
+
+/// The SIMD GELU (f64 with its own exp) against `ops::gelu`, over the range MiniLM sees and the
+/// tails; every slice length gives the same value per element.
+#[test]
+fn gelu_simd_matches_reference() {
+    let xs: Vec<f32> = (-4000..4000).map(|i| i as f32 * 0.0025).chain([-60.0, -12.0, -6.5, 0.0, -0.0, 6.5, 12.0, 60.0]).collect();
+    for b in backends(1) {
+        let mut y = xs.clone();
+        b.gelu(&mut y);
+        for (x, g) in xs.iter().zip(&y) {
+            let r = ops::gelu(*x);
+            assert!((g - r).abs() <= 1e-6 * r.abs().max(1e-3), "{:?}: gelu({x}) = {g}, reference {r}", b.simd());
+        }
+        for n in 1..8 {
+            let mut t = xs[100..100 + n].to_vec();
+            b.gelu(&mut t);
+            assert!(t.iter().zip(&y[100..]).all(|(a, c)| a.to_bits() == c.to_bits()), "{:?}: length {n}", b.simd());
         }
     }
 }
