@@ -62,8 +62,9 @@ fn f16x1(b: &[u8]) -> f32 {
     unsafe { _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits))) }
 }
 
+/// Sum of the 8 lanes: (lo + hi) halves, then elements 0+2 and 1+3, then those two.
 #[inline(always)]
-fn hsum(v: __m256) -> f32 {
+pub(super) fn hsum(v: __m256) -> f32 {
     // SAFETY: AVX is enabled in every caller (see above).
     unsafe {
         let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));

@@ -116,13 +116,7 @@ mod x86 {
         }
         #[inline(always)]
         fn hsum(v: __m256) -> f32 {
-            // SAFETY: AVX is enabled in every caller.
-            unsafe {
-                let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-                let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-                let s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
-                _mm_cvtss_f32(s)
-            }
+            crate::backend::cpu::avx2::hsum(v)
         }
     }
 
