@@ -411,15 +411,17 @@ impl CpuBackend {
                 let keys = &a.k_cache[kvh * cap * hd..(kvh * cap + n_keys) * hd];
                 let vals = &a.v_cache[kvh * cap * hd..(kvh * cap + n_keys) * hd];
                 let qg = &a.q[tk * gw..(tk + 1) * gw];
-                // SAFETY (all three): item i owns part[i*gw..], ml[i*2g..] and, for a query of
-                // one segment (whose only item is seg 0), out[tk*gw..]; items are disjoint.
-                // `Avx2`/`Avx512Vnni` are only set after detecting avx2, fma and f16c.
                 if segs(t) == 1 {
+                    // SAFETY: a query of one segment has one item (seg 0), which alone writes
+                    // out[tk*gw..]; items are disjoint.
                     let o = unsafe { out.slice(tk * gw, gw) };
+                    // SAFETY: `Avx2`/`Avx512Vnni` are only set after detecting avx2, fma, f16c.
                     unsafe { avx2::attend_range(qg, keys, vals, 0..n_keys, hd, scale, o, None) }
                 } else {
+                    // SAFETY: item i alone owns part[i*gw..][..gw] and ml[i*2g..][..2g].
                     let (o, m) = unsafe { (part.slice(i * gw, gw), ml.slice(i * 2 * group, 2 * group)) };
                     let r = seg * SEG..((seg + 1) * SEG).min(n_keys);
+                    // SAFETY: as above, the level guarantees avx2, fma and f16c.
                     unsafe { avx2::attend_range(qg, keys, vals, r, hd, scale, o, Some(m)) }
                 }
             }
@@ -430,10 +432,11 @@ impl CpuBackend {
                 if ns == 1 {
                     continue;
                 }
-                // SAFETY: item tk owns out[tk*gw..]; the first region has ended, so the partial
-                // results are only read.
+                // SAFETY: item tk alone owns out[tk*gw..][..gw].
                 let o = unsafe { out.slice(tk * gw, gw) };
+                // SAFETY: the first region has ended; item tk alone reads its segments' partials.
                 let p = unsafe { part.slice(tk * n_seg * gw, n_seg * gw) };
+                // SAFETY: same, for their (max, sum) pairs.
                 let m = unsafe { ml.slice(tk * n_seg * 2 * group, n_seg * 2 * group) };
                 for h in 0..group {
                     let oh = &mut o[h * hd..(h + 1) * hd];
