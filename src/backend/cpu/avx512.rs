@@ -122,8 +122,7 @@ fn load_n(b: &[u8], at: usize, n: usize) -> __m512i {
     unsafe { _mm512_maskz_loadu_epi8(mask, b.as_ptr().add(at) as *const i8) }
 }
 
-/// A word-permutation index: output word i = input word `idx[i]` (for `permutex2var`, 32..64
-/// select the second source).
+/// A word-permutation index: output word i = input word `idx[i]`.
 #[inline(always)]
 fn widx(idx: [u16; 32]) -> __m512i {
     // SAFETY: AVX-512F is enabled in the caller; `idx` is 64 readable bytes.
@@ -142,17 +141,17 @@ const fn scale_idx(a: u16, b: u16) -> [u16; 32] {
     idx
 }
 
-/// Word indices gathering 16-byte halves: [q0 lo, q1 lo, q0 hi, q1 hi] where q0 starts at
-/// word `a` and q1 at word `b` (each 8 words of low half then 8 of high half; for nibble
-/// formats `hi` repeats `lo` and the shift picks the high nibbles).
-const fn bytes_idx(a: u16, b: u16, a_hi: u16, b_hi: u16) -> [u16; 32] {
+/// Word indices gathering two blocks' 16 nibble bytes twice: [q0, q1, q0, q1] where q0 starts
+/// at word `a` and q1 at word `b` (8 words each); `nibbles` then takes the low nibbles from the
+/// first copy and the high nibbles from the second.
+const fn bytes_idx(a: u16, b: u16) -> [u16; 32] {
     let mut idx = [0u16; 32];
     let mut i = 0;
     while i < 8 {
         idx[i] = a + i as u16;
         idx[8 + i] = b + i as u16;
-        idx[16 + i] = a_hi + i as u16;
-        idx[24 + i] = b_hi + i as u16;
+        idx[16 + i] = a + i as u16;
+        idx[24 + i] = b + i as u16;
         i += 1;
     }
     idx
@@ -162,8 +161,8 @@ const fn bytes_idx(a: u16, b: u16, a_hi: u16, b_hi: u16) -> [u16; 32] {
 trait PairFormat {
     /// bytes of a block pair
     const PB: usize;
-    /// the pair's integer sums start at `nsum << SHIFT` (0: no offset; 3: weights are u - 8;
-    /// 7: u - 128), so each i32 lane is the exact integer dot of its four weights
+    /// the pair's integer sums start at `nsum << SHIFT` (0: no offset; 3: weights are u - 8),
+    /// so each i32 lane is the exact integer dot of its four weights
     const SHIFT: u32;
     /// whether to add the m·s terms (Q4_1)
     const MIN: bool;
@@ -221,7 +220,7 @@ impl PairFormat for Q4_1 {
         let p = load_n(b, 0, if full { 40 } else { 20 });
         // SAFETY: AVX-512F/BW and F16C are enabled in the caller.
         unsafe {
-            let q = nibbles(p, widx(bytes_idx(2, 12, 2, 12)));
+            let q = nibbles(p, widx(bytes_idx(2, 12)));
             let d = f16x16(_mm512_permutexvar_epi16(widx(scale_idx(0, 10)), p));
             let m = _mm_cvtph_ps(_mm512_castsi512_si128(_mm512_permutexvar_epi16(widx(Q4_1_MIN), p)));
             Unpacked { q, d, m }
@@ -239,7 +238,7 @@ impl PairFormat for Q4_0 {
         let p = load_n(b, 0, if full { 36 } else { 18 });
         // SAFETY: AVX-512F/BW and SSE are enabled in the caller.
         unsafe {
-            let q = nibbles(p, widx(bytes_idx(1, 10, 1, 10)));
+            let q = nibbles(p, widx(bytes_idx(1, 10)));
             let d = f16x16(_mm512_permutexvar_epi16(widx(scale_idx(0, 9)), p));
             Unpacked { q, d, m: _mm_setzero_ps() }
         }
@@ -286,11 +285,9 @@ fn step<F: PairFormat, const NT: usize>(u: &Unpacked, x: [&[PairQ8]; NT], ip: us
         // SAFETY: AVX-512F/BW/VNNI are enabled in the only caller; the loads read whole fields
         // of a 64-byte-aligned `PairQ8`.
         unsafe {
-            let nsum = || _mm512_load_si512(a.nsum.as_ptr() as *const __m512i);
             let init = match F::SHIFT {
                 0 => _mm512_setzero_si512(),
-                3 => _mm512_slli_epi32::<3>(nsum()),
-                _ => _mm512_slli_epi32::<7>(nsum()),
+                _ => _mm512_slli_epi32::<3>(_mm512_load_si512(a.nsum.as_ptr() as *const __m512i)),
             };
             let sumi = _mm512_dpbusd_epi32(init, u.q, _mm512_load_si512(a.qs.as_ptr() as *const __m512i));
             let sc = _mm512_mul_ps(u.d, _mm512_load_ps(a.d.as_ptr()));
