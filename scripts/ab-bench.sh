@@ -5,7 +5,7 @@
 #   3. TRUST: calibrate on QQP pairs (VERIFIED, one tenant), then TRUST on disjoint pairs
 #   4. served semantic hits (TRUST) over gRPC: their latency (see "hit" below)
 # Usage: scripts/ab-bench.sh [OUT_DIR]   (FORGE_BIN, DATA, QQP_PAIRS, CAL_PAIRS, HIT_QUESTIONS override)
-# PARTS="zipf qqp trust hit" picks parts (default: all); QQP_SERVE_FLAGS adds serve flags to the qqp part (e.g. --no-kv-reuse). The A/B parts run their two arms
+# PARTS="zipf qqp trust hit" picks parts (default: all); QQP_SERVE_FLAGS / HIT_SERVE_FLAGS add serve flags to the qqp / hit parts (e.g. --no-kv-reuse). The A/B parts run their two arms
 # interleaved (`ab --interleave`: same load for both); SEQUENTIAL=1 runs them one after the other.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -90,7 +90,7 @@ for path, part in ((cal, qs[: n // 2]), (run, qs[n // 2 :])):
             for p in (q, q.lower()):
                 out.write(json.dumps({"prompt": p, "max_tokens": mt}) + "\n")
 PY
-start "$OUT/hit.db" --trust-delta 0.5
+start "$OUT/hit.db" --trust-delta 0.5 ${HIT_SERVE_FLAGS:-}
 echo "== semantic hits: calibration (verified, tenant hit)"
 ab --workload "$OUT/hit-cal.jsonl" --mode verified --skip-off --on-tenant hit --json "$OUT/hit-cal.json" --out "$OUT/hit-cal"
 echo "== semantic hits: cache off vs trust (--trust-delta 0.5), interleaved"

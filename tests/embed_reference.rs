@@ -98,6 +98,22 @@ fn matches_reference_embeddings() {
     }
 }
 
+/// The service embeds a question on its one-thread embedder or, while the engine is idle, on the
+/// engine's thread team: the vectors must not depend on which (nor on the thread count).
+#[test]
+fn thread_count_does_not_change_embeddings() {
+    let emb = load();
+    let refs = reference();
+    let texts: Vec<&str> = refs.iter().map(|r| r.text.as_str()).collect();
+    let (one, three) = (CpuBackend::new(1).expect("pool"), CpuBackend::new(3).expect("pool"));
+    for t in &texts {
+        let a = emb.embed_batch_on(&one, &[t]).expect("one thread");
+        let b = emb.embed_batch_on(&three, &[t]).expect("three threads");
+        assert_eq!(a, b, "{t:?}: one thread vs three");
+        assert_eq!(a[0], emb.embed(t).expect("own backend"), "{t:?}");
+    }
+}
+
 #[test]
 fn published_similarities() {
     let emb = load();

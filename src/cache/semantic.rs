@@ -12,6 +12,8 @@ use std::sync::{Arc, Mutex};
 
 use sha2::{Digest, Sha256};
 
+use super::indexer::IdleFn;
+use crate::backend::Backend;
 use crate::embed::{EmbedError, Embedder};
 use crate::engine::generate::StopReason;
 use crate::engine::scheduler::Draft;
@@ -104,6 +106,9 @@ impl TrustModel {
 /// The semantic tier: embedder, neighbour search, drafts, trust.
 pub struct SemanticCache {
     embedder: Arc<Embedder>,
+    /// A wider backend (the engine's thread team) for a question's embedding, used while the
+    /// closure says it is free; the embedder's own (one thread) otherwise.
+    idle_backend: Option<(Arc<dyn Backend>, Arc<IdleFn>)>,
     store: Arc<Store>,
     pub config: SemanticConfig,
     pub trust: TrustModel,
@@ -111,11 +116,23 @@ pub struct SemanticCache {
 
 impl SemanticCache {
     pub fn new(embedder: Arc<Embedder>, store: Arc<Store>, config: SemanticConfig) -> SemanticCache {
-        SemanticCache { embedder, store, config, trust: TrustModel::new(config.trust) }
+        SemanticCache { embedder, idle_backend: None, store, config, trust: TrustModel::new(config.trust) }
     }
 
+    /// Questions are embedded on `backend` whenever `idle()` holds (the vectors are bitwise the
+    /// same either way: the CPU kernels do not depend on the thread count).
+    pub fn with_idle_backend(mut self, backend: Arc<dyn Backend>, idle: Arc<IdleFn>) -> SemanticCache {
+        self.idle_backend = Some((backend, idle));
+        self
+    }
+
+    /// A question's embedding: on the idle backend when it is free.
     pub fn embed(&self, text: &str) -> Result<Vec<f32>, SemanticError> {
-        Ok(self.embedder.embed(text)?.vector)
+        let mut v = match &self.idle_backend {
+            Some((backend, idle)) if idle() => self.embedder.embed_batch_on(backend.as_ref(), &[text])?,
+            _ => self.embedder.embed_batch(&[text])?,
+        };
+        Ok(v.pop().ok_or_else(|| EmbedError::Tokenize("no output for the input".to_string()))?.vector)
     }
 
     /// Neighbours of an embedded question in `scope`, most similar first.

@@ -169,6 +169,15 @@ impl Embedder {
     /// Embeds several texts. Each result equals (bitwise) what [`Embedder::embed`] returns for
     /// that text alone: texts are concatenated token-wise and attend only to themselves.
     pub fn embed_batch(&self, texts: &[&str]) -> Result<Vec<Embedding>, EmbedError> {
+        self.embed_batch_on(self.backend.as_ref(), texts)
+    }
+
+    /// [`Embedder::embed_batch`] on another backend (e.g. a wider thread team while it is free).
+    /// The CPU kernels' results do not depend on the thread count, so neither do the vectors.
+    pub fn embed_batch_on(&self, backend: &dyn Backend, texts: &[&str]) -> Result<Vec<Embedding>, EmbedError> {
+        if let Some(ty) = self.weights.matrix_types().into_iter().find(|&ty| !backend.supports(Op::MatMul, ty)) {
+            return Err(EmbedError::Unsupported { backend: backend.name(), ty });
+        }
         let ids = texts.iter().map(|t| self.tokenize(t)).collect::<Result<Vec<_>, _>>()?;
         // Consecutive texts in chunks of at most MAX_BATCH_TOKENS tokens (a longer text alone).
         let mut chunks: Vec<std::ops::Range<usize>> = Vec::new();
@@ -190,7 +199,7 @@ impl Embedder {
         let mut out = Vec::with_capacity(ids.len());
         for c in chunks {
             let seqs: Vec<&[u32]> = ids[c.clone()].iter().map(Vec::as_slice).collect();
-            let vecs = forward::encode(self.backend.as_ref(), &self.map, &self.weights, &self.cfg, &seqs, &mut buf);
+            let vecs = forward::encode(backend, &self.map, &self.weights, &self.cfg, &seqs, &mut buf);
             out.extend(ids[c].iter().zip(vecs).map(|(t, v)| Embedding { token_ids: t.clone(), vector: v }));
         }
         Ok(out)

@@ -526,10 +526,7 @@ pub(crate) async fn generate(state: Arc<ForgeState>, tenant: String, req: Genera
     };
     state.scheduler.submit(job)?;
     let (out, rx) = mpsc::channel(STREAM_BUFFER);
-    tokio::spawn(async move {
-        stream_model(state, plan, events, out).await;
-        drop(guard);
-    });
+    tokio::spawn(stream_model(state, plan, events, out, guard));
     Ok(Box::pin(ReceiverStream::new(rx)))
 }
 
@@ -540,6 +537,7 @@ async fn stream_model(
     plan: Arc<Plan>,
     mut events: mpsc::UnboundedReceiver<Event>,
     out: mpsc::Sender<Result<GenerateResponse, Status>>,
+    in_flight: InFlight,
 ) {
     let mut sent_text = String::new();
     let mut sent_ids = Vec::new();
@@ -587,6 +585,8 @@ async fn stream_model(
                     similarity: source.map(|d| d.similarity),
                 };
                 let last = state.record(plan, answer).await.map(|(outcome, _)| message(tail, Vec::new(), Some(outcome)));
+                // Done before the client hears so: its next request finds the service idle.
+                drop(in_flight);
                 let _ = out.send(last.map_err(Status::from)).await;
                 return;
             }

@@ -178,6 +178,7 @@ impl ForgeState {
             return Err(ServerError::MissingModel(config.model.clone()));
         }
         let backend = Arc::new(CpuBackend::new(config.threads).map_err(|e| ServerError::Backend(e.to_string()))?);
+        let engine_cpu = backend.clone();
         let mut model = Model::load(&config.model, backend).map_err(|source| ServerError::Model { path: config.model.clone(), source })?;
         let placement = place(&mut model, &config.placement).map_err(|e| ServerError::Backend(e.to_string()))?;
         eprintln!("forge-cache: layers {placement}: {}", model.placement());
@@ -191,13 +192,22 @@ impl ForgeState {
             Some(c) => Some(Arc::new(KvWorkload::open(c, store.clone(), &model.config, &model_id)?)),
             None => None,
         };
+        let in_flight = Arc::new(AtomicUsize::new(0));
         let scheduler = Scheduler::start(Arc::new(model), tokenizer.clone(), config.scheduler).map_err(ServerError::Engine)?;
         let semantic = match &config.embedder {
             Some(dir) if config.cache && dir.join("tokenizer.json").is_file() => {
-                // One thread: embedding runs beside the engine's own thread team.
+                // One thread: embedding runs beside the engine's own thread team. A question
+                // arriving while no other request is in flight (the engine is idle) borrows the
+                // engine's team instead: the hit path is mostly this embedding.
                 let backend = Arc::new(CpuBackend::new(1).map_err(|e| ServerError::Backend(e.to_string()))?);
                 let embedder = Embedder::load(dir, backend).map_err(ServerError::Embedder)?;
-                Some(Arc::new(SemanticCache::new(Arc::new(embedder), store.clone(), config.semantic)))
+                let mut sem = SemanticCache::new(Arc::new(embedder), store.clone(), config.semantic);
+                if engine_cpu.threads() > 1 {
+                    let busy = in_flight.clone();
+                    let alone: Arc<IdleFn> = Arc::new(move || busy.load(Ordering::Relaxed) <= 1);
+                    sem = sem.with_idle_backend(engine_cpu, alone);
+                }
+                Some(Arc::new(sem))
             }
             Some(dir) if config.cache => {
                 eprintln!(
@@ -208,7 +218,6 @@ impl ForgeState {
             }
             _ => None,
         };
-        let in_flight = Arc::new(AtomicUsize::new(0));
         let fact_indexer = match &semantic {
             Some(sem) => {
                 let (sem, busy) = (sem.clone(), in_flight.clone());

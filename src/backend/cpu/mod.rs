@@ -359,6 +359,33 @@ impl Backend for CpuBackend {
     }
 
     fn gelu(&self, x: &mut [f32]) {
+        // Element-wise, so split over the team in blocks of GELU_BLOCK (a multiple of the SIMD
+        // kernel's 4 lanes: every element goes through the same arithmetic, whatever the split).
+        if self.team.threads() == 1 || x.len() < 2 * GELU_BLOCK {
+            return self.gelu_block(x);
+        }
+        let n = x.len();
+        let shared = SharedSlice::new(x);
+        let shared = &shared;
+        self.team.for_chunks(n.div_ceil(GELU_BLOCK), 1, &|blocks| {
+            let (a, b) = (blocks.start * GELU_BLOCK, (blocks.end * GELU_BLOCK).min(n));
+            // SAFETY: block ranges are disjoint; each is handed to one thread.
+            self.gelu_block(unsafe { shared.slice(a, b - a) });
+        });
+    }
+
+    fn add(&self, x: &mut [f32], y: &[f32]) {
+        for (a, b) in x.iter_mut().zip(y) {
+            *a += b;
+        }
+    }
+}
+
+/// Elements per parallel GELU work item (a multiple of 4).
+const GELU_BLOCK: usize = 2048;
+
+impl CpuBackend {
+    fn gelu_block(&self, x: &mut [f32]) {
         match self.simd {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: `Avx2` and `Avx512Vnni` are only set after detecting avx2 and fma.
@@ -371,14 +398,6 @@ impl Backend for CpuBackend {
         }
     }
 
-    fn add(&self, x: &mut [f32], y: &[f32]) {
-        for (a, b) in x.iter_mut().zip(y) {
-            *a += b;
-        }
-    }
-}
-
-impl CpuBackend {
     /// Attention when some query sees more than one `ops::ATT_SEG` of keys (x86 SIMD levels):
     /// work items (token, KV head, segment), then a merge of each query's segments in order.
     /// A query with a single segment is computed whole, exactly as by `attend`.

@@ -207,4 +207,14 @@ fn gelu_simd_matches_reference() {
             assert!(t.iter().zip(&y[100..]).all(|(a, c)| a.to_bits() == c.to_bits()), "{:?}: length {n}", b.simd());
         }
     }
+    // Split over a thread team (blocks of GELU_BLOCK): bitwise what one thread computes, at
+    // lengths around the block boundaries.
+    for (one, team) in backends(1).into_iter().zip(backends(3)) {
+        for n in [4095, 4096, 4097, 6143, 8000, xs.len()] {
+            let (mut a, mut c) = (xs[..n].to_vec(), xs[..n].to_vec());
+            one.gelu(&mut a);
+            team.gelu(&mut c);
+            assert!(a.iter().zip(&c).all(|(p, q)| p.to_bits() == q.to_bits()), "{:?}: length {n}", one.simd());
+        }
+    }
 }
