@@ -95,6 +95,6 @@ echo "== semantic hits: calibration (verified, tenant hit)"
 ab --workload "$OUT/hit-cal.jsonl" --mode verified --skip-off --on-tenant hit --json "$OUT/hit-cal.json" --out "$OUT/hit-cal"
 echo "== semantic hits: cache off vs trust (--trust-delta 0.5), interleaved"
 ab --workload "$OUT/hit.jsonl" --mode trust --on-tenant hit --interleave --json "$OUT/hit.json" --out "$OUT/hit"
-"$BIN" stats --db "$OUT/hit.db" --tenant hit | tail -2
+"$BIN" stats --db "$OUT/hit.db" --tenant hit --trust-delta 0.5 | tail -2
 stop
 fi

@@ -11,6 +11,8 @@ use clap::Args;
 use forge_cache::backend::cpu::CpuBackend;
 use forge_cache::embed::Embedder;
 
+use super::EmbedWeights;
+
 #[derive(Debug, Args)]
 pub struct EmbedArgs {
     /// Texts to embed (each one separately; an empty string is allowed).
@@ -24,6 +26,9 @@ pub struct EmbedArgs {
     pub model: Option<PathBuf>,
     #[arg(long, default_value_t = 0)]
     pub threads: usize,
+    /// How the matrices are held: f32 as stored, or f16 as `serve` holds them by default.
+    #[arg(long, value_enum, default_value_t = EmbedWeights::F32)]
+    pub weights: EmbedWeights,
     /// Embed each text alone (as the service embeds a question) and print the wall time per
     /// text (p50, p95, mean, after one warm-up text) to stderr; `--repeat N` passes over the texts.
     #[arg(long)]
@@ -44,7 +49,7 @@ pub fn run(a: &EmbedArgs) -> anyhow::Result<()> {
     if !dir.join("model.safetensors").exists() {
         bail!(forge_cache::models::missing_hint(&dir.join("model.safetensors")));
     }
-    let embedder = Embedder::load(&dir, Arc::new(CpuBackend::new(a.threads)?)).with_context(|| format!("loading {}", dir.display()))?;
+    let embedder = Embedder::load_with(&dir, Arc::new(CpuBackend::new(a.threads)?), a.weights.into()).with_context(|| format!("loading {}", dir.display()))?;
     let texts: Vec<&str> = a.texts.iter().map(String::as_str).collect();
     let embs = if a.time { time_each(&embedder, &texts, a.repeat.max(1))? } else { embedder.embed_batch(&texts)? };
     let mut out = std::io::stdout().lock();

@@ -90,6 +90,24 @@ pub struct BackendArgs {
     pub igpu_allow_software: bool,
 }
 
+/// How the sentence embedder holds its matrices (`--embed-weights` / `embed --weights`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum EmbedWeights {
+    /// As all-MiniLM-L6-v2's safetensors stores them (F32).
+    F32,
+    /// Rounded to F16 at load: half the bytes per embedding (1 - cos vs F32 ~ 4e-7).
+    F16,
+}
+
+impl From<EmbedWeights> for forge_cache::embed::MatrixFormat {
+    fn from(w: EmbedWeights) -> Self {
+        match w {
+            EmbedWeights::F32 => forge_cache::embed::MatrixFormat::AsStored,
+            EmbedWeights::F16 => forge_cache::embed::MatrixFormat::F16,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum BackendArg {
     Cpu,

@@ -11,6 +11,8 @@ use forge_cache::engine::scheduler::SchedulerConfig;
 use forge_cache::server::{start_with_shutdown, ServerConfig};
 use forge_cache::workload::{Codec, KvConfig, Storage};
 
+use super::EmbedWeights;
+
 #[derive(Debug, Args)]
 pub struct ServeArgs {
     /// GGUF model file (default: SmolLM2-135M-Instruct Q4_1 from scripts/fetch-models.sh).
@@ -43,6 +45,10 @@ pub struct ServeArgs {
     /// Turn the semantic tier off (exact cache and facts only).
     #[arg(long)]
     pub no_semantic: bool,
+    /// How the embedder holds its matrices: f16 streams half the bytes per question (a semantic
+    /// hit is mostly that embedding); f32 as stored.
+    #[arg(long, value_enum, default_value_t = EmbedWeights::F16)]
+    pub embed_weights: EmbedWeights,
     /// TRUST: bound on the rate of served answers that differ from the model's.
     #[arg(long, default_value_t = TrustParams::default().delta)]
     pub trust_delta: f64,
@@ -117,6 +123,7 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
     if !(-1.0..=1.0).contains(&a.min_similarity) {
         anyhow::bail!("--min-similarity must be in [-1, 1]");
     }
+    config.embed_weights = a.embed_weights.into();
     config.embedder = if a.no_semantic { None } else { Some(a.embedder.clone().unwrap_or_else(forge_cache::models::default_embedder)) };
     config.semantic = SemanticConfig {
         min_similarity: a.min_similarity,

@@ -106,9 +106,26 @@ pub fn default_dir() -> PathBuf {
     crate::models::default_embedder()
 }
 
+/// How the encoder's matrices are held in memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum MatrixFormat {
+    /// As the safetensors file stores them (all-MiniLM-L6-v2: F32).
+    #[default]
+    AsStored,
+    /// F32 matrices rounded to F16 at load: half the bytes per embedding, which is a stream of
+    /// weight reads (the service's default). all-MiniLM-L6-v2's vectors move by 1 - cos ~ 4e-7
+    /// (tests/embed_reference.rs holds them to the same 0.9999 as the F32 ones).
+    F16,
+}
+
 impl Embedder {
     /// Loads `config.json`, `model.safetensors` and `tokenizer.json` from `dir`.
     pub fn load(dir: &Path, backend: Arc<dyn Backend>) -> Result<Embedder, EmbedError> {
+        Self::load_with(dir, backend, MatrixFormat::AsStored)
+    }
+
+    /// [`Embedder::load`], holding the matrices in `format`.
+    pub fn load_with(dir: &Path, backend: Arc<dyn Backend>, format: MatrixFormat) -> Result<Embedder, EmbedError> {
         let cfg = BertConfig::from_file(&dir.join("config.json"))?;
 
         let path = dir.join("model.safetensors");
@@ -118,7 +135,10 @@ impl Embedder {
         // fault (SIGBUS) — the same contract as the GGUF loader. Every range later read from the
         // map has been checked against its length.
         let map = unsafe { Mmap::map(&file) }.map_err(|source| EmbedError::Io { path: path.clone(), source })?;
-        let weights = Weights::load(&map, &cfg, &path)?;
+        let mut weights = Weights::load(&map, &cfg, &path)?;
+        if format == MatrixFormat::F16 {
+            weights.to_f16(&map);
+        }
         for ty in weights.matrix_types() {
             if !backend.supports(Op::MatMul, ty) {
                 return Err(EmbedError::Unsupported { backend: backend.name(), ty });

@@ -75,6 +75,9 @@ impl Mapped {
 pub struct Linear {
     /// [rows = out_features, cols = in_features], row-major (GGML's layout)
     pub w: Mapped,
+    /// [rows, cols] F16 little-endian: `w` rounded to half precision, read instead of `w` when
+    /// present ([`Weights::to_f16`])
+    pub half: Option<Vec<u8>>,
     pub rows: usize,
     pub cols: usize,
     /// [rows]
@@ -82,8 +85,28 @@ pub struct Linear {
 }
 
 impl Linear {
-    pub fn view<'a>(&self, map: &'a [u8]) -> WeightView<'a> {
-        WeightView { ty: self.w.ty, rows: self.rows, cols: self.cols, data: &map[self.w.range.clone()] }
+    pub fn view<'a>(&'a self, map: &'a [u8]) -> WeightView<'a> {
+        match &self.half {
+            Some(h) => WeightView { ty: GgmlType::F16, rows: self.rows, cols: self.cols, data: h },
+            None => WeightView { ty: self.w.ty, rows: self.rows, cols: self.cols, data: &map[self.w.range.clone()] },
+        }
+    }
+
+    /// Rounds an F32 matrix to F16 (to nearest even). Leaves it as stored when it is not F32 or
+    /// when some weight does not fit F16's range.
+    fn to_f16(&mut self, map: &[u8]) {
+        if self.w.ty != GgmlType::F32 {
+            return;
+        }
+        let mut h = Vec::with_capacity(self.rows * self.cols * 2);
+        for c in map[self.w.range.clone()].chunks_exact(4) {
+            let v = half::f16::from_f32(f32::from_le_bytes([c[0], c[1], c[2], c[3]]));
+            if !v.is_finite() {
+                return;
+            }
+            h.extend_from_slice(&v.to_le_bytes());
+        }
+        self.half = Some(h);
     }
 }
 
@@ -187,7 +210,7 @@ impl<'a> Loader<'a> {
     fn linear(&self, name: &str, rows: usize, cols: usize) -> Result<Linear, EmbedError> {
         let w = self.get(&format!("{name}.weight"), &[rows, cols])?;
         let b = self.vector(&format!("{name}.bias"), rows)?;
-        Ok(Linear { w, rows, cols, b })
+        Ok(Linear { w, half: None, rows, cols, b })
     }
 
     fn norm(&self, name: &str, n: usize) -> Result<Norm, EmbedError> {
@@ -225,11 +248,21 @@ impl Weights {
         Ok(Weights { word, position, token_type0, emb_norm, layers })
     }
 
+    fn linears(&mut self) -> impl Iterator<Item = &mut Linear> {
+        self.layers.iter_mut().flat_map(|l| [&mut l.query, &mut l.key, &mut l.value, &mut l.attn_out, &mut l.ffn_up, &mut l.ffn_down])
+    }
+
+    /// Holds the F32 matrices rounded to F16 (half the bytes a matmul streams); embeddings,
+    /// biases and norms stay as stored.
+    pub fn to_f16(&mut self, map: &[u8]) {
+        self.linears().for_each(|l| l.to_f16(map));
+    }
+
     /// The matrix types used by matmuls (for the backend capability check).
     pub fn matrix_types(&self) -> impl Iterator<Item = GgmlType> + '_ {
         self.layers
             .iter()
             .flat_map(|l| [&l.query, &l.key, &l.value, &l.attn_out, &l.ffn_up, &l.ffn_down])
-            .map(|m| m.w.ty)
+            .map(|m| if m.half.is_some() { GgmlType::F16 } else { m.w.ty })
     }
 }

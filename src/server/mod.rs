@@ -40,7 +40,7 @@ use crate::backend::cpu::CpuBackend;
 use crate::cache::indexer::{FactIndexer, IdleFn, IndexFn, IndexerConfig};
 use crate::cache::semantic::{SemanticCache, SemanticConfig};
 use crate::cache::ExactCache;
-use crate::embed::Embedder;
+use crate::embed::{Embedder, MatrixFormat};
 use crate::engine::chat::{ChatError, ChatTemplate};
 use crate::engine::scheduler::{Scheduler, SchedulerConfig};
 use crate::engine::tokenizer::{Tokenizer, TokenizerError};
@@ -68,6 +68,8 @@ pub struct ServerConfig {
     /// The sentence embedder's folder (semantic tier); `None` or a missing folder turns the
     /// semantic tier off.
     pub embedder: Option<PathBuf>,
+    /// How the embedder holds its matrices (F16: half the bytes per question; see `MatrixFormat`).
+    pub embed_weights: MatrixFormat,
     pub semantic: SemanticConfig,
     /// Which layers run on the CPU and which on the GPU (`--backend`, `--tensor-split`).
     pub placement: PlacementOptions,
@@ -87,6 +89,7 @@ impl ServerConfig {
             default_max_tokens: 256,
             memory_cache_entries: 10_000,
             embedder: Some(crate::models::default_embedder()),
+            embed_weights: MatrixFormat::F16,
             semantic: SemanticConfig::default(),
             placement: PlacementOptions::default(),
             kv: Some(KvConfig::default()),
@@ -200,7 +203,7 @@ impl ForgeState {
                 // arriving while no other request is in flight (the engine is idle) borrows the
                 // engine's team instead: the hit path is mostly this embedding.
                 let backend = Arc::new(CpuBackend::new(1).map_err(|e| ServerError::Backend(e.to_string()))?);
-                let embedder = Embedder::load(dir, backend).map_err(ServerError::Embedder)?;
+                let embedder = Embedder::load_with(dir, backend, config.embed_weights).map_err(ServerError::Embedder)?;
                 let mut sem = SemanticCache::new(Arc::new(embedder), store.clone(), config.semantic);
                 if engine_cpu.threads() > 1 {
                     let busy = in_flight.clone();
