@@ -4,13 +4,15 @@
 //   bytes.wgsl + dequant_<type>.wgsl + mv_x_<source>.wgsl + this file
 //   + mv_main.wgsl (workgroup-memory tree) or mv_main_sg.wgsl (subgroup shuffles, subgroups of 32)
 // with the `LANES` and `ROWS` lines replaced as in matmul.wgsl (LANES * ROWS = 256).
-// The x source (mv_x_*.wgsl) provides binding 2 (and 4), `prepare(li)` and `xv(i)`, the i-th
-// vec4 of the matmul's input: the activations as they are (plain), RMSNorm folded in (norm), or
+// The x source (mv_x_*.wgsl) provides binding 2 (and 4), `prepare(li)` and `xv(c, k)`, vec4 k
+// (elements 32c + 4k ..) of chunk c of the matmul's input: the activations as they are (plain), RMSNorm folded in (norm), or
 // SiLU(gate)·up folded in (silu); each computes the very bits rmsnorm.wgsl / silu_mul.wgsl write.
 //
 // Bindings (group 0):
 //   0 uniform P { rows, cols, n_tok (1), row_bytes, y_stride (unused), y_off, accumulate, eps (f32 bits, norm) }
-//   1 storage read  W: array<u32>  [rows, row_bytes] raw GGUF blocks (zero-padded to words)
+//   1 storage read  W: array<u32>  [rows, row_bytes] raw GGUF blocks (zero-padded to words);
+//                   W's element type WT is u32 (bytes.wgsl) or vec4<u32> for the types repacked
+//                   at upload (packed_<type>.wgsl: Q4_0, Q4_1, Q8_0; there P.row_bytes is chunks per row)
 //   2 storage read  X              see mv_x_*.wgsl
 //   3 storage rw    Y: array<f32>  output r is Y[y_off + r], written or added to (accumulate = 1)
 //   4 storage read  G              (norm only) see mv_x_norm.wgsl
@@ -34,7 +36,7 @@ struct P {
 }
 
 @group(0) @binding(0) var<uniform> p: P;
-@group(0) @binding(1) var<storage, read> W: array<u32>;
+@group(0) @binding(1) var<storage, read> W: array<WT>;
 @group(0) @binding(3) var<storage, read_write> Y: array<f32>;
 
 const LANES: u32 = 32u;
@@ -45,16 +47,15 @@ fn dot4(s: f32, w: vec4<f32>, x: vec4<f32>) -> f32 {
 }
 
 fn chunk_dot(w: array<vec4<f32>, 8>, c: u32) -> f32 {
-    let xb = c * 8u;
     var s = 0.0;
-    s = dot4(s, w[0], xv(xb));
-    s = dot4(s, w[1], xv(xb + 1u));
-    s = dot4(s, w[2], xv(xb + 2u));
-    s = dot4(s, w[3], xv(xb + 3u));
-    s = dot4(s, w[4], xv(xb + 4u));
-    s = dot4(s, w[5], xv(xb + 5u));
-    s = dot4(s, w[6], xv(xb + 6u));
-    s = dot4(s, w[7], xv(xb + 7u));
+    s = dot4(s, w[0], xv(c, 0u));
+    s = dot4(s, w[1], xv(c, 1u));
+    s = dot4(s, w[2], xv(c, 2u));
+    s = dot4(s, w[3], xv(c, 3u));
+    s = dot4(s, w[4], xv(c, 4u));
+    s = dot4(s, w[5], xv(c, 5u));
+    s = dot4(s, w[6], xv(c, 6u));
+    s = dot4(s, w[7], xv(c, 7u));
     return s;
 }
 

@@ -167,6 +167,17 @@ fn weight_source(ty: GgmlType) -> String {
 
 const BYTES: &str = include_str!("../../../kernels/wgsl/bytes.wgsl");
 
+/// The `dequant_chunk` source of the matmul kernels for `ty`: packed_<type>.wgsl for the types
+/// repacked at upload (pack.rs), else bytes.wgsl + the raw block decoder.
+fn matmul_weight_source(ty: GgmlType) -> String {
+    match ty {
+        GgmlType::Q4_0 => include_str!("../../../kernels/wgsl/packed_q4_0.wgsl").into(),
+        GgmlType::Q4_1 => include_str!("../../../kernels/wgsl/packed_q4_1.wgsl").into(),
+        GgmlType::Q8_0 => include_str!("../../../kernels/wgsl/packed_q8_0.wgsl").into(),
+        _ => format!("{BYTES}\n{}", weight_source(ty)),
+    }
+}
+
 impl WgpuContext {
     /// The best adapter under `opts`, or `None` (never an error): the caller stays on the CPU.
     pub fn detect(opts: WgpuOptions) -> Option<Arc<WgpuContext>> {
@@ -490,13 +501,14 @@ fn build_kernels(device: &wgpu::Device, lanes: u32, decode: DecodePlan, subgroup
     let mut matvec = HashMap::new();
     let mut embed = HashMap::new();
     for ty in WEIGHT_TYPES {
-        let deq = weight_source(ty);
+        let (deq, mdeq) = (weight_source(ty), matmul_weight_source(ty));
+        debug_assert_eq!(super::pack::packed(ty), !mdeq.contains("fn ld_u32"));
         let name = ty.name();
-        matmul.insert(ty, k(&format!("matmul_{name}"), format!("{BYTES}\n{deq}\n{matmul_src}"), &mm)?);
+        matmul.insert(ty, k(&format!("matmul_{name}"), format!("{mdeq}\n{matmul_src}"), &mm)?);
         embed.insert(ty, k(&format!("embed_{name}"), format!("{BYTES}\n{deq}\n{}", include_str!("../../../kernels/wgsl/embed.wgsl")), &mm)?);
         for &(xs, x_src) in srcs.iter().filter(|_| decode != DecodePlan::Off) {
             let binds: &[B] = if xs == XSrc::Norm { &[B::Uniform, B::Read, B::Read, B::Rw, B::Read] } else { &mm };
-            let src = format!("{BYTES}\n{deq}\n{x_src}\n{vec_src}\n{vec_main}");
+            let src = format!("{mdeq}\n{x_src}\n{vec_src}\n{vec_main}");
             matvec.insert((ty, xs), k(&format!("matmul_vec_{name}_{xs:?}"), src, binds)?);
         }
     }

@@ -21,6 +21,7 @@ mod context;
 mod decode;
 mod kv;
 mod layers;
+mod pack;
 
 #[cfg(test)]
 mod stress;
