@@ -1,7 +1,8 @@
 // matmul_vec.wgsl — the decode (n_tok = 1) matmul: Y[r] = sum_c W[r, c] * x[c], with the same
 // per-row reduction order as matmul.wgsl, so that a token's outputs are bitwise the same computed
 // alone or in a batch. Composed at pipeline creation as
-//   bytes.wgsl + dequant_<type>.wgsl + mv_x_<source>.wgsl + this file
+//   (packed_<type>.wgsl + mv_w_lazy.wgsl, or bytes.wgsl + dequant_<type>.wgsl + mv_w_eager.wgsl)
+//   + mv_x_<source>.wgsl + this file
 //   + mv_main.wgsl (workgroup-memory tree) or mv_main_sg.wgsl (subgroup shuffles, subgroups of 32)
 // with the `LANES` and `ROWS` lines replaced as in matmul.wgsl (LANES * ROWS = 256).
 // The x source (mv_x_*.wgsl) provides binding 2 (and 4), `prepare(li)` and `xv(c, k)`, vec4 k
@@ -20,8 +21,7 @@
 //
 // Order (matmul.wgsl's): lane l of a row sums chunks l, l+LANES, ... (each chunk a chain of 32
 // fused multiply-adds from zero, added to the lane's sum from zero); the lane sums are added by the
-// tree of strides LANES/2, ..., 1. Here two chunks of a lane are loaded before either is added
-// (more loads in flight), which leaves the order of the additions as it is.
+// tree of strides LANES/2, ..., 1.
 // Subgroup builtins need no `enable` in this naga (30): the device feature SUBGROUP allows them.
 
 struct P {
@@ -59,37 +59,17 @@ fn chunk_dot(w: array<vec4<f32>, 8>, c: u32) -> f32 {
     return s;
 }
 
-// The sum of lane `lane`'s chunks of row r (0 past the last row). Calls prepare(li), which may
-// hold workgroup barriers: every invocation calls this. The lane's first two chunks are loaded
-// before prepare(), so that their weights are on the way while a folded norm is computed.
+// The sum of lane `lane`'s chunks of row r (0 past the last row): chunks lane, lane + LANES, ...
+// one at a time, each `chunk_at` (mv_w_lazy.wgsl / mv_w_eager.wgsl) added in chunk order to a
+// sum from zero. Calls prepare(li) first, which may hold workgroup barriers: every invocation
+// calls this. (Loading two chunks ahead measured slower on the H100: more live registers.)
 fn lane_partial(li: u32, r: u32, lane: u32) -> f32 {
+    prepare(li);
     let row = r * p.row_bytes;
     let nc = select(0u, p.cols / 32u, r < p.rows);
-    var w0: array<vec4<f32>, 8>;
-    var w1: array<vec4<f32>, 8>;
-    if (lane < nc) {
-        w0 = dequant_chunk(row, lane);
-    }
-    if (lane + LANES < nc) {
-        w1 = dequant_chunk(row, lane + LANES);
-    }
-    prepare(li);
     var acc = 0.0;
-    if (lane < nc) {
-        acc = acc + chunk_dot(w0, lane);
-    }
-    if (lane + LANES < nc) {
-        acc = acc + chunk_dot(w1, lane + LANES);
-    }
-    var c = lane + 2u * LANES;
-    for (; c + LANES < nc; c += 2u * LANES) {
-        let a = dequant_chunk(row, c);
-        let b = dequant_chunk(row, c + LANES);
-        acc = acc + chunk_dot(a, c);
-        acc = acc + chunk_dot(b, c + LANES);
-    }
-    if (c < nc) {
-        acc = acc + chunk_dot(dequant_chunk(row, c), c);
+    for (var c = lane; c < nc; c += LANES) {
+        acc = acc + chunk_at(row, c);
     }
     return acc;
 }

@@ -24,6 +24,8 @@ mod layers;
 mod pack;
 
 #[cfg(test)]
+mod probe;
+#[cfg(test)]
 mod stress;
 #[cfg(test)]
 mod tests;
