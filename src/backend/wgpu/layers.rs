@@ -1,6 +1,6 @@
 //! Layers `[a, b)` of a Llama model resident on the GPU.
 //!
-//! * [`GpuLayers`] — the layers' weights (raw GGUF blocks) and the RoPE table, uploaded once and
+//! * [`GpuLayers`] — the layers' weights (GGUF blocks, pack.rs) and the RoPE table, uploaded once and
 //!   shared by every sequence and run state (the engine's `Model` owns one).
 //! * [`GpuActivations`] — the activation buffers of steps of up to `max_tokens` tokens, the
 //!   parameter slots, and the bind group of every weight dispatch; one per run state.
@@ -48,7 +48,7 @@ pub(crate) fn next_id() -> u64 {
 /// Weight rows on the GPU: one matrix, or several of one type stacked (q|k|v, gate|up) so that
 /// a single dispatch computes them all.
 pub(super) struct GpuMatrix {
-    /// [rows, row_bytes] raw GGUF blocks
+    /// raw GGUF blocks [rows, row_bytes], or repacked (pack.rs; then `row_bytes` is chunks per row)
     pub buf: wgpu::Buffer,
     pub ty: GgmlType,
     pub rows: usize,
@@ -188,7 +188,7 @@ pub struct SeqSpan<'a> {
 }
 
 impl GpuLayers {
-    /// Uploads layers `layers` of `model` (weights as raw GGUF blocks) and a RoPE table for
+    /// Uploads layers `layers` of `model` (weights as GGUF blocks, pack.rs) and a RoPE table for
     /// `n_pos` positions (clamped to the trained context).
     pub fn new(ctx: Arc<WgpuContext>, model: &Model, layers: Range<usize>, n_pos: usize, kv: KvPrecision) -> Result<GpuLayers, WgpuError> {
         let c = model.config.clone();

@@ -26,7 +26,7 @@ pub(crate) fn row_param(ty: GgmlType, cols: usize, row_bytes: usize) -> usize {
 /// 16 bytes, or the parts concatenated for the other types.
 pub(crate) fn pack_rows(ty: GgmlType, cols: usize, parts: &[&[u8]]) -> Vec<u8> {
     let bytes: usize = parts.iter().map(|p| p.len()).sum();
-    if !packed(ty) || cols % 32 != 0 {
+    if !packed(ty) || !cols.is_multiple_of(32) {
         let mut out = Vec::with_capacity(bytes);
         parts.iter().for_each(|p| out.extend_from_slice(p));
         return out;
