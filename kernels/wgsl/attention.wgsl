@@ -3,14 +3,17 @@
 //
 // Bindings (group 0):
 //   0 uniform P (dynamic offset: one slot per sequence of a step) { n_tok, t0, n_head, n_kv_head,
-//       head_dim, capacity, kv_f16, q_stride, scale (f32), _, _, _ }
+//       head_dim, capacity, kv_f16, q_stride, scale (f32), swizzle, _, _ }
 //   1 storage read  Q: array<f32>        [t0 + n_tok, q_stride]; the first n_head * head_dim values
 //                                         of a row are the token's query heads (RoPE applied)
 //   2 storage read  KC: array<vec4<u32>> [n_kv_head, capacity, head_dim], f16 pairs (kv_f16 = 1)
 //                                         or f32 bits, read 16 bytes at a time
 //   3 storage read  VC: array<u32>       same layout as KC, read one pair (2 values) at a time
 //   4 storage read  POS: array<u32>      [t0 + n_tok] position of each query; it attends to 0..=POS[t]
-//   5 storage rw    O: array<f32>        [t0 + n_tok, n_head * head_dim]
+//   5 storage rw    O: array<f32>        [t0 + n_tok, n_head * head_dim]; swizzle = 1 (the layer
+//                                         runner, n_head * head_dim a multiple of 32): each row in
+//                                         matmul.wgsl's chunk-major layout (element 32c + 4k + i at
+//                                         4 * (k * width / 32 + c) + i)
 // Rows t0 .. t0 + n_tok are this sequence's. Dispatch: (n_head, n_tok, 1) workgroups of 256
 // threads, one per (head, token); head_dim a multiple of 8, at most 256. Query head h reads KV
 // head h / (n_head / n_kv_head).
@@ -36,7 +39,7 @@ struct P {
     kv_f16: u32,
     q_stride: u32,
     scale: f32,
-    _a: u32,
+    swizzle: u32,
     _b: u32,
     _c: u32,
 }
@@ -243,6 +246,7 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec
         gl[g] = l;
     }
     workgroupBarrier();
+    let width = p.n_head * hd;
     let ooff = (t * p.n_head + h) * hd;
     for (var d = li; d < hd; d += 256u) {
         var mx = NEG;
@@ -260,6 +264,11 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec
         if (sum > 0.0) {
             r = acc / sum;
         }
-        O[ooff + d] = r;
+        var o = ooff + d;
+        if (p.swizzle != 0u) {
+            let e = h * hd + d;
+            o = t * width + (((e >> 2u) & 7u) * (width >> 5u) + (e >> 5u)) * 4u + (e & 3u);
+        }
+        O[o] = r;
     }
 }

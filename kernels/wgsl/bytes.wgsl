@@ -3,7 +3,10 @@
 // Bindings: none of its own; reads the kernel's `W: array<u32>` (binding 1), which holds a tensor's
 // GGUF bytes exactly as in the file, little-endian, zero-padded to whole words. Offsets are in bytes
 // from the start of W. Every GGML block is at least 2-byte aligned in a row, so 16- and 32-bit reads
-// take even offsets; a 32-bit read at an offset of 2 mod 4 joins two words.
+// take even offsets; a 32-bit read at an offset of 2 mod 4 joins two words. `WT` is the element
+// type of W for the kernels that declare W as `array<WT>` (matmul.wgsl, matmul_vec.wgsl).
+
+alias WT = u32;
 
 fn ld_u8(b: u32) -> u32 {
     return (W[b >> 2u] >> ((b & 3u) * 8u)) & 0xFFu;

@@ -6,8 +6,15 @@
 //
 // Bindings (group 0):
 //   0 uniform P { rows, cols, n_tok, row_bytes, y_stride, y_off, accumulate, _ }
-//   1 storage read  W: array<u32>        [rows, row_bytes] raw GGUF blocks (zero-padded to words)
-//   2 storage read  X: array<vec4<f32>>  [n_tok, cols] f32 activations (cols a multiple of 32)
+//   1 storage read  W: array<u32>        [rows, row_bytes] raw GGUF blocks (zero-padded to words);
+//                   W's element type WT is u32 (bytes.wgsl) or vec4<u32> for the types repacked
+//                   at upload (packed_<type>.wgsl: Q4_0, Q4_1, Q8_0; there P.row_bytes is chunks per row)
+//   2 storage read  X: array<vec4<f32>>  [n_tok, cols] f32 activations (cols a multiple of 32), each
+//                                        token's row in the chunk-major ("swizzled") layout: element
+//                                        32c + 4k + i of the row is at vec4 k * (cols / 32) + c, lane i,
+//                                        so that the lanes of a row, which read chunks l, l+LANES, ...,
+//                                        read consecutive 16-byte words (the producers, rmsnorm.wgsl,
+//                                        attention.wgsl and silu_mul.wgsl, write it with `swizzle` = 1)
 //   3 storage rw    Y: array<f32>        [n_tok, y_stride]; output (t, r) is Y[t * y_stride + y_off + r],
 //                                        written, or added to (accumulate = 1: a fused residual add,
 //                                        the same single f32 addition as add.wgsl)
@@ -32,7 +39,7 @@ struct P {
 }
 
 @group(0) @binding(0) var<uniform> p: P;
-@group(0) @binding(1) var<storage, read> W: array<u32>;
+@group(0) @binding(1) var<storage, read> W: array<WT>;
 @group(0) @binding(2) var<storage, read> X: array<vec4<f32>>;
 @group(0) @binding(3) var<storage, read_write> Y: array<f32>;
 
@@ -64,16 +71,16 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec
         for (var c = lane; c < nc; c += LANES) {
             let w = dequant_chunk(row, c);
             for (var t = 0u; t < nt; t++) {
-                let xb = (t0 + t) * xs + c * 8u;
+                let xb = (t0 + t) * xs + c;
                 var s = 0.0;
                 s = dot4(s, w[0], X[xb]);
-                s = dot4(s, w[1], X[xb + 1u]);
-                s = dot4(s, w[2], X[xb + 2u]);
-                s = dot4(s, w[3], X[xb + 3u]);
-                s = dot4(s, w[4], X[xb + 4u]);
-                s = dot4(s, w[5], X[xb + 5u]);
-                s = dot4(s, w[6], X[xb + 6u]);
-                s = dot4(s, w[7], X[xb + 7u]);
+                s = dot4(s, w[1], X[xb + nc]);
+                s = dot4(s, w[2], X[xb + 2u * nc]);
+                s = dot4(s, w[3], X[xb + 3u * nc]);
+                s = dot4(s, w[4], X[xb + 4u * nc]);
+                s = dot4(s, w[5], X[xb + 5u * nc]);
+                s = dot4(s, w[6], X[xb + 6u * nc]);
+                s = dot4(s, w[7], X[xb + 7u * nc]);
                 let i = (t * ROWS + rl) * LANES + lane;
                 part[i] = part[i] + s;
             }

@@ -1,4 +1,5 @@
-// mv_x_norm.wgsl — x source of matmul_vec.wgsl with RMSNorm folded in: xv(i) = X[i] * scale * G[i],
+// mv_x_norm.wgsl — x source of matmul_vec.wgsl with RMSNorm folded in: xv(c, k) = X[i] * scale * G[i]
+// with i = 8c + k (X is the residual stream, plain layout),
 // scale = 1 / sqrt(mean(X^2) + eps), computed by every workgroup exactly as rmsnorm.wgsl does
 // (thread i sums the squares of elements i, i+256, ... by fused multiply-adds, then the tree of
 // strides 128, ..., 1), so the values are the bits rmsnorm.wgsl would have written.
@@ -32,6 +33,7 @@ fn prepare(li: u32) {
     workgroupBarrier();
 }
 
-fn xv(i: u32) -> vec4<f32> {
+fn xv(c: u32, k: u32) -> vec4<f32> {
+    let i = c * 8u + k;
     return X[i] * norm_scale * G[i];
 }

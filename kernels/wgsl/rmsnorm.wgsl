@@ -1,10 +1,12 @@
 // rmsnorm.wgsl — Y[t, :] = X[t, :] * (1 / sqrt(mean(X[t, :]^2) + eps)) * G.
 //
 // Bindings (group 0):
-//   0 uniform P { dim, n_tok, eps (f32), _ }
+//   0 uniform P { dim, n_tok, eps (f32), swizzle }
 //   1 storage read  X: array<f32>  [n_tok, dim]
 //   2 storage read  G: array<f32>  [dim] weight
-//   3 storage rw    Y: array<f32>  [n_tok, dim]
+//   3 storage rw    Y: array<f32>  [n_tok, dim]; swizzle = 1 (the layer runner, dim a multiple of 32):
+//                                  each row in matmul.wgsl's chunk-major layout (element 32c + 4k + i
+//                                  at 4 * (k * dim / 32 + c) + i), else as X
 // Dispatch: (n_tok, 1, 1) workgroups of 256, one per token. Thread i sums the squares of elements
 // i, i+256, ... in order (fused multiply-add), then a fixed tree adds the 256 partial sums: a
 // token's result does not depend on the batch.
@@ -13,7 +15,7 @@ struct P {
     dim: u32,
     n_tok: u32,
     eps: f32,
-    _pad: u32,
+    swizzle: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: P;
@@ -41,6 +43,10 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec
     }
     let scale = 1.0 / sqrt(red[0] / f32(p.dim) + p.eps);
     for (var i = li; i < p.dim; i += 256u) {
-        Y[base + i] = X[base + i] * scale * G[i];
+        var o = i;
+        if (p.swizzle != 0u) {
+            o = (((i >> 2u) & 7u) * (p.dim >> 5u) + (i >> 5u)) * 4u + (i & 3u);
+        }
+        Y[base + o] = X[base + i] * scale * G[i];
     }
 }

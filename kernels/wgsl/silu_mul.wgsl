@@ -1,11 +1,13 @@
 // silu_mul.wgsl — OUT = silu(G) * U = (G / (1 + exp(-G))) * U, elementwise.
 //
 // Bindings (group 0):
-//   0 uniform P { n_tok, width, in_stride, up_off }
+//   0 uniform P { n_tok, width, in_stride, up_off, swizzle, _, _, _ }
 //   1 storage read  G: array<f32>    [n_tok, in_stride]; token t's gate values at t * in_stride
 //   2 storage read  U: array<f32>    [n_tok, in_stride]; its up values at t * in_stride + up_off (G and
 //                                     U may be the same buffer: the layer runner's fused gate|up rows)
-//   3 storage rw    OUT: array<f32>  [n_tok, width]
+//   3 storage rw    OUT: array<f32>  [n_tok, width]; swizzle = 1 (the layer runner, width a multiple
+//                                     of 32): each row in matmul.wgsl's chunk-major layout (element
+//                                     32c + 4k + i at 4 * (k * width / 32 + c) + i)
 // Dispatch: one thread per output element, 256 per workgroup, workgroups (x, y) with linear index
 // y * num_workgroups.x + x.
 
@@ -14,6 +16,10 @@ struct P {
     width: u32,
     in_stride: u32,
     up_off: u32,
+    swizzle: u32,
+    _a: u32,
+    _b: u32,
+    _c: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: P;
@@ -28,6 +34,11 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec
         let t = i / p.width;
         let j = t * p.in_stride + i % p.width;
         let g = G[j];
-        OUT[i] = g / (1.0 + exp(-g)) * U[j + p.up_off];
+        var o = i;
+        if (p.swizzle != 0u) {
+            let e = i % p.width;
+            o = t * p.width + (((e >> 2u) & 7u) * (p.width >> 5u) + (e >> 5u)) * 4u + (e & 3u);
+        }
+        OUT[o] = g / (1.0 + exp(-g)) * U[j + p.up_off];
     }
 }

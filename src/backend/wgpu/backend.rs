@@ -113,11 +113,14 @@ impl WgpuBackend {
             (wbytes, xpad) = (b, xp);
             (&wbytes, &xpad)
         };
-        let row_bytes = (wdata.len() / rows) as u32;
+        // matmul.wgsl reads each token's row chunk-major (see its header).
+        let xdata = swizzle_rows(xdata, cols32);
+        let row_bytes = super::pack::row_param(w.ty, cols32, wdata.len() / rows) as u32;
+        let packed = super::pack::pack_rows(w.ty, cols32, &[wdata]);
         let kernel = self.ctx.kernels.matmul.get(&w.ty).ok_or_else(|| WgpuError::Unsupported(w.ty.name().into()))?;
         let grid = self.ctx.matmul_grid(rows, n_tok);
         let params = [rows as u32, cols32 as u32, n_tok as u32, row_bytes, rows as u32, 0, 0, 0];
-        let args = [Arg::Bytes(wdata), Arg::Bytes(bytemuck::cast_slice(xdata)), Arg::Zeroed((out.len() * 4) as u64)];
+        let args = [Arg::Bytes(&packed), Arg::Bytes(bytemuck::cast_slice(&xdata)), Arg::Zeroed((out.len() * 4) as u64)];
         self.run(kernel, &params, &args, grid, 2, out)
     }
 
@@ -237,7 +240,7 @@ impl WgpuBackend {
             return Ok(());
         }
         let input = gate.to_vec();
-        let params = [1, gate.len() as u32, gate.len() as u32, 0];
+        let params = [1, gate.len() as u32, gate.len() as u32, 0, 0, 0, 0, 0];
         let args = [Arg::Bytes(bytemuck::cast_slice(&input)), Arg::Bytes(bytemuck::cast_slice(up)), Arg::Zeroed((gate.len() * 4) as u64)];
         self.run(&self.ctx.kernels.silu_mul, &params, &args, grid_1d(gate.len()), 2, gate)
     }
@@ -254,6 +257,19 @@ impl WgpuBackend {
         let args = [Arg::Bytes(bytemuck::cast_slice(&input)), Arg::Bytes(bytemuck::cast_slice(y))];
         self.run(&self.ctx.kernels.add, &params, &args, grid_1d(x.len()), 0, x)
     }
+}
+
+/// Rows of `width` values (a multiple of 32) in matmul.wgsl's chunk-major layout: element
+/// 32c + 4k + i of a row goes to 4 * (k * width / 32 + c) + i.
+pub(crate) fn swizzle_rows(x: &[f32], width: usize) -> Vec<f32> {
+    let nc = width / 32;
+    let mut out = vec![0f32; x.len()];
+    for (row, dst) in x.chunks_exact(width).zip(out.chunks_exact_mut(width)) {
+        for (e, &v) in row.iter().enumerate() {
+            dst[((e >> 2 & 7) * nc + (e >> 5)) * 4 + (e & 3)] = v;
+        }
+    }
+    out
 }
 
 /// Host reference for a failed matmul: dequantized rows, f32 dots.

@@ -33,11 +33,11 @@ pub struct WgpuOptions {
     /// 32 on GPUs, 1 on software adapters.
     /// It fixes the reduction order, so results are bitwise stable for one setting only.
     pub matmul_lanes: Option<u32>,
-    /// Decode kernels (matmul_vec.wgsl with RMSNorm and SiLU·mul folded in) for one-token steps:
-    /// `Some(true)` on, `Some(false)` off, `None`: `$FORGE_WGPU_DECODE` (`fused`, `shared`: on,
-    /// `shared` without subgroup shuffles; `unfused`: matmul_vec alone), else off. Off by default:
-    /// on the H100 they measured slower than the batch kernels (docs/perf.md, "wgpu tier").
-    /// Same bits either way.
+    /// Decode kernels for one-token steps: `Some(true)`: matmul_vec.wgsl with RMSNorm and SiLU·mul
+    /// folded in, `Some(false)`: the batch kernels, `None`: `$FORGE_WGPU_DECODE` (`fused`, `shared`:
+    /// folded, `shared` without subgroup shuffles; `unfused`: matmul_vec alone; `off`: the batch
+    /// kernels), else matmul_vec alone on GPUs (measured fastest on the H100, docs/perf.md, "wgpu
+    /// tier") and the batch kernels on software adapters. Same bits either way.
     pub decode_kernels: Option<bool>,
 }
 
@@ -132,7 +132,7 @@ impl std::fmt::Debug for WgpuContext {
 
 /// Binding kinds of a kernel's bind group, in binding order.
 #[derive(Clone, Copy)]
-enum B {
+pub(crate) enum B {
     Uniform,
     /// a uniform bound with a dynamic offset
     UniformDyn,
@@ -166,6 +166,26 @@ fn weight_source(ty: GgmlType) -> String {
 }
 
 const BYTES: &str = include_str!("../../../kernels/wgsl/bytes.wgsl");
+
+/// The `chunk_at` source of the decode matmul (matmul_vec.wgsl) for `ty`: lazy decoding from the
+/// packed words for the packed types, else the whole chunk decoded first.
+fn chunk_src(ty: GgmlType) -> &'static str {
+    match super::pack::packed(ty) {
+        true => include_str!("../../../kernels/wgsl/mv_w_lazy.wgsl"),
+        false => include_str!("../../../kernels/wgsl/mv_w_eager.wgsl"),
+    }
+}
+
+/// The `dequant_chunk` source of the matmul kernels for `ty`: packed_<type>.wgsl for the types
+/// repacked at upload (pack.rs), else bytes.wgsl + the raw block decoder.
+fn matmul_weight_source(ty: GgmlType) -> String {
+    match ty {
+        GgmlType::Q4_0 => include_str!("../../../kernels/wgsl/packed_q4_0.wgsl").into(),
+        GgmlType::Q4_1 => include_str!("../../../kernels/wgsl/packed_q4_1.wgsl").into(),
+        GgmlType::Q8_0 => include_str!("../../../kernels/wgsl/packed_q8_0.wgsl").into(),
+        _ => format!("{BYTES}\n{}", weight_source(ty)),
+    }
+}
 
 impl WgpuContext {
     /// The best adapter under `opts`, or `None` (never an error): the caller stays on the CPU.
@@ -213,7 +233,9 @@ impl WgpuContext {
         let env_decode = std::env::var("FORGE_WGPU_DECODE").unwrap_or_default();
         let decode = match (opts.decode_kernels, env_decode.as_str()) {
             (Some(true), _) | (None, "fused" | "shared") => DecodePlan::Fused,
+            (Some(false), _) | (None, "off") => DecodePlan::Off,
             (None, "unfused") => DecodePlan::Unfused,
+            (None, _) if info.device_type != wgpu::DeviceType::Cpu => DecodePlan::Unfused,
             _ => DecodePlan::Off,
         };
         // Shuffles replace the workgroup-memory tree only where a subgroup is exactly one row's
@@ -490,13 +512,14 @@ fn build_kernels(device: &wgpu::Device, lanes: u32, decode: DecodePlan, subgroup
     let mut matvec = HashMap::new();
     let mut embed = HashMap::new();
     for ty in WEIGHT_TYPES {
-        let deq = weight_source(ty);
+        let (deq, mdeq) = (weight_source(ty), matmul_weight_source(ty));
+        debug_assert_eq!(super::pack::packed(ty), !mdeq.contains("fn ld_u32"));
         let name = ty.name();
-        matmul.insert(ty, k(&format!("matmul_{name}"), format!("{BYTES}\n{deq}\n{matmul_src}"), &mm)?);
+        matmul.insert(ty, k(&format!("matmul_{name}"), format!("{mdeq}\n{matmul_src}"), &mm)?);
         embed.insert(ty, k(&format!("embed_{name}"), format!("{BYTES}\n{deq}\n{}", include_str!("../../../kernels/wgsl/embed.wgsl")), &mm)?);
         for &(xs, x_src) in srcs.iter().filter(|_| decode != DecodePlan::Off) {
             let binds: &[B] = if xs == XSrc::Norm { &[B::Uniform, B::Read, B::Read, B::Rw, B::Read] } else { &mm };
-            let src = format!("{BYTES}\n{deq}\n{x_src}\n{vec_src}\n{vec_main}");
+            let src = format!("{mdeq}\n{}\n{x_src}\n{vec_src}\n{vec_main}", chunk_src(ty));
             matvec.insert((ty, xs), k(&format!("matmul_vec_{name}_{xs:?}"), src, binds)?);
         }
     }
@@ -526,7 +549,7 @@ fn build_kernels(device: &wgpu::Device, lanes: u32, decode: DecodePlan, subgroup
     })
 }
 
-fn kernel(device: &wgpu::Device, name: &str, src: &str, binds: &[B]) -> Result<Kernel, WgpuError> {
+pub(crate) fn kernel(device: &wgpu::Device, name: &str, src: &str, binds: &[B]) -> Result<Kernel, WgpuError> {
     let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
     let desc = wgpu::ShaderModuleDescriptor { label: Some(name), source: wgpu::ShaderSource::Wgsl(src.into()) };
     let module = if std::env::var_os("FORGE_WGPU_SHADER_CHECKS").is_some_and(|v| v != "0") {

@@ -1,6 +1,6 @@
 //! Layers `[a, b)` of a Llama model resident on the GPU.
 //!
-//! * [`GpuLayers`] — the layers' weights (raw GGUF blocks) and the RoPE table, uploaded once and
+//! * [`GpuLayers`] — the layers' weights (GGUF blocks, pack.rs) and the RoPE table, uploaded once and
 //!   shared by every sequence and run state (the engine's `Model` owns one).
 //! * [`GpuActivations`] — the activation buffers of steps of up to `max_tokens` tokens, the
 //!   parameter slots, and the bind group of every weight dispatch; one per run state.
@@ -22,6 +22,7 @@ use std::sync::Arc;
 use super::context::{grid_1d, WgpuContext, MAX_HEAD_DIM};
 use super::decode::{layer_plan, Acts, PlanItem};
 use super::kv::GpuKv;
+use super::pack;
 use super::WgpuError;
 use crate::backend::cpu::ops::rope_table;
 use crate::engine::weights::Matrix;
@@ -47,7 +48,7 @@ pub(crate) fn next_id() -> u64 {
 /// Weight rows on the GPU: one matrix, or several of one type stacked (q|k|v, gate|up) so that
 /// a single dispatch computes them all.
 pub(super) struct GpuMatrix {
-    /// [rows, row_bytes] raw GGUF blocks
+    /// raw GGUF blocks [rows, row_bytes], or repacked (pack.rs; then `row_bytes` is chunks per row)
     pub buf: wgpu::Buffer,
     pub ty: GgmlType,
     pub rows: usize,
@@ -187,7 +188,7 @@ pub struct SeqSpan<'a> {
 }
 
 impl GpuLayers {
-    /// Uploads layers `layers` of `model` (weights as raw GGUF blocks) and a RoPE table for
+    /// Uploads layers `layers` of `model` (weights as GGUF blocks, pack.rs) and a RoPE table for
     /// `n_pos` positions (clamped to the trained context).
     pub fn new(ctx: Arc<WgpuContext>, model: &Model, layers: Range<usize>, n_pos: usize, kv: KvPrecision) -> Result<GpuLayers, WgpuError> {
         let c = model.config.clone();
@@ -638,8 +639,9 @@ impl GpuLayers {
             Step::MatVec { rows, cols, row_bytes, y_off, accumulate, eps } => {
                 [rows as u32, cols as u32, 1, row_bytes as u32, 0, y_off as u32, accumulate as u32, eps.to_bits()]
             }
-            Step::RmsNorm { dim, eps } => [dim as u32, n32, eps.to_bits(), 0, 0, 0, 0, 0],
-            Step::SiluMul => [n32, self.config.n_ff as u32, 2 * self.config.n_ff as u32, self.config.n_ff as u32, 0, 0, 0, 0],
+            // Both write matmul inputs: swizzled rows (matmul.wgsl's X layout).
+            Step::RmsNorm { dim, eps } => [dim as u32, n32, eps.to_bits(), 1, 0, 0, 0, 0],
+            Step::SiluMul => [n32, self.config.n_ff as u32, 2 * self.config.n_ff as u32, self.config.n_ff as u32, 1, 0, 0, 0],
         }
     }
 
@@ -649,7 +651,8 @@ impl GpuLayers {
         let scale = 1.0 / (c.head_dim as f32).sqrt();
         let qkvd = c.n_head * c.head_dim + 2 * c.kv_dim();
         let f16 = (self.kv == KvPrecision::F16) as u32;
-        [n_tok as u32, t0 as u32, c.n_head as u32, c.n_head_kv as u32, c.head_dim as u32, capacity as u32, f16, qkvd as u32, scale.to_bits(), 0, 0, 0]
+        // attention's output feeds the o projection: swizzled rows (word 9)
+        [n_tok as u32, t0 as u32, c.n_head as u32, c.n_head_kv as u32, c.head_dim as u32, capacity as u32, f16, qkvd as u32, scale.to_bits(), 1, 0, 0]
     }
 
     fn grid_of(&self, step: Step, n: usize) -> (u32, u32) {
@@ -683,17 +686,23 @@ fn upload_rows(ctx: &WgpuContext, model: &Model, mats: &[&Matrix], name: &str) -
     if let Some(v) = views.iter().find(|v| v.cols % 32 != 0 || v.cols != views[0].cols) {
         return Err(WgpuError::Unsupported(format!("{name}: rows of {} values (need a multiple of 32, all alike)", v.cols)));
     }
-    let gm = |buf, ty, rows, v: &crate::backend::WeightView<'_>, y_off| GpuMatrix { buf, ty, rows, cols: v.cols, row_bytes: v.row_bytes(), y_off };
+    let row_bytes = |v: &crate::backend::WeightView<'_>| pack::row_param(v.ty, v.cols, v.row_bytes());
+    let gm = |buf, ty, rows, v: &crate::backend::WeightView<'_>, y_off| GpuMatrix { buf, ty, rows, cols: v.cols, row_bytes: row_bytes(v), y_off };
+    // packed types (pack.rs) are repacked on the host first; the rest goes up as it is
+    let upload = |parts: &[&[u8]], ty, cols| match pack::packed(ty) {
+        true => ctx.storage_init(name, &pack::pack_rows(ty, cols, parts)),
+        false => ctx.storage_concat(name, parts),
+    };
     if views.iter().all(|v| v.ty == views[0].ty) {
         let parts: Vec<&[u8]> = views.iter().map(|v| v.data).collect();
         let rows = views.iter().map(|v| v.rows).sum();
-        return Ok(vec![gm(ctx.storage_concat(name, &parts)?, views[0].ty, rows, &views[0], 0)]);
+        return Ok(vec![gm(upload(&parts, views[0].ty, views[0].cols)?, views[0].ty, rows, &views[0], 0)]);
     }
     let mut y_off = 0;
     views
         .iter()
         .map(|v| {
-            let m = gm(ctx.storage_init(name, v.data)?, v.ty, v.rows, v, y_off);
+            let m = gm(upload(&[v.data], v.ty, v.cols)?, v.ty, v.rows, v, y_off);
             y_off += v.rows;
             Ok(m)
         })

@@ -10,7 +10,8 @@
 //!   reads back only the final hidden state.
 //!
 //! Kernels live in `kernels/wgsl/*.wgsl`, each with a header describing its bindings and layout.
-//! Weights stay raw GGUF block bytes in storage buffers and are decoded in the shader; activations
+//! Weights stay GGUF block bytes in storage buffers (Q4_0 / Q4_1 / Q8_0 repacked at upload into
+//! aligned quant words and scales, `pack`) and are decoded in the shader; activations
 //! are f32 throughout (WGSL has no 8-bit dot product), so results differ from the CPU backend's
 //! 8-bit-activation matmuls by that rounding: the tolerances are stated in the tests. Every
 //! reduction has a fixed order that does not depend on the batch, so on this backend a token's
@@ -21,7 +22,10 @@ mod context;
 mod decode;
 mod kv;
 mod layers;
+mod pack;
 
+#[cfg(test)]
+mod probe;
 #[cfg(test)]
 mod stress;
 #[cfg(test)]

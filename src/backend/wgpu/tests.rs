@@ -308,6 +308,22 @@ fn wgpu_embedding_is_exact_dequantization() {
         }
     }
     assert!(gpu.embed(WeightView::new(GgmlType::F32, 2, 32, &[0; 256]).expect("view"), &[2], &mut [0.0; 32]).is_err());
+    // The matmul's weights (repacked at upload for some types, pack.rs): a product with the unit
+    // vectors is the dequantized matrix, exactly (0 and -0 compare equal).
+    let rows = 9;
+    for ty in WEIGHT_TYPES {
+        let cols = if ty.block_elems() == QK_K { QK_K } else { 96 };
+        let data = weights(ty, rows, cols, 12);
+        let w = WeightView::new(ty, rows, cols, &data).expect("view");
+        let eye: Vec<f32> = (0..cols * cols).map(|i| f32::from(u8::from(i % (cols + 1) == 0))).collect();
+        let mut out = vec![f32::NAN; cols * rows];
+        gpu.try_matmul(w, &eye, cols, &mut out).expect("matmul");
+        for r in 0..rows {
+            let mut want = vec![0f32; cols];
+            dequantize_row(ty, w.row(r), &mut want);
+            assert!((0..cols).all(|c| out[c * rows + r] == want[c]), "{ty:?}: matmul weights of row {r} differ from dequantize_row");
+        }
+    }
 }
 
 #[test]
