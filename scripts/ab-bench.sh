@@ -95,6 +95,11 @@ echo "== semantic hits: calibration (verified, tenant hit)"
 ab --workload "$OUT/hit-cal.jsonl" --mode verified --skip-off --on-tenant hit --json "$OUT/hit-cal.json" --out "$OUT/hit-cal"
 echo "== semantic hits: cache off vs trust (--trust-delta 0.5), interleaved"
 ab --workload "$OUT/hit.jsonl" --mode trust --on-tenant hit --interleave --json "$OUT/hit.json" --out "$OUT/hit"
+# There, every hit comes right after a model run (the as-written question is computed just
+# before its lower-cased copy). The same workload once more, cache on only: the as-written
+# questions are EXACT hits now, so the TRUST hits run one after another with no model run between.
+echo "== semantic hits in sequence (the same workload again, trust, no off arm)"
+ab --workload "$OUT/hit.jsonl" --mode trust --skip-off --on-tenant hit --json "$OUT/hit-seq.json" --out "$OUT/hit-seq"
 "$BIN" stats --db "$OUT/hit.db" --tenant hit --trust-delta 0.5 | tail -2
 stop
 fi
