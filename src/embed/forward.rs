@@ -57,8 +57,8 @@ impl Buffers {
 }
 
 /// `out = W x + b` for `n_tok` tokens. x: [n_tok, cols], out: [n_tok, rows]
-fn linear(backend: &dyn Backend, map: &[u8], l: &Linear, x: &[f32], n_tok: usize, out: &mut [f32]) {
-    backend.matmul(l.view(map), x, n_tok, out);
+fn linear(backend: &dyn Backend, map: (&[u8], &[u8]), l: &Linear, x: &[f32], n_tok: usize, out: &mut [f32]) {
+    backend.matmul(l.view(map.0, map.1), x, n_tok, out);
     for row in out.chunks_exact_mut(l.rows) {
         for (o, b) in row.iter_mut().zip(&l.b) {
             *o += b;
@@ -96,10 +96,11 @@ pub fn encode(
 
     let (q, k, v, ctx) = (&mut buf.q[..t * hs], &mut buf.k[..t * hs], &mut buf.v[..t * hs], &mut buf.ctx[..t * hs]);
     let ff = &mut buf.ff[..t * cfg.intermediate_size];
+    let mats = (map, w.half_bytes());
     for layer in &w.layers {
-        linear(backend, map, &layer.query, x, t, q);
-        linear(backend, map, &layer.key, x, t, k);
-        linear(backend, map, &layer.value, x, t, v);
+        linear(backend, mats, &layer.query, x, t, q);
+        linear(backend, mats, &layer.key, x, t, k);
+        linear(backend, mats, &layer.value, x, t, v);
         let mut start = 0;
         for s in seqs {
             let r = start * hs..(start + s.len()) * hs;
@@ -115,13 +116,13 @@ pub fn encode(
             );
             start += s.len();
         }
-        linear(backend, map, &layer.attn_out, ctx, t, tmp);
+        linear(backend, mats, &layer.attn_out, ctx, t, tmp);
         backend.add(tmp, x);
         backend.layernorm(tmp, &layer.attn_norm.w, &layer.attn_norm.b, eps, x);
 
-        linear(backend, map, &layer.ffn_up, x, t, ff);
+        linear(backend, mats, &layer.ffn_up, x, t, ff);
         backend.gelu(ff);
-        linear(backend, map, &layer.ffn_down, ff, t, tmp);
+        linear(backend, mats, &layer.ffn_down, ff, t, tmp);
         backend.add(tmp, x);
         backend.layernorm(tmp, &layer.ffn_norm.w, &layer.ffn_norm.b, eps, x);
     }

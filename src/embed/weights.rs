@@ -75,9 +75,9 @@ impl Mapped {
 pub struct Linear {
     /// [rows = out_features, cols = in_features], row-major (GGML's layout)
     pub w: Mapped,
-    /// [rows, cols] F16 little-endian: `w` rounded to half precision, read instead of `w` when
-    /// present ([`Weights::to_f16`])
-    pub half: Option<Vec<u8>>,
+    /// Byte range in [`Weights::half`] of [rows, cols] F16 little-endian: `w` rounded to half
+    /// precision, read instead of `w` when present ([`Weights::to_f16`])
+    pub half: Option<Range<usize>>,
     pub rows: usize,
     pub cols: usize,
     /// [rows]
@@ -85,30 +85,30 @@ pub struct Linear {
 }
 
 impl Linear {
-    pub fn view<'a>(&'a self, map: &'a [u8]) -> WeightView<'a> {
+    /// The matrix: in `half` ([`Weights::half_bytes`]) when rounded to F16, else in `map`.
+    pub fn view<'a>(&self, map: &'a [u8], half: &'a [u8]) -> WeightView<'a> {
         match &self.half {
-            Some(h) => WeightView { ty: GgmlType::F16, rows: self.rows, cols: self.cols, data: h },
+            Some(r) => WeightView { ty: GgmlType::F16, rows: self.rows, cols: self.cols, data: &half[r.clone()] },
             None => WeightView { ty: self.w.ty, rows: self.rows, cols: self.cols, data: &map[self.w.range.clone()] },
         }
     }
 
-    /// Rounds an F32 matrix to F16 (to nearest even). Leaves it as stored when it is not F32 or
-    /// when some weight does not fit F16's range.
-    fn to_f16(&mut self, map: &[u8]) {
-        if self.w.ty != GgmlType::F32 {
-            return;
+    /// Whether the matrix is F32 and every weight fits F16's range.
+    fn fits_f16(&self, map: &[u8]) -> bool {
+        self.w.ty == GgmlType::F32
+            && map[self.w.range.clone()].chunks_exact(4).all(|c| half::f16::from_f32(f32::from_le_bytes([c[0], c[1], c[2], c[3]])).is_finite())
+    }
+
+    /// Writes the matrix rounded to F16 (to nearest even) into `out` (rows × cols × 2 bytes).
+    fn write_f16(&self, map: &[u8], out: &mut [u8]) {
+        for (c, o) in map[self.w.range.clone()].chunks_exact(4).zip(out.chunks_exact_mut(2)) {
+            o.copy_from_slice(&half::f16::from_f32(f32::from_le_bytes([c[0], c[1], c[2], c[3]])).to_le_bytes());
         }
-        let mut h = Vec::with_capacity(self.rows * self.cols * 2);
-        for c in map[self.w.range.clone()].chunks_exact(4) {
-            let v = half::f16::from_f32(f32::from_le_bytes([c[0], c[1], c[2], c[3]]));
-            if !v.is_finite() {
-                return;
-            }
-            h.extend_from_slice(&v.to_le_bytes());
-        }
-        self.half = Some(h);
     }
 }
+
+/// Huge pages are 2 MiB on x86-64 and most aarch64 kernels.
+const HUGE_PAGE: usize = 2 << 20;
 
 /// LayerNorm parameters.
 #[derive(Debug)]
@@ -150,6 +150,10 @@ pub struct Weights {
     pub emb_norm: Norm,
     /// [num_hidden_layers]
     pub layers: Vec<Layer>,
+    /// The F16 copies of the matrices ([`Weights::to_f16`]), one anonymous map; the bytes start
+    /// `half_at` into it (the first 2 MiB boundary, for huge pages)
+    pub half: Option<memmap2::MmapMut>,
+    half_at: usize,
 }
 
 /// Looks tensors up in the parsed header and checks them.
@@ -245,7 +249,7 @@ impl Weights {
                 })
             })
             .collect::<Result<Vec<_>, EmbedError>>()?;
-        Ok(Weights { word, position, token_type0, emb_norm, layers })
+        Ok(Weights { word, position, token_type0, emb_norm, layers, half: None, half_at: 0 })
     }
 
     fn linears(&mut self) -> impl Iterator<Item = &mut Linear> {
@@ -253,9 +257,41 @@ impl Weights {
     }
 
     /// Holds the F32 matrices rounded to F16 (half the bytes a matmul streams); embeddings,
-    /// biases and norms stay as stored.
-    pub fn to_f16(&mut self, map: &[u8]) {
-        self.linears().for_each(|l| l.to_f16(map));
+    /// biases and norms stay as stored, as does a matrix with a weight beyond F16's range. The
+    /// copies share one anonymous map advised to use huge pages: an embedding right after a model
+    /// run finds its weights out of cache, and with 4 KiB pages every page of that stream starts
+    /// with a TLB miss and a stalled hardware prefetcher.
+    pub fn to_f16(&mut self, map: &[u8]) -> std::io::Result<()> {
+        let mut at = 0;
+        for l in self.linears() {
+            if l.fits_f16(map) {
+                let n = l.rows * l.cols * 2;
+                l.half = Some(at..at + n);
+                at += n;
+            }
+        }
+        if at == 0 {
+            return Ok(());
+        }
+        let mut store = memmap2::MmapMut::map_anon(at + HUGE_PAGE)?;
+        #[cfg(target_os = "linux")]
+        // Advice only (before the first touch, so that the faults take huge pages); without it
+        // the copies still work.
+        let _ = store.advise(memmap2::Advice::HugePage);
+        let start = store.as_ptr() as usize;
+        let skip = start.next_multiple_of(HUGE_PAGE) - start;
+        for l in self.linears() {
+            if let Some(r) = l.half.clone() {
+                l.write_f16(map, &mut store[skip + r.start..skip + r.end]);
+            }
+        }
+        (self.half, self.half_at) = (Some(store), skip);
+        Ok(())
+    }
+
+    /// The bytes the F16 matrices' ranges index (empty without them).
+    pub fn half_bytes(&self) -> &[u8] {
+        self.half.as_deref().map_or(&[], |h| &h[self.half_at..])
     }
 
     /// The matrix types used by matmuls (for the backend capability check).
