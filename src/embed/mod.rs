@@ -137,7 +137,7 @@ impl Embedder {
         let map = unsafe { Mmap::map(&file) }.map_err(|source| EmbedError::Io { path: path.clone(), source })?;
         let mut weights = Weights::load(&map, &cfg, &path)?;
         if format == MatrixFormat::F16 {
-            weights.to_f16(&map).map_err(|source| EmbedError::Io { path: path.clone(), source })?;
+            weights.hold_f16(&map).map_err(|source| EmbedError::Io { path: path.clone(), source })?;
         }
         for ty in weights.matrix_types() {
             if !backend.supports(Op::MatMul, ty) {

@@ -76,7 +76,7 @@ pub struct Linear {
     /// [rows = out_features, cols = in_features], row-major (GGML's layout)
     pub w: Mapped,
     /// Byte range in [`Weights::half`] of [rows, cols] F16 little-endian: `w` rounded to half
-    /// precision, read instead of `w` when present ([`Weights::to_f16`])
+    /// precision, read instead of `w` when present ([`Weights::hold_f16`])
     pub half: Option<Range<usize>>,
     pub rows: usize,
     pub cols: usize,
@@ -150,7 +150,7 @@ pub struct Weights {
     pub emb_norm: Norm,
     /// [num_hidden_layers]
     pub layers: Vec<Layer>,
-    /// The F16 copies of the matrices ([`Weights::to_f16`]), one anonymous map; the bytes start
+    /// The F16 copies of the matrices ([`Weights::hold_f16`]), one anonymous map; the bytes start
     /// `half_at` into it (the first 2 MiB boundary, for huge pages)
     pub half: Option<memmap2::MmapMut>,
     half_at: usize,
@@ -261,7 +261,7 @@ impl Weights {
     /// copies share one anonymous map advised to use huge pages: an embedding right after a model
     /// run finds its weights out of cache, and with 4 KiB pages every page of that stream starts
     /// with a TLB miss and a stalled hardware prefetcher.
-    pub fn to_f16(&mut self, map: &[u8]) -> std::io::Result<()> {
+    pub fn hold_f16(&mut self, map: &[u8]) -> std::io::Result<()> {
         let mut at = 0;
         for l in self.linears() {
             if l.fits_f16(map) {
