@@ -526,7 +526,7 @@ fn build_kernels(device: &wgpu::Device, lanes: u32, decode: DecodePlan, subgroup
             let binds: &[B] = if xs == XSrc::Norm { &[B::Uniform, B::Read, B::Read, B::Rw, B::Read] } else { &mm };
             let src = format!("{mdeq}\n{}\n{x_src}\n{vec_src}\n{vec_main}", chunk_src(ty));
             matvec.insert((ty, xs), k(&format!("matmul_vec_{name}_{xs:?}"), format!("{src}\n{y_store}"), binds)?);
-            if xs != XSrc::Silu && (WG / lanes) % 2 == 0 {
+            if xs != XSrc::Silu && (WG / lanes).is_multiple_of(2) {
                 matvec_silu.insert((ty, xs), k(&format!("matmul_vec_silu_{name}_{xs:?}"), format!("{src}\n{y_silu}"), binds)?);
             }
         }
