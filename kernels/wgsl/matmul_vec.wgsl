@@ -4,6 +4,8 @@
 //   (packed_<type>.wgsl + mv_w_lazy.wgsl, or bytes.wgsl + dequant_<type>.wgsl + mv_w_eager.wgsl)
 //   + mv_x_<source>.wgsl + this file
 //   + mv_main.wgsl (workgroup-memory tree) or mv_main_sg.wgsl (subgroup shuffles, subgroups of 32)
+//   + mv_y_store.wgsl (Y[y_off + r] written or added to) or mv_y_silu.wgsl (SiLU·mul epilogue
+//     over interleaved gate|up rows, ROWS even)
 // with the `LANES` and `ROWS` lines replaced as in matmul.wgsl (LANES * ROWS = 256).
 // The x source (mv_x_*.wgsl) provides binding 2 (and 4), `prepare(li)` and `xv(c, k)`, vec4 k
 // (elements 32c + 4k ..) of chunk c of the matmul's input: the activations as they are (plain), RMSNorm folded in (norm), or
@@ -15,7 +17,8 @@
 //                   W's element type WT is u32 (bytes.wgsl) or vec4<u32> for the types repacked
 //                   at upload (packed_<type>.wgsl: Q4_0, Q4_1, Q8_0; there P.row_bytes is chunks per row)
 //   2 storage read  X              see mv_x_*.wgsl
-//   3 storage rw    Y: array<f32>  output r is Y[y_off + r], written or added to (accumulate = 1)
+//   3 storage rw    Y: array<f32>  output r is Y[y_off + r], written or added to (accumulate = 1);
+//                                  mv_y_silu.wgsl: see there
 //   4 storage read  G              (norm only) see mv_x_norm.wgsl
 // Dispatch: (ceil(rows / ROWS), 1, 1) workgroups of 256 = ROWS rows x LANES lanes.
 //

@@ -1,5 +1,5 @@
 // mv_main.wgsl — entry point of matmul_vec.wgsl: lane sums added by a workgroup-memory tree
-// (strides LANES/2, ..., 1), matmul.wgsl's tree.
+// (strides LANES/2, ..., 1), matmul.wgsl's tree; the result goes to `finish` (mv_y_*.wgsl).
 
 var<workgroup> part: array<f32, 256>;
 
@@ -15,7 +15,5 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec
         }
         workgroupBarrier();
     }
-    if (r < p.rows && lane == 0u) {
-        store(r, part[li]);
-    }
+    finish(r, li / LANES, lane, part[li]);
 }

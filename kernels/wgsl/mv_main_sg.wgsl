@@ -2,7 +2,8 @@
 // invocations (device feature SUBGROUP): one subgroup per row, its lane the
 // subgroup invocation id. The tree of mv_main.wgsl by shuffles: at stride st lane l adds lane
 // l ^ st's value; for l < st that is l + st, so lane l holds the same sum (same operands, same
-// order) as mv_main.wgsl's part[l], and lane 0 ends with the same bits.
+// order) as mv_main.wgsl's part[l], and lane 0 ends with the same bits, handed to `finish`
+// (mv_y_*.wgsl).
 
 @compute @workgroup_size(256)
 fn main(
@@ -16,7 +17,5 @@ fn main(
     for (var st = LANES / 2u; st > 0u; st = st >> 1u) {
         v = v + subgroupShuffleXor(v, st);
     }
-    if (r < p.rows && lane == 0u) {
-        store(r, v);
-    }
+    finish(r, sg, lane, v);
 }

@@ -1,10 +1,12 @@
 // silu_mul.wgsl — OUT = silu(G) * U = (G / (1 + exp(-G))) * U, elementwise.
 //
 // Bindings (group 0):
-//   0 uniform P { n_tok, width, in_stride, up_off, swizzle, _, _, _ }
+//   0 uniform P { n_tok, width, in_stride, up_off, swizzle, pair, _, _ }
 //   1 storage read  G: array<f32>    [n_tok, in_stride]; token t's gate values at t * in_stride
 //   2 storage read  U: array<f32>    [n_tok, in_stride]; its up values at t * in_stride + up_off (G and
 //                                     U may be the same buffer: the layer runner's fused gate|up rows)
+//                   pair = 1 (gate|up rows interleaved at upload, upload.rs): gate value e at
+//                   t * in_stride + 2e, up at that + up_off (= 1)
 //   3 storage rw    OUT: array<f32>  [n_tok, width]; swizzle = 1 (the layer runner, width a multiple
 //                                     of 32): each row in matmul.wgsl's chunk-major layout (element
 //                                     32c + 4k + i at 4 * (k * width / 32 + c) + i)
@@ -17,7 +19,7 @@ struct P {
     in_stride: u32,
     up_off: u32,
     swizzle: u32,
-    _a: u32,
+    pair: u32,
     _b: u32,
     _c: u32,
 }
@@ -32,7 +34,7 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec
     let i = (wg.y * nw.x + wg.x) * 256u + li;
     if (i < p.n_tok * p.width) {
         let t = i / p.width;
-        let j = t * p.in_stride + i % p.width;
+        let j = t * p.in_stride + (i % p.width) * select(1u, 2u, p.pair != 0u);
         let g = G[j];
         var o = i;
         if (p.swizzle != 0u) {

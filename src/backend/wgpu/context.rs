@@ -88,6 +88,9 @@ pub(crate) struct Kernels {
     pub matmul: HashMap<GgmlType, Kernel>,
     /// decode matmuls (empty when the plan is `Off`)
     pub matvec: HashMap<(GgmlType, XSrc), Kernel>,
+    /// decode matmuls of interleaved gate|up rows with the SiLU·mul epilogue (mv_y_silu.wgsl),
+    /// x sources plain and norm; empty when the plan is `Off` or a workgroup holds an odd number of rows
+    pub matvec_silu: HashMap<(GgmlType, XSrc), Kernel>,
     pub embed: HashMap<GgmlType, Kernel>,
     pub rmsnorm: Kernel,
     pub rope: Kernel,
@@ -510,6 +513,8 @@ fn build_kernels(device: &wgpu::Device, lanes: u32, decode: DecodePlan, subgroup
     }
     let mut matmul = HashMap::new();
     let mut matvec = HashMap::new();
+    let mut matvec_silu = HashMap::new();
+    let (y_store, y_silu) = (include_str!("../../../kernels/wgsl/mv_y_store.wgsl"), include_str!("../../../kernels/wgsl/mv_y_silu.wgsl"));
     let mut embed = HashMap::new();
     for ty in WEIGHT_TYPES {
         let (deq, mdeq) = (weight_source(ty), matmul_weight_source(ty));
@@ -520,12 +525,16 @@ fn build_kernels(device: &wgpu::Device, lanes: u32, decode: DecodePlan, subgroup
         for &(xs, x_src) in srcs.iter().filter(|_| decode != DecodePlan::Off) {
             let binds: &[B] = if xs == XSrc::Norm { &[B::Uniform, B::Read, B::Read, B::Rw, B::Read] } else { &mm };
             let src = format!("{mdeq}\n{}\n{x_src}\n{vec_src}\n{vec_main}", chunk_src(ty));
-            matvec.insert((ty, xs), k(&format!("matmul_vec_{name}_{xs:?}"), src, binds)?);
+            matvec.insert((ty, xs), k(&format!("matmul_vec_{name}_{xs:?}"), format!("{src}\n{y_store}"), binds)?);
+            if xs != XSrc::Silu && (WG / lanes).is_multiple_of(2) {
+                matvec_silu.insert((ty, xs), k(&format!("matmul_vec_silu_{name}_{xs:?}"), format!("{src}\n{y_silu}"), binds)?);
+            }
         }
     }
     Ok(Kernels {
         matmul,
         matvec,
+        matvec_silu,
         embed,
         rmsnorm: k("rmsnorm", include_str!("../../../kernels/wgsl/rmsnorm.wgsl").into(), &[B::Uniform, B::Read, B::Read, B::Rw])?,
         rope: k("rope", include_str!("../../../kernels/wgsl/rope.wgsl").into(), &[B::Uniform, B::Rw, B::Read, B::Read])?,

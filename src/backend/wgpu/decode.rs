@@ -1,6 +1,9 @@
 //! The dispatches of a one-token step (decode) in the layer runner: matmul_vec.wgsl instead of
 //! the batch matmul, with RMSNorm folded into the q|k|v and gate|up matmuls and SiLU·mul into the
-//! down projection (`DecodePlan::Fused`: 6 dispatches per layer instead of 9). The decode kernels
+//! down projection (`DecodePlan::Fused`: 6 dispatches per layer instead of 9). Where gate|up rows
+//! are interleaved (upload.rs), SiLU·mul is instead the epilogue of the gate|up matmul
+//! (mv_y_silu.wgsl), writing the down projection's input: 8 dispatches per layer unfused, 6
+//! fused. The decode kernels
 //! keep the batch kernels' reduction orders, so a token's bits do not depend on which list ran it
 //! (tests: `wgpu_layers_decode_equals_prefill_bitwise`, tests/batch_invariance.rs).
 
@@ -36,6 +39,12 @@ pub(super) fn layer_plan<'a>(kern: &'a Kernels, plan: DecodePlan, g: &'a GpuLaye
         let step = Step::MatVec { rows: w.rows, cols: w.cols, row_bytes: w.row_bytes, y_off: w.y_off, accumulate, eps: if xs == XSrc::Norm { eps } else { 0.0 } };
         Ok((k, step))
     };
+    // gate|up with the SiLU·mul epilogue (rows interleaved at upload): (kernel, step)
+    let gu_silu = |xs: XSrc| -> Result<Option<(&'a Kernel, Step)>, WgpuError> {
+        let Some(w) = g.gate_up.first().filter(|w| w.pairs) else { return Ok(None) };
+        let k = kern.matvec_silu.get(&(w.ty, xs)).ok_or_else(|| WgpuError::Unsupported(format!("decode gate|up + silu of {}", w.ty.name())))?;
+        Ok(Some((k, mv(w, xs, false)?.1)))
+    };
     let mut p: Vec<PlanItem<'a>> = Vec::new();
     match plan {
         DecodePlan::Off => {}
@@ -48,11 +57,15 @@ pub(super) fn layer_plan<'a>(kern: &'a Kernels, plan: DecodePlan, g: &'a GpuLaye
             let (k, s) = mv(&g.wo, XSrc::Plain, true)?;
             p.push((false, k, s, "matvec o + add", vec![&g.wo.buf, a.att, a.x]));
             p.push((false, &kern.rmsnorm, norm, "rmsnorm", vec![a.x, &g.ffn_norm, a.xn]));
-            for w in &g.gate_up {
-                let (k, s) = mv(w, XSrc::Plain, false)?;
-                p.push((false, k, s, "matvec gate_up", vec![&w.buf, a.xn, a.gu]));
+            if let Some((k, s)) = gu_silu(XSrc::Plain)? {
+                p.push((false, k, s, "matvec gate_up + silu_mul", vec![&g.gate_up[0].buf, a.xn, a.act]));
+            } else {
+                for w in &g.gate_up {
+                    let (k, s) = mv(w, XSrc::Plain, false)?;
+                    p.push((false, k, s, "matvec gate_up", vec![&w.buf, a.xn, a.gu]));
+                }
+                p.push((false, &kern.silu_mul, Step::SiluMul { pairs: false }, "silu_mul", vec![a.gu, a.gu, a.act]));
             }
-            p.push((false, &kern.silu_mul, Step::SiluMul, "silu_mul", vec![a.gu, a.gu, a.act]));
             let (k, s) = mv(&g.w_down, XSrc::Plain, true)?;
             p.push((false, k, s, "matvec down + add", vec![&g.w_down.buf, a.act, a.x]));
         }
@@ -63,12 +76,18 @@ pub(super) fn layer_plan<'a>(kern: &'a Kernels, plan: DecodePlan, g: &'a GpuLaye
             }
             let (k, s) = mv(&g.wo, XSrc::Plain, true)?;
             p.push((false, k, s, "matvec o + add", vec![&g.wo.buf, a.att, a.x]));
-            for w in &g.gate_up {
-                let (k, s) = mv(w, XSrc::Norm, false)?;
-                p.push((false, k, s, "norm + matvec gate_up", vec![&w.buf, a.x, a.gu, &g.ffn_norm]));
+            if let Some((k, s)) = gu_silu(XSrc::Norm)? {
+                p.push((false, k, s, "norm + matvec gate_up + silu_mul", vec![&g.gate_up[0].buf, a.x, a.act, &g.ffn_norm]));
+                let (k, s) = mv(&g.w_down, XSrc::Plain, true)?;
+                p.push((false, k, s, "matvec down + add", vec![&g.w_down.buf, a.act, a.x]));
+            } else {
+                for w in &g.gate_up {
+                    let (k, s) = mv(w, XSrc::Norm, false)?;
+                    p.push((false, k, s, "norm + matvec gate_up", vec![&w.buf, a.x, a.gu, &g.ffn_norm]));
+                }
+                let (k, s) = mv(&g.w_down, XSrc::Silu, true)?;
+                p.push((false, k, s, "silu_mul + matvec down + add", vec![&g.w_down.buf, a.gu, a.x]));
             }
-            let (k, s) = mv(&g.w_down, XSrc::Silu, true)?;
-            p.push((false, k, s, "silu_mul + matvec down + add", vec![&g.w_down.buf, a.gu, a.x]));
         }
     }
     Ok(p)

@@ -22,12 +22,11 @@ use std::sync::Arc;
 use super::context::{grid_1d, WgpuContext, MAX_HEAD_DIM};
 use super::decode::{layer_plan, Acts, PlanItem};
 use super::kv::GpuKv;
-use super::pack;
+pub(super) use super::upload::GpuMatrix;
+use super::upload::upload_rows;
 use super::WgpuError;
 use crate::backend::cpu::ops::rope_table;
-use crate::engine::weights::Matrix;
 use crate::engine::{LlamaConfig, Model};
-use crate::gguf::GgmlType;
 
 /// Element type of the GPU KV cache.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,19 +42,6 @@ pub(crate) const PARAM_WINDOW: u64 = 64;
 pub(crate) fn next_id() -> u64 {
     static NEXT: AtomicU64 = AtomicU64::new(1);
     NEXT.fetch_add(1, Ordering::Relaxed)
-}
-
-/// Weight rows on the GPU: one matrix, or several of one type stacked (q|k|v, gate|up) so that
-/// a single dispatch computes them all.
-pub(super) struct GpuMatrix {
-    /// raw GGUF blocks [rows, row_bytes], or repacked (pack.rs; then `row_bytes` is chunks per row)
-    pub buf: wgpu::Buffer,
-    pub ty: GgmlType,
-    pub rows: usize,
-    pub cols: usize,
-    pub row_bytes: usize,
-    /// First output column of these rows in the destination row.
-    pub y_off: usize,
 }
 
 pub(super) struct GpuLayer {
@@ -79,7 +65,8 @@ pub(super) enum Step {
     /// One token's matmul (matmul_vec.wgsl); `eps` for a folded RMSNorm.
     MatVec { rows: usize, cols: usize, row_bytes: usize, y_off: usize, accumulate: bool, eps: f32 },
     RmsNorm { dim: usize, eps: f32 },
-    SiluMul,
+    /// `pairs`: gate and up interleaved (upload.rs)
+    SiluMul { pairs: bool },
 }
 
 /// One recorded token-wide dispatch: pipeline, bind group (with its parameter slot), what it computes.
@@ -205,11 +192,11 @@ impl GpuLayers {
             let norm = |v: &[f32], name: &str| ctx.storage_init(&format!("blk.{li}.{name}"), bytemuck::cast_slice(v));
             gpu.push(GpuLayer {
                 attn_norm: norm(&lw.attn_norm, "attn_norm")?,
-                qkv: upload_rows(&ctx, model, &[&lw.wq, &lw.wk, &lw.wv], &format!("blk.{li}.attn_qkv"))?,
-                wo: upload_rows(&ctx, model, &[&lw.wo], &format!("blk.{li}.attn_output"))?.remove(0),
+                qkv: upload_rows(&ctx, model, &[&lw.wq, &lw.wk, &lw.wv], &format!("blk.{li}.attn_qkv"), false)?,
+                wo: upload_rows(&ctx, model, &[&lw.wo], &format!("blk.{li}.attn_output"), false)?.remove(0),
                 ffn_norm: norm(&lw.ffn_norm, "ffn_norm")?,
-                gate_up: upload_rows(&ctx, model, &[&lw.w_gate, &lw.w_up], &format!("blk.{li}.ffn_gate_up"))?,
-                w_down: upload_rows(&ctx, model, &[&lw.w_down], &format!("blk.{li}.ffn_down"))?.remove(0),
+                gate_up: upload_rows(&ctx, model, &[&lw.w_gate, &lw.w_up], &format!("blk.{li}.ffn_gate_up"), true)?,
+                w_down: upload_rows(&ctx, model, &[&lw.w_down], &format!("blk.{li}.ffn_down"), false)?.remove(0),
             });
         }
         let rope = ctx.storage_init("rope", bytemuck::cast_slice(&rope_table(n_pos, c.head_dim, c.rope_dims, c.rope_base)))?;
@@ -224,7 +211,7 @@ impl GpuLayers {
             return Err(WgpuError::Unsupported(format!("an output head after layers {:?} of {}", self.layers, self.config.n_layer)));
         }
         let norm = self.ctx.storage_init("output_norm", bytemuck::cast_slice(&model.weights.output_norm))?;
-        let out = upload_rows(&self.ctx, model, &[&model.weights.output], "output")?.remove(0);
+        let out = upload_rows(&self.ctx, model, &[&model.weights.output], "output", false)?.remove(0);
         self.head = Some(GpuHead { norm, out });
         self.ctx.check()?;
         Ok(self)
@@ -299,7 +286,8 @@ impl GpuLayers {
             for w in &g.gate_up {
                 plan.push((false, mmk(w)?, mm(w, 2 * ff, false), "matmul gate_up", vec![&w.buf, &xn, &gu]));
             }
-            plan.push((false, &kern.silu_mul, Step::SiluMul, "silu_mul", vec![&gu, &gu, &act]));
+            let pairs = g.gate_up.iter().any(|w| w.pairs);
+            plan.push((false, &kern.silu_mul, Step::SiluMul { pairs }, "silu_mul", vec![&gu, &gu, &act]));
             plan.push((false, mmk(&g.w_down)?, mm(&g.w_down, e, true), "matmul down + add", vec![&g.w_down.buf, &act, &x]));
         }
         let mut slots: Vec<Step> = Vec::new();
@@ -641,7 +629,10 @@ impl GpuLayers {
             }
             // Both write matmul inputs: swizzled rows (matmul.wgsl's X layout).
             Step::RmsNorm { dim, eps } => [dim as u32, n32, eps.to_bits(), 1, 0, 0, 0, 0],
-            Step::SiluMul => [n32, self.config.n_ff as u32, 2 * self.config.n_ff as u32, self.config.n_ff as u32, 1, 0, 0, 0],
+            Step::SiluMul { pairs } => {
+                let ff = self.config.n_ff as u32;
+                [n32, ff, 2 * ff, if pairs { 1 } else { ff }, 1, pairs as u32, 0, 0]
+            }
         }
     }
 
@@ -660,7 +651,7 @@ impl GpuLayers {
             Step::MatMul { rows, .. } => self.ctx.matmul_grid(rows, n),
             Step::MatVec { rows, .. } => self.ctx.matmul_grid(rows, 1),
             Step::RmsNorm { .. } => (n as u32, 1),
-            Step::SiluMul => grid_1d(n * self.config.n_ff),
+            Step::SiluMul { .. } => grid_1d(n * self.config.n_ff),
         }
     }
 
@@ -677,36 +668,6 @@ fn dispatch(pass: &mut wgpu::ComputePass<'_>, pipeline: &wgpu::ComputePipeline, 
         None => pass.set_bind_group(0, bind, &[]),
     }
     pass.dispatch_workgroups(grid.0, grid.1, 1);
-}
-
-/// Uploads matrices that feed one destination row (q|k|v or gate|up): stacked in one buffer when
-/// they share a type (one dispatch), else one buffer each; `y_off` places each in the row.
-fn upload_rows(ctx: &WgpuContext, model: &Model, mats: &[&Matrix], name: &str) -> Result<Vec<GpuMatrix>, WgpuError> {
-    let views: Vec<_> = mats.iter().map(|m| m.view(&model.gguf)).collect();
-    if let Some(v) = views.iter().find(|v| v.cols % 32 != 0 || v.cols != views[0].cols) {
-        return Err(WgpuError::Unsupported(format!("{name}: rows of {} values (need a multiple of 32, all alike)", v.cols)));
-    }
-    let row_bytes = |v: &crate::backend::WeightView<'_>| pack::row_param(v.ty, v.cols, v.row_bytes());
-    let gm = |buf, ty, rows, v: &crate::backend::WeightView<'_>, y_off| GpuMatrix { buf, ty, rows, cols: v.cols, row_bytes: row_bytes(v), y_off };
-    // packed types (pack.rs) are repacked on the host first; the rest goes up as it is
-    let upload = |parts: &[&[u8]], ty, cols| match pack::packed(ty) {
-        true => ctx.storage_init(name, &pack::pack_rows(ty, cols, parts)),
-        false => ctx.storage_concat(name, parts),
-    };
-    if views.iter().all(|v| v.ty == views[0].ty) {
-        let parts: Vec<&[u8]> = views.iter().map(|v| v.data).collect();
-        let rows = views.iter().map(|v| v.rows).sum();
-        return Ok(vec![gm(upload(&parts, views[0].ty, views[0].cols)?, views[0].ty, rows, &views[0], 0)]);
-    }
-    let mut y_off = 0;
-    views
-        .iter()
-        .map(|v| {
-            let m = gm(upload(&[v.data], v.ty, v.cols)?, v.ty, v.rows, v, y_off);
-            y_off += v.rows;
-            Ok(m)
-        })
-        .collect()
 }
 
 /// Layers `[a, b)` of a model on the GPU for one sequence: [`GpuLayers`], its activations and

@@ -23,6 +23,7 @@ mod decode;
 mod kv;
 mod layers;
 mod pack;
+mod upload;
 
 #[cfg(test)]
 mod probe;

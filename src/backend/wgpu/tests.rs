@@ -484,11 +484,31 @@ fn logits_through_wgpu(ctx: &Arc<WgpuContext>, model: &crate::engine::Model, tok
     } else {
         l.forward(&mut hidden, &pos).expect("forward");
     }
+    logits_of(model, &hidden)
+}
+
+/// [`logits_through_wgpu`] one token per step (the decode kernels, mv_y_silu.wgsl's epilogue).
+fn logits_decoded_through_wgpu(ctx: &Arc<WgpuContext>, model: &crate::engine::Model, tokens: &[u32]) -> Vec<f32> {
+    let (c, g) = (&model.config, &model.gguf);
+    let emb = model.weights.token_embd.view(g);
+    let mut hidden = vec![0f32; tokens.len() * c.n_embd];
+    let mut l = WgpuLayers::new(ctx.clone(), model, 0..c.n_layer, 1, tokens.len()).expect("layers");
+    for (i, (row, &t)) in hidden.chunks_exact_mut(c.n_embd).zip(tokens).enumerate() {
+        dequantize_row(emb.ty, emb.row(t as usize), row);
+        l.forward(row, &[i as u32]).expect("forward");
+    }
+    logits_of(model, &hidden)
+}
+
+/// CPU output norm and projection of the final hidden states.
+fn logits_of(model: &crate::engine::Model, hidden: &[f32]) -> Vec<f32> {
+    let (c, g) = (&model.config, &model.gguf);
+    let n = hidden.len() / c.n_embd;
     let b = model.backend();
     let mut normed = vec![0f32; hidden.len()];
-    b.rmsnorm(&hidden, &model.weights.output_norm, c.rms_eps, &mut normed);
-    let mut logits = vec![0f32; tokens.len() * c.vocab_size];
-    b.matmul(model.weights.output.view(g), &normed, tokens.len(), &mut logits);
+    b.rmsnorm(hidden, &model.weights.output_norm, c.rms_eps, &mut normed);
+    let mut logits = vec![0f32; n * c.vocab_size];
+    b.matmul(model.weights.output.view(g), &normed, n, &mut logits);
     logits
 }
 
@@ -535,10 +555,11 @@ fn wgpu_layers_match_the_cpu_engine_on_f32_weights() {
         let cpu: Vec<f32> = (0..tokens.len()).flat_map(|i| model.logits(&state, i).to_vec()).collect();
         let scale = cpu.iter().fold(0f32, |m, v| m.max(v.abs()));
         for (i, ctx) in contexts().iter().enumerate() {
-            let gpu = logits_through_wgpu(ctx, &model, &tokens, i == 0);
-            let worst = gpu.iter().zip(&cpu).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
-            eprintln!("{}: max |wgpu - cpu| logit {worst:e} (scale {scale})", path.display());
-            assert!(worst <= 1e-3 * scale, "{}: logits differ by {worst} (scale {scale})", path.display());
+            for (how, gpu) in [("prefill", logits_through_wgpu(ctx, &model, &tokens, i == 0)), ("decode", logits_decoded_through_wgpu(ctx, &model, &tokens))] {
+                let worst = gpu.iter().zip(&cpu).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+                eprintln!("{} {how}: max |wgpu - cpu| logit {worst:e} (scale {scale})", path.display());
+                assert!(worst <= 1e-3 * scale, "{} {how}: logits differ by {worst} (scale {scale})", path.display());
+            }
         }
     }
 }
