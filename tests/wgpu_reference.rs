@@ -38,10 +38,11 @@ fn context() -> Option<Arc<WgpuContext>> {
             eprintln!("wgpu adapter: {:?}", c.adapter());
             Some(c)
         }
-        Err(e) => {
+        Err(e) if e.is_unavailable() => {
             eprintln!("skipped: {e}");
             None
         }
+        Err(e) => panic!("wgpu context: {e}"),
     }
 }
 

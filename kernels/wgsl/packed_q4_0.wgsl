@@ -1,5 +1,6 @@
-// packed_q4_0.wgsl — `dequant_chunk` for Q4_0 weights repacked at upload (pack.rs), prepended to
-// matmul.wgsl / matmul_vec.wgsl instead of bytes.wgsl + dequant_q4_0.wgsl. Same values, bitwise.
+// packed_q4_0.wgsl — `dequant_chunk` for Q4_0 weights repacked at upload (pack.rs), prepended
+// after packed.wgsl (WT, Raw) to matmul.wgsl / matmul_vec.wgsl instead of bytes.wgsl +
+// dequant_q4_0.wgsl. Same values, bitwise.
 //
 // Layout of W (binding 1, `array<vec4<u32>>`, 16-byte words) for a matrix of P.rows rows of
 // nc = P.cols / 32 chunks (GGML block_q4_0: d f16, then 16 quant bytes):
@@ -9,15 +10,6 @@
 // Lanes of a row read consecutive chunks: 16-byte aligned loads, adjacent across lanes.
 // `load_chunk(i)` loads chunk i's words (Raw); `dequant_vec(raw, k)` decodes its vec4 k (the
 // decode matmul decodes lazily, mv_w_lazy.wgsl), `dequant_raw` all eight.
-
-alias WT = vec4<u32>;
-
-// A chunk's packed words as loaded (q1 is unused by the 4-bit types).
-struct Raw {
-    q: vec4<u32>,
-    q1: vec4<u32>,
-    s: u32,
-}
 
 fn load_chunk(i: u32) -> Raw {
     let s = W[p.rows * (p.cols / 32u) + i / 8u][(i / 2u) % 4u];

@@ -1,5 +1,6 @@
-// packed_q4_1.wgsl — `dequant_chunk` for Q4_1 weights repacked at upload (pack.rs), prepended to
-// matmul.wgsl / matmul_vec.wgsl instead of bytes.wgsl + dequant_q4_1.wgsl. Same values, bitwise.
+// packed_q4_1.wgsl — `dequant_chunk` for Q4_1 weights repacked at upload (pack.rs), prepended
+// after packed.wgsl (WT, Raw) to matmul.wgsl / matmul_vec.wgsl instead of bytes.wgsl +
+// dequant_q4_1.wgsl. Same values, bitwise.
 //
 // Layout of W (binding 1, `array<vec4<u32>>`, 16-byte words) for a matrix of P.rows rows of
 // nc = P.cols / 32 chunks (GGML block_q4_1: d f16, m f16, then 16 quant bytes):
@@ -8,15 +9,6 @@
 // The kernel's row offset `row` is r * P.row_bytes with P.row_bytes = nc, so chunk i = row + c.
 // `load_chunk(i)` loads chunk i's words (Raw); `dequant_vec(raw, k)` decodes its vec4 k (the
 // decode matmul decodes lazily, mv_w_lazy.wgsl), `dequant_raw` all eight.
-
-alias WT = vec4<u32>;
-
-// A chunk's packed words as loaded (q1 is unused by the 4-bit types).
-struct Raw {
-    q: vec4<u32>,
-    q1: vec4<u32>,
-    s: u32,
-}
 
 fn load_chunk(i: u32) -> Raw {
     return Raw(W[i], vec4<u32>(0u), W[p.rows * (p.cols / 32u) + i / 4u][i % 4u]);

@@ -169,6 +169,7 @@ fn weight_source(ty: GgmlType) -> String {
 }
 
 const BYTES: &str = include_str!("../../../kernels/wgsl/bytes.wgsl");
+const PACKED: &str = include_str!("../../../kernels/wgsl/packed.wgsl");
 
 /// The `chunk_at` source of the decode matmul (matmul_vec.wgsl) for `ty`: lazy decoding from the
 /// packed words for the packed types, else the whole chunk decoded first.
@@ -183,9 +184,9 @@ fn chunk_src(ty: GgmlType) -> &'static str {
 /// repacked at upload (pack.rs), else bytes.wgsl + the raw block decoder.
 fn matmul_weight_source(ty: GgmlType) -> String {
     match ty {
-        GgmlType::Q4_0 => include_str!("../../../kernels/wgsl/packed_q4_0.wgsl").into(),
-        GgmlType::Q4_1 => include_str!("../../../kernels/wgsl/packed_q4_1.wgsl").into(),
-        GgmlType::Q8_0 => include_str!("../../../kernels/wgsl/packed_q8_0.wgsl").into(),
+        GgmlType::Q4_0 => format!("{PACKED}\n{}", include_str!("../../../kernels/wgsl/packed_q4_0.wgsl")),
+        GgmlType::Q4_1 => format!("{PACKED}\n{}", include_str!("../../../kernels/wgsl/packed_q4_1.wgsl")),
+        GgmlType::Q8_0 => format!("{PACKED}\n{}", include_str!("../../../kernels/wgsl/packed_q8_0.wgsl")),
         _ => format!("{BYTES}\n{}", weight_source(ty)),
     }
 }

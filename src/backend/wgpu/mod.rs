@@ -60,3 +60,12 @@ pub enum WgpuError {
     #[error("hidden state has {got} values, expected {expected}")]
     BadShape { got: usize, expected: usize },
 }
+
+impl WgpuError {
+    /// The machine has no usable GPU (no adapter, or its device would not open): the CPU serves.
+    /// Anything else from building a context (a kernel that fails to compile, ...) is our bug,
+    /// and tests must fail on it rather than skip.
+    pub fn is_unavailable(&self) -> bool {
+        matches!(self, WgpuError::NoAdapter(_) | WgpuError::Device(_))
+    }
+}
