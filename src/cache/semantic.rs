@@ -128,11 +128,11 @@ impl SemanticCache {
 
     /// A question's embedding: on the idle backend when it is free.
     pub fn embed(&self, text: &str) -> Result<Vec<f32>, SemanticError> {
-        let mut v = match &self.idle_backend {
-            Some((backend, idle)) if idle() => self.embedder.embed_batch_on(backend.as_ref(), &[text])?,
-            _ => self.embedder.embed_batch(&[text])?,
+        let e = match &self.idle_backend {
+            Some((backend, idle)) if idle() => self.embedder.embed_on(backend.as_ref(), text)?,
+            _ => self.embedder.embed(text)?,
         };
-        Ok(v.pop().ok_or_else(|| EmbedError::Tokenize("no output for the input".to_string()))?.vector)
+        Ok(e.vector)
     }
 
     /// Neighbours of an embedded question in `scope`, most similar first.

@@ -106,6 +106,14 @@ pub fn default_dir() -> PathBuf {
     crate::models::default_embedder()
 }
 
+/// Whether `backend` can run a matmul on every matrix of `weights`.
+fn check_backend(weights: &Weights, backend: &dyn Backend) -> Result<(), EmbedError> {
+    match weights.matrix_types().find(|&ty| !backend.supports(Op::MatMul, ty)) {
+        Some(ty) => Err(EmbedError::Unsupported { backend: backend.name(), ty }),
+        None => Ok(()),
+    }
+}
+
 /// How the encoder's matrices are held in memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum MatrixFormat {
@@ -139,11 +147,7 @@ impl Embedder {
         if format == MatrixFormat::F16 {
             weights.hold_f16(&map).map_err(|source| EmbedError::Io { path: path.clone(), source })?;
         }
-        for ty in weights.matrix_types() {
-            if !backend.supports(Op::MatMul, ty) {
-                return Err(EmbedError::Unsupported { backend: backend.name(), ty });
-            }
-        }
+        check_backend(&weights, backend.as_ref())?;
 
         let max_seq = MAX_SEQ_LEN.min(cfg.max_position_embeddings);
         let tpath = dir.join("tokenizer.json");
@@ -182,7 +186,12 @@ impl Embedder {
 
     /// Embeds one text.
     pub fn embed(&self, text: &str) -> Result<Embedding, EmbedError> {
-        let mut v = self.embed_batch(&[text])?;
+        self.embed_on(self.backend.as_ref(), text)
+    }
+
+    /// [`Embedder::embed`] on another backend (see [`Embedder::embed_batch_on`]).
+    pub fn embed_on(&self, backend: &dyn Backend, text: &str) -> Result<Embedding, EmbedError> {
+        let mut v = self.embed_batch_on(backend, &[text])?;
         v.pop().ok_or_else(|| EmbedError::Tokenize("no output for the input".to_string()))
     }
 
@@ -195,9 +204,7 @@ impl Embedder {
     /// [`Embedder::embed_batch`] on another backend (e.g. a wider thread team while it is free).
     /// The CPU kernels' results do not depend on the thread count, so neither do the vectors.
     pub fn embed_batch_on(&self, backend: &dyn Backend, texts: &[&str]) -> Result<Vec<Embedding>, EmbedError> {
-        if let Some(ty) = self.weights.matrix_types().into_iter().find(|&ty| !backend.supports(Op::MatMul, ty)) {
-            return Err(EmbedError::Unsupported { backend: backend.name(), ty });
-        }
+        check_backend(&self.weights, backend)?;
         let ids = texts.iter().map(|t| self.tokenize(t)).collect::<Result<Vec<_>, _>>()?;
         // Consecutive texts in chunks of at most MAX_BATCH_TOKENS tokens (a longer text alone).
         let mut chunks: Vec<std::ops::Range<usize>> = Vec::new();

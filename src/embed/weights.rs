@@ -93,17 +93,14 @@ impl Linear {
         }
     }
 
-    /// Whether the matrix is F32 and every weight fits F16's range.
-    fn fits_f16(&self, map: &[u8]) -> bool {
-        self.w.ty == GgmlType::F32
-            && map[self.w.range.clone()].chunks_exact(4).all(|c| half::f16::from_f32(f32::from_le_bytes([c[0], c[1], c[2], c[3]])).is_finite())
-    }
-
-    /// Writes the matrix rounded to F16 (to nearest even) into `out` (rows × cols × 2 bytes).
-    fn write_f16(&self, map: &[u8], out: &mut [u8]) {
-        for (c, o) in map[self.w.range.clone()].chunks_exact(4).zip(out.chunks_exact_mut(2)) {
-            o.copy_from_slice(&half::f16::from_f32(f32::from_le_bytes([c[0], c[1], c[2], c[3]])).to_le_bytes());
-        }
+    /// Writes the F32 matrix rounded to F16 (to nearest even) into `out` (rows × cols × 2 bytes);
+    /// false when some weight is beyond F16's range.
+    fn write_f16(&self, map: &[u8], out: &mut [u8]) -> bool {
+        map[self.w.range.clone()].chunks_exact(4).zip(out.chunks_exact_mut(2)).all(|(c, o)| {
+            let v = half::f16::from_f32(f32::from_le_bytes([c[0], c[1], c[2], c[3]]));
+            o.copy_from_slice(&v.to_le_bytes());
+            v.is_finite()
+        })
     }
 }
 
@@ -252,6 +249,7 @@ impl Weights {
         Ok(Weights { word, position, token_type0, emb_norm, layers, half: None, half_at: 0 })
     }
 
+    /// Every layer's matrices.
     fn linears(&mut self) -> impl Iterator<Item = &mut Linear> {
         self.layers.iter_mut().flat_map(|l| [&mut l.query, &mut l.key, &mut l.value, &mut l.attn_out, &mut l.ffn_up, &mut l.ffn_down])
     }
@@ -262,28 +260,25 @@ impl Weights {
     /// run finds its weights out of cache, and with 4 KiB pages every page of that stream starts
     /// with a TLB miss and a stalled hardware prefetcher.
     pub fn hold_f16(&mut self, map: &[u8]) -> std::io::Result<()> {
-        let mut at = 0;
-        for l in self.linears() {
-            if l.fits_f16(map) {
-                let n = l.rows * l.cols * 2;
-                l.half = Some(at..at + n);
-                at += n;
-            }
-        }
-        if at == 0 {
+        let bytes: usize = self.linears().filter(|l| l.w.ty == GgmlType::F32).map(|l| l.rows * l.cols * 2).sum();
+        if bytes == 0 {
             return Ok(());
         }
-        let mut store = memmap2::MmapMut::map_anon(at + HUGE_PAGE)?;
+        let mut store = memmap2::MmapMut::map_anon(bytes + HUGE_PAGE)?;
         #[cfg(target_os = "linux")]
         // Advice only (before the first touch, so that the faults take huge pages); without it
         // the copies still work.
         let _ = store.advise(memmap2::Advice::HugePage);
         let start = store.as_ptr() as usize;
         let skip = start.next_multiple_of(HUGE_PAGE) - start;
-        for l in self.linears() {
-            if let Some(r) = l.half.clone() {
-                l.write_f16(map, &mut store[skip + r.start..skip + r.end]);
+        let mut at = 0;
+        for l in self.linears().filter(|l| l.w.ty == GgmlType::F32) {
+            let r = at..at + l.rows * l.cols * 2;
+            // A matrix that does not fit F16 stays F32 (its slot stays unused).
+            if l.write_f16(map, &mut store[skip + r.start..skip + r.end]) {
+                l.half = Some(r.clone());
             }
+            at = r.end;
         }
         (self.half, self.half_at) = (Some(store), skip);
         Ok(())

@@ -183,12 +183,13 @@ fn chunk_src(ty: GgmlType) -> &'static str {
 /// The `dequant_chunk` source of the matmul kernels for `ty`: packed_<type>.wgsl for the types
 /// repacked at upload (pack.rs), else bytes.wgsl + the raw block decoder.
 fn matmul_weight_source(ty: GgmlType) -> String {
-    match ty {
-        GgmlType::Q4_0 => format!("{PACKED}\n{}", include_str!("../../../kernels/wgsl/packed_q4_0.wgsl")),
-        GgmlType::Q4_1 => format!("{PACKED}\n{}", include_str!("../../../kernels/wgsl/packed_q4_1.wgsl")),
-        GgmlType::Q8_0 => format!("{PACKED}\n{}", include_str!("../../../kernels/wgsl/packed_q8_0.wgsl")),
-        _ => format!("{BYTES}\n{}", weight_source(ty)),
-    }
+    let packed = match ty {
+        GgmlType::Q4_0 => include_str!("../../../kernels/wgsl/packed_q4_0.wgsl"),
+        GgmlType::Q4_1 => include_str!("../../../kernels/wgsl/packed_q4_1.wgsl"),
+        GgmlType::Q8_0 => include_str!("../../../kernels/wgsl/packed_q8_0.wgsl"),
+        _ => return format!("{BYTES}\n{}", weight_source(ty)),
+    };
+    format!("{PACKED}\n{packed}")
 }
 
 impl WgpuContext {
