@@ -193,6 +193,20 @@ impl WgpuBackend {
         self.run(&self.ctx.kernels.attention, &params, &args, (a.n_head as u32, n as u32), 4, a.out)
     }
 
+    /// quantize_q8.wgsl over `x` ([n_tok, cols], cols a multiple of 32; `swizzled`: each row in
+    /// matmul.wgsl's chunk-major layout): the Q8 rows' words (q8_act.wgsl's layout).
+    pub fn quantize_q8(&self, x: &[f32], n_tok: usize, cols: usize, swizzled: bool) -> Result<Vec<u32>, WgpuError> {
+        if cols % 32 != 0 || x.len() != n_tok * cols {
+            return Err(WgpuError::BadShape { got: x.len(), expected: n_tok * cols });
+        }
+        let words = n_tok * cols / 32 * 12;
+        let mut out = vec![0f32; words];
+        let args = [Arg::Bytes(bytemuck::cast_slice(x)), Arg::Zeroed((words * 4) as u64)];
+        let params = [cols as u32, n_tok as u32, swizzled as u32, 0];
+        self.run(&self.ctx.kernels.quantize_q8, &params, &args, grid_1d(n_tok * cols / 4), 1, &mut out)?;
+        Ok(out.iter().map(|v| v.to_bits()).collect())
+    }
+
     /// Runs kv_store.wgsl: keys and values `[n_tok, n_kv_head * head_dim]` written at `positions`
     /// into zeroed caches `[n_kv_head, capacity, head_dim]`; returns the raw cache words
     /// (f16 pairs when `f16`, else f32 bits).

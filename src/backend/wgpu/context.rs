@@ -61,6 +61,8 @@ pub(crate) enum XSrc {
     Norm,
     /// SiLU(gate)·up folded in (the input is the fused gate|up row)
     Silu,
+    /// Q8 rows (q8_act.wgsl), integer dot products: Q4_0, Q4_1 and Q8_0 weights (matvec_q8.wgsl)
+    Q8,
 }
 
 /// How steps of one token run (see [`WgpuOptions::decode_kernels`]). Every setting gives the same
@@ -91,8 +93,14 @@ pub(crate) struct Kernels {
     /// decode matmuls of interleaved gate|up rows with the SiLU·mul epilogue (mv_y_silu.wgsl),
     /// x sources plain and norm; empty when the plan is `Off` or a workgroup holds an odd number of rows
     pub matvec_silu: HashMap<(GgmlType, XSrc), Kernel>,
+    /// batch matmuls of the repacked types against Q8 activations (matmul_q8.wgsl)
+    pub matmul_q8: HashMap<GgmlType, Kernel>,
     pub embed: HashMap<GgmlType, Kernel>,
     pub rmsnorm: Kernel,
+    /// RMSNorm written as Q8 rows (rmsnorm_q8.wgsl)
+    pub rmsnorm_q8: Kernel,
+    /// f32 rows to Q8 rows (quantize_q8.wgsl)
+    pub quantize_q8: Kernel,
     pub rope: Kernel,
     pub kv_store: Kernel,
     /// RoPE + KV store of one sequence (layer runner); parameters at a dynamic offset
@@ -120,6 +128,10 @@ pub struct WgpuContext {
     pub(crate) decode: DecodePlan,
     /// Whether the decode matmuls reduce by subgroup shuffles (subgroups of exactly `lanes`).
     pub(crate) subgroups: bool,
+    /// Whether the layer runner multiplies Q4_0 / Q4_1 / Q8_0 weights by Q8 activations with
+    /// integer dot products (plan.rs); on unless `$FORGE_WGPU_Q8` is `0` (f32 activations, the
+    /// dequantizing kernels: for comparisons).
+    pub(crate) q8: bool,
     /// A layer step is submitted in parts of this many layers (0: whole); [`SUBMIT_LAYERS`] unless
     /// `$FORGE_WGPU_SUBMIT_LAYERS` says otherwise.
     pub(crate) submit_layers: usize,
@@ -169,6 +181,18 @@ fn weight_source(ty: GgmlType) -> String {
 }
 
 const BYTES: &str = include_str!("../../../kernels/wgsl/bytes.wgsl");
+const Q8_ACT: &str = include_str!("../../../kernels/wgsl/q8_act.wgsl");
+const RMS_SCALE: &str = include_str!("../../../kernels/wgsl/rms_scale.wgsl");
+
+/// The `chunk_q8` source (integer dot of a weight chunk with a Q8 block) of a repacked type.
+fn q8dot_source(ty: GgmlType) -> Option<&'static str> {
+    Some(match ty {
+        GgmlType::Q4_0 => include_str!("../../../kernels/wgsl/q8dot_q4_0.wgsl"),
+        GgmlType::Q4_1 => include_str!("../../../kernels/wgsl/q8dot_q4_1.wgsl"),
+        GgmlType::Q8_0 => include_str!("../../../kernels/wgsl/q8dot_q8_0.wgsl"),
+        _ => return None,
+    })
+}
 const PACKED: &str = include_str!("../../../kernels/wgsl/packed.wgsl");
 
 /// The `chunk_at` source of the decode matmul (matmul_vec.wgsl) for `ty`: lazy decoding from the
@@ -293,6 +317,7 @@ impl WgpuContext {
             timestamps,
             decode,
             subgroups,
+            q8: std::env::var("FORGE_WGPU_Q8").map_or(true, |v| v != "0"),
             submit_layers: std::env::var("FORGE_WGPU_SUBMIT_LAYERS").ok().and_then(|v| v.parse().ok()).unwrap_or(SUBMIT_LAYERS),
             uncaptured,
         }))
@@ -518,6 +543,21 @@ fn build_kernels(device: &wgpu::Device, lanes: u32, decode: DecodePlan, subgroup
     let mut matvec_silu = HashMap::new();
     let (y_store, y_silu) = (include_str!("../../../kernels/wgsl/mv_y_store.wgsl"), include_str!("../../../kernels/wgsl/mv_y_silu.wgsl"));
     let mut embed = HashMap::new();
+    let mut matmul_q8 = HashMap::new();
+    let q8_src = with_lanes("matmul_q8", include_str!("../../../kernels/wgsl/matmul_q8.wgsl"), lanes)?;
+    let vec_q8_src = with_lanes("matvec_q8", include_str!("../../../kernels/wgsl/matvec_q8.wgsl"), lanes)?;
+    for ty in WEIGHT_TYPES {
+        let Some(dot) = q8dot_source(ty) else { continue };
+        let (w, name) = (matmul_weight_source(ty), ty.name());
+        matmul_q8.insert(ty, k(&format!("matmul_q8_{name}"), format!("{w}\n{dot}\n{q8_src}"), &mm)?);
+        if decode != DecodePlan::Off {
+            let src = format!("{w}\n{dot}\n{vec_q8_src}\n{vec_main}");
+            matvec.insert((ty, XSrc::Q8), k(&format!("matvec_q8_{name}"), format!("{src}\n{y_store}"), &mm)?);
+            if (WG / lanes).is_multiple_of(2) {
+                matvec_silu.insert((ty, XSrc::Q8), k(&format!("matvec_q8_silu_{name}"), format!("{src}\n{y_silu}"), &mm)?);
+            }
+        }
+    }
     for ty in WEIGHT_TYPES {
         let (deq, mdeq) = (weight_source(ty), matmul_weight_source(ty));
         debug_assert_eq!(super::pack::packed(ty), !mdeq.contains("fn ld_u32"));
@@ -537,8 +577,11 @@ fn build_kernels(device: &wgpu::Device, lanes: u32, decode: DecodePlan, subgroup
         matmul,
         matvec,
         matvec_silu,
+        matmul_q8,
         embed,
-        rmsnorm: k("rmsnorm", include_str!("../../../kernels/wgsl/rmsnorm.wgsl").into(), &[B::Uniform, B::Read, B::Read, B::Rw])?,
+        rmsnorm: k("rmsnorm", format!("{RMS_SCALE}\n{}", include_str!("../../../kernels/wgsl/rmsnorm.wgsl")), &[B::Uniform, B::Read, B::Read, B::Rw])?,
+        rmsnorm_q8: k("rmsnorm_q8", format!("{Q8_ACT}\n{RMS_SCALE}\n{}", include_str!("../../../kernels/wgsl/rmsnorm_q8.wgsl")), &[B::Uniform, B::Read, B::Read, B::Rw])?,
+        quantize_q8: k("quantize_q8", format!("{Q8_ACT}\n{}", include_str!("../../../kernels/wgsl/quantize_q8.wgsl")), &[B::Uniform, B::Read, B::Rw])?,
         rope: k("rope", include_str!("../../../kernels/wgsl/rope.wgsl").into(), &[B::Uniform, B::Rw, B::Read, B::Read])?,
         kv_store: k(
             "kv_store",

@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use super::context::{grid_1d, WgpuContext, MAX_HEAD_DIM};
-use super::decode::{layer_plan, Acts, PlanItem};
+use super::plan::{batch_plan, one_token_plan, Acts, PlanCtx, PlanItem};
 use super::kv::GpuKv;
 pub(super) use super::upload::GpuMatrix;
 use super::upload::upload_rows;
@@ -64,7 +64,10 @@ pub(super) enum Step {
     MatMul { rows: usize, cols: usize, row_bytes: usize, y_stride: usize, y_off: usize, accumulate: bool },
     /// One token's matmul (matmul_vec.wgsl); `eps` for a folded RMSNorm.
     MatVec { rows: usize, cols: usize, row_bytes: usize, y_off: usize, accumulate: bool, eps: f32 },
+    /// rmsnorm.wgsl or rmsnorm_q8.wgsl (same parameters)
     RmsNorm { dim: usize, eps: f32 },
+    /// quantize_q8.wgsl: rows of `cols` (swizzled or plain) to Q8 rows
+    Quantize { cols: usize, swizzle: bool },
     /// `pairs`: gate and up interleaved (upload.rs)
     SiluMul { pairs: bool },
 }
@@ -154,7 +157,7 @@ pub struct GpuActivations {
     pub(crate) qkv: wgpu::Buffer,
     /// [max_tokens, n_head*hd] attention output
     pub(crate) att: wgpu::Buffer,
-    /// kept alive for the bind groups: xn [max, n_embd], gu [max, 2*n_ff], act [max, n_ff]
+    /// kept alive for the bind groups: xn [max, n_embd], xq [max] Q8 rows, gu [max, 2*n_ff], act [max, n_ff]
     _other: Vec<wgpu::Buffer>,
     /// distinct token-wide steps; slot i of `params` holds the parameters of `slots[i]`
     slots: Vec<Step>,
@@ -258,40 +261,22 @@ impl GpuLayers {
         let x = ctx.storage("x", f32s(max_tokens * e))?;
         let [xn, qkv, att, gu, act] = [e, qkvd, qd, 2 * ff, ff].map(|w| ctx.storage("activation", f32s(max_tokens * w)));
         let (xn, qkv, att, gu, act) = (xn?, qkv?, att?, gu?, act?);
+        // Q8 rows (q8_act.wgsl): 48 bytes per 32 values of the widest matmul input
+        let xq = ctx.storage("q8 activations", (max_tokens * 48 * e.max(qd).max(ff).div_ceil(32)) as u64)?;
         let pos = ctx.storage("pos", (max_tokens * 4) as u64)?;
         let staging = ctx.staging("staging", f32s(max_tokens * e));
 
         let kern = &ctx.kernels;
-        let mut plan: Vec<PlanItem<'_>> = Vec::new();
+        let mut plan: Vec<Vec<PlanItem<'_>>> = Vec::new();
         let mut plan1: Vec<Vec<PlanItem<'_>>> = Vec::new();
+        let pc = PlanCtx { kern, q8: ctx.q8, n_embd: e, norm: Step::RmsNorm { dim: e, eps: c.rms_eps }, qkv_width: qkvd, gu_width: 2 * ff };
+        let acts = Acts { x: &x, xn: &xn, xq: &xq, qkv: &qkv, att: &att, gu: &gu, act: &act };
         for g in &self.gpu {
-            let mm = |w: &GpuMatrix, y_stride: usize, accumulate: bool| Step::MatMul {
-                rows: w.rows,
-                cols: w.cols,
-                row_bytes: w.row_bytes,
-                y_stride,
-                y_off: w.y_off,
-                accumulate,
-            };
-            let mmk = |w: &GpuMatrix| kern.matmul.get(&w.ty).ok_or_else(|| WgpuError::Unsupported(w.ty.name().into()));
-            let norm = Step::RmsNorm { dim: e, eps: c.rms_eps };
-            let acts = Acts { x: &x, xn: &xn, qkv: &qkv, att: &att, gu: &gu, act: &act };
-            plan1.push(layer_plan(kern, ctx.decode, g, &acts, norm)?);
-            plan.push((true, &kern.rmsnorm, norm, "rmsnorm", vec![&x, &g.attn_norm, &xn]));
-            for w in &g.qkv {
-                plan.push((true, mmk(w)?, mm(w, qkvd, false), "matmul qkv", vec![&w.buf, &xn, &qkv]));
-            }
-            plan.push((false, mmk(&g.wo)?, mm(&g.wo, e, true), "matmul o + add", vec![&g.wo.buf, &att, &x]));
-            plan.push((false, &kern.rmsnorm, norm, "rmsnorm", vec![&x, &g.ffn_norm, &xn]));
-            for w in &g.gate_up {
-                plan.push((false, mmk(w)?, mm(w, 2 * ff, false), "matmul gate_up", vec![&w.buf, &xn, &gu]));
-            }
-            let pairs = g.gate_up.iter().any(|w| w.pairs);
-            plan.push((false, &kern.silu_mul, Step::SiluMul { pairs }, "silu_mul", vec![&gu, &gu, &act]));
-            plan.push((false, mmk(&g.w_down)?, mm(&g.w_down, e, true), "matmul down + add", vec![&g.w_down.buf, &act, &x]));
+            plan1.push(one_token_plan(&pc, ctx.decode, g, &acts)?);
+            plan.push(batch_plan(&pc, g, &acts)?);
         }
         let mut slots: Vec<Step> = Vec::new();
-        for (_, _, s, _, _) in plan.iter().chain(plan1.iter().flatten()) {
+        for (_, _, s, _, _) in plan.iter().flatten().chain(plan1.iter().flatten()) {
             if !slots.contains(s) {
                 slots.push(*s);
             }
@@ -307,14 +292,13 @@ impl GpuLayers {
             mapped_at_creation: false,
         });
         let mut layers: Vec<LayerDispatches> = Vec::with_capacity(self.gpu.len());
-        let per_layer = plan.len() / self.gpu.len().max(1);
         let dispatch_of = |(pre, kernel, step, label, bufs): &PlanItem<'_>| {
             let slot = slots.iter().position(|s| s == step).unwrap_or(0) as u64;
             let mut binds = vec![(&params, slot * slot_stride, Some(PARAM_WINDOW))];
             binds.extend(bufs.iter().map(|b| (*b, 0, None)));
             (*pre, Dispatch { pipeline: kernel.pipeline.clone(), bind: ctx.bind(kernel, &binds), step: *step, label })
         };
-        for (chunk, one) in plan.chunks(per_layer.max(1)).zip(&plan1) {
+        for (chunk, one) in plan.iter().zip(&plan1) {
             let mut ld = LayerDispatches { pre: Vec::new(), post: Vec::new(), pre1: Vec::new(), post1: Vec::new() };
             for (pre, d) in chunk.iter().map(dispatch_of) {
                 if pre { ld.pre.push(d) } else { ld.post.push(d) }
@@ -330,16 +314,19 @@ impl GpuLayers {
             Some(h) => {
                 let rows = max_tokens.min(HEAD_ROWS);
                 let hx = ctx.storage("head x", f32s(rows * e))?;
-                let hn = ctx.storage("head xn", f32s(rows * e))?;
+                // normalized rows: f32, or Q8 rows when the projection reads them (plan.rs)
+                let q8 = ctx.q8 && super::pack::packed(h.out.ty);
+                let hn = if q8 { ctx.storage("head xq", (rows * 48 * e.div_ceil(32)) as u64)? } else { ctx.storage("head xn", f32s(rows * e))? };
+                let (norm_k, mm_map) = if q8 { (&kern.rmsnorm_q8, &kern.matmul_q8) } else { (&kern.rmsnorm, &kern.matmul) };
                 let logits = ctx.storage("logits", f32s(rows * h.out.rows))?;
                 let staging = ctx.staging("logits staging", f32s(rows * h.out.rows));
                 let win = |slot: usize| (&params, slot as u64 * slot_stride, Some(PARAM_WINDOW));
-                let norm_bind = ctx.bind(&kern.rmsnorm, &[win(head_slots[0]), (&hx, 0, None), (&h.norm, 0, None), (&hn, 0, None)]);
-                let mmk = kern.matmul.get(&h.out.ty).ok_or_else(|| WgpuError::Unsupported(h.out.ty.name().into()))?;
+                let norm_bind = ctx.bind(norm_k, &[win(head_slots[0]), (&hx, 0, None), (&h.norm, 0, None), (&hn, 0, None)]);
+                let mmk = mm_map.get(&h.out.ty).ok_or_else(|| WgpuError::Unsupported(h.out.ty.name().into()))?;
                 let out_bind = ctx.bind(mmk, &[win(head_slots[1]), (&h.out.buf, 0, None), (&hn, 0, None), (&logits, 0, None)]);
                 let step = |rows: usize| Step::MatMul { rows, cols: h.out.cols, row_bytes: h.out.row_bytes, y_stride: h.out.rows, y_off: 0, accumulate: false };
                 Some(HeadActs {
-                    norm: Dispatch { pipeline: kern.rmsnorm.pipeline.clone(), bind: norm_bind, step: Step::RmsNorm { dim: e, eps: c.rms_eps }, label: "output norm" },
+                    norm: Dispatch { pipeline: norm_k.pipeline.clone(), bind: norm_bind, step: Step::RmsNorm { dim: e, eps: c.rms_eps }, label: "output norm" },
                     out: Dispatch { pipeline: mmk.pipeline.clone(), bind: out_bind, step: step(h.out.rows), label: "output" },
                     hx,
                     _hn: hn,
@@ -362,7 +349,7 @@ impl GpuLayers {
             staging,
             qkv,
             att,
-            _other: vec![xn, gu, act],
+            _other: vec![xn, xq, gu, act],
             slots,
             n_fixed,
             layers,
@@ -629,6 +616,7 @@ impl GpuLayers {
             }
             // Both write matmul inputs: swizzled rows (matmul.wgsl's X layout).
             Step::RmsNorm { dim, eps } => [dim as u32, n32, eps.to_bits(), 1, 0, 0, 0, 0],
+            Step::Quantize { cols, swizzle } => [cols as u32, n32, swizzle as u32, 0, 0, 0, 0, 0],
             Step::SiluMul { pairs } => {
                 let ff = self.config.n_ff as u32;
                 [n32, ff, 2 * ff, if pairs { 1 } else { ff }, 1, pairs as u32, 0, 0]
@@ -651,6 +639,7 @@ impl GpuLayers {
             Step::MatMul { rows, .. } => self.ctx.matmul_grid(rows, n),
             Step::MatVec { rows, .. } => self.ctx.matmul_grid(rows, 1),
             Step::RmsNorm { .. } => (n as u32, 1),
+            Step::Quantize { cols, .. } => grid_1d(n * cols / 4),
             Step::SiluMul { .. } => grid_1d(n * self.config.n_ff),
         }
     }

@@ -19,7 +19,7 @@
 
 mod backend;
 mod context;
-mod decode;
+mod plan;
 mod kv;
 mod layers;
 mod pack;

@@ -1,0 +1,36 @@
+// rmsnorm_q8.wgsl — RMSNorm written as Q8 rows (the input of the integer-dot matmuls): the values
+// rmsnorm.wgsl writes (X * scale * G, the same expression on the same scale), quantized by
+// q8_coop. Composed as q8_act.wgsl + rms_scale.wgsl (P, bindings 0-2) + this file.
+//
+// Bindings (group 0): 0-2 see rms_scale.wgsl (P.swizzle ignored; dim a multiple of 32);
+//   3 storage rw    Y: array<vec4<u32>>  [n_tok] Q8 rows (3 * dim / 32 words each, q8_act.wgsl)
+// Dispatch: (n_tok, 1, 1) workgroups of 256, one per token; thread li quantizes the row's vec4s
+// li, li + 256, ... (32 blocks per round).
+
+@group(0) @binding(3) var<storage, read_write> Y: array<vec4<u32>>;
+
+@compute @workgroup_size(256)
+fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec3<u32>) {
+    let base = wg.x * p.dim;
+    let scale = rms_scale(li, base);
+    let nc = p.dim / 32u;
+    let yb = wg.x * 3u * nc;
+    for (var j0 = 0u; j0 < nc * 8u; j0 += 256u) {
+        let j = j0 + li;
+        let live = j < nc * 8u;
+        var v = vec4<f32>(0.0);
+        if (live) {
+            let i = 4u * j;
+            v = vec4<f32>(X[base + i], X[base + i + 1u], X[base + i + 2u], X[base + i + 3u]) * scale * vec4<f32>(G[i], G[i + 1u], G[i + 2u], G[i + 3u]);
+        }
+        let q = q8_coop(li, v);
+        if (live) {
+            let b = j / 8u;
+            let k = j % 8u;
+            Y[yb + 2u * b + k / 4u][k % 4u] = q.word;
+            if (k == 0u) {
+                Y[yb + 2u * nc + b] = q.sums;
+            }
+        }
+    }
+}

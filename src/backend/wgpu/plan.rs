@@ -1,0 +1,189 @@
+//! The token-wide dispatches of a layer in the layer runner (layers.rs), for batch steps
+//! ([`batch_plan`]) and for steps of one token ([`one_token_plan`], decode).
+//!
+//! Matrices of the repacked types (Q4_0, Q4_1, Q8_0; pack.rs) multiply activations quantized to 8
+//! bits (q8_act.wgsl, the CPU engine's BlockQ8) by integer dot products: their input is written as
+//! Q8 rows by rmsnorm_q8.wgsl or quantize_q8.wgsl, and matmul_q8.wgsl (batch) or matvec_q8.wgsl
+//! (one token) multiply. Other types read f32 activations (matmul.wgsl, matmul_vec.wgsl). A group
+//! of mixed types gets both inputs.
+//!
+//! One-token steps use the decode kernels (matvec*.wgsl) with the batch kernels' reduction orders,
+//! so a token's bits do not depend on which list ran it (tests: `wgpu_layers_decode_equals_prefill_bitwise`,
+//! tests/batch_invariance.rs). Where gate|up rows are interleaved (upload.rs), SiLU·mul is the
+//! epilogue of the decode gate|up matmul (mv_y_silu.wgsl). `DecodePlan::Fused` (f32 activations
+//! only: RMSNorm folded into q|k|v and gate|up, SiLU·mul into the down projection) applies to
+//! layers without Q8 matrices.
+
+use super::context::{DecodePlan, Kernel, Kernels, XSrc};
+use super::layers::{GpuLayer, GpuMatrix, Step};
+use super::pack::packed;
+use super::WgpuError;
+
+/// One dispatch of a layer's plan: (before attention, kernel, step, label, buffers of bindings 1..).
+pub(super) type PlanItem<'a> = (bool, &'a Kernel, Step, &'static str, Vec<&'a wgpu::Buffer>);
+
+/// The activation buffers a layer's dispatches read and write.
+pub(super) struct Acts<'a> {
+    /// [n_tok, n_embd] residual stream
+    pub x: &'a wgpu::Buffer,
+    /// [n_tok, n_embd] normalized (f32, swizzled)
+    pub xn: &'a wgpu::Buffer,
+    /// [n_tok] Q8 rows of the next Q8 matmul's input (q8_act.wgsl)
+    pub xq: &'a wgpu::Buffer,
+    pub qkv: &'a wgpu::Buffer,
+    pub att: &'a wgpu::Buffer,
+    /// [n_tok, 2 * n_ff] gate|up
+    pub gu: &'a wgpu::Buffer,
+    /// [n_tok, n_ff] SiLU(gate)·up
+    pub act: &'a wgpu::Buffer,
+}
+
+/// What the plans need besides the layer and the buffers.
+pub(super) struct PlanCtx<'a> {
+    pub kern: &'a Kernels,
+    /// integer-dot matmuls for the repacked types
+    pub q8: bool,
+    pub n_embd: usize,
+    /// [n_embd] RMSNorm of the layer's inputs
+    pub norm: Step,
+    /// destination row widths of q|k|v and gate|up
+    pub qkv_width: usize,
+    pub gu_width: usize,
+}
+
+impl<'a> PlanCtx<'a> {
+    fn uses_q8(&self, w: &GpuMatrix) -> bool {
+        self.q8 && packed(w.ty)
+    }
+
+    /// The norm dispatches before `ws` (f32 and / or Q8 output, as the matrices read).
+    fn norm(&self, p: &mut Vec<PlanItem<'a>>, pre: bool, ws: &[GpuMatrix], x: &'a wgpu::Buffer, g: &'a wgpu::Buffer, a: &Acts<'a>) {
+        if ws.iter().any(|w| !self.uses_q8(w)) {
+            p.push((pre, &self.kern.rmsnorm, self.norm, "rmsnorm", vec![x, g, a.xn]));
+        }
+        if ws.iter().any(|w| self.uses_q8(w)) {
+            p.push((pre, &self.kern.rmsnorm_q8, self.norm, "rmsnorm q8", vec![x, g, a.xq]));
+        }
+    }
+
+    /// quantize_q8 of `src` (swizzled rows of `cols`) into `xq` when `w` reads Q8.
+    fn quantize(&self, p: &mut Vec<PlanItem<'a>>, w: &GpuMatrix, src: &'a wgpu::Buffer, a: &Acts<'a>) {
+        if self.uses_q8(w) {
+            p.push((false, &self.kern.quantize_q8, Step::Quantize { cols: w.cols, swizzle: true }, "quantize q8", vec![src, a.xq]));
+        }
+    }
+
+    /// The batch matmul of `w` reading `x` (f32) or `a.xq` (Q8).
+    fn matmul(&self, w: &'a GpuMatrix, x: &'a wgpu::Buffer, a: &Acts<'a>, y_stride: usize, accumulate: bool) -> Result<(&'a Kernel, Step, Vec<&'a wgpu::Buffer>), WgpuError> {
+        let step = Step::MatMul { rows: w.rows, cols: w.cols, row_bytes: w.row_bytes, y_stride, y_off: w.y_off, accumulate };
+        let (map, x) = if self.uses_q8(w) { (&self.kern.matmul_q8, a.xq) } else { (&self.kern.matmul, x) };
+        let k = map.get(&w.ty).ok_or_else(|| WgpuError::Unsupported(w.ty.name().into()))?;
+        Ok((k, step, vec![&w.buf, x]))
+    }
+}
+
+/// The token-wide dispatches of layer `g` for a batch step (any number of tokens).
+pub(super) fn batch_plan<'a>(pc: &PlanCtx<'a>, g: &'a GpuLayer, a: &Acts<'a>) -> Result<Vec<PlanItem<'a>>, WgpuError> {
+    let mut p: Vec<PlanItem<'a>> = Vec::new();
+    pc.norm(&mut p, true, &g.qkv, a.x, &g.attn_norm, a);
+    for w in &g.qkv {
+        let (k, s, mut b) = pc.matmul(w, a.xn, a, pc.qkv_width, false)?;
+        b.push(a.qkv);
+        p.push((true, k, s, "matmul qkv", b));
+    }
+    pc.quantize(&mut p, &g.wo, a.att, a);
+    let (k, s, mut b) = pc.matmul(&g.wo, a.att, a, pc.n_embd, true)?;
+    b.push(a.x);
+    p.push((false, k, s, "matmul o + add", b));
+    pc.norm(&mut p, false, &g.gate_up, a.x, &g.ffn_norm, a);
+    for w in &g.gate_up {
+        let (k, s, mut b) = pc.matmul(w, a.xn, a, pc.gu_width, false)?;
+        b.push(a.gu);
+        p.push((false, k, s, "matmul gate_up", b));
+    }
+    let pairs = g.gate_up.iter().any(|w| w.pairs);
+    p.push((false, &pc.kern.silu_mul, Step::SiluMul { pairs }, "silu_mul", vec![a.gu, a.gu, a.act]));
+    pc.quantize(&mut p, &g.w_down, a.act, a);
+    let (k, s, mut b) = pc.matmul(&g.w_down, a.act, a, pc.n_embd, true)?;
+    b.push(a.x);
+    p.push((false, k, s, "matmul down + add", b));
+    Ok(p)
+}
+
+/// The one-token dispatches of layer `g` (empty for `DecodePlan::Off`: the batch plan runs).
+pub(super) fn one_token_plan<'a>(pc: &PlanCtx<'a>, plan: DecodePlan, g: &'a GpuLayer, a: &Acts<'a>) -> Result<Vec<PlanItem<'a>>, WgpuError> {
+    let kern = pc.kern;
+    let eps = match pc.norm {
+        Step::RmsNorm { eps, .. } => eps,
+        _ => 0.0,
+    };
+    let any_q8 = g.qkv.iter().chain(&g.gate_up).chain([&g.wo, &g.w_down]).any(|w| pc.uses_q8(w));
+    let plan = if plan == DecodePlan::Fused && any_q8 { DecodePlan::Unfused } else { plan };
+    // (kernel, step, [weights, input]) of the decode matmul of `w`; `xs` for f32 inputs
+    let mv = |w: &'a GpuMatrix, xs: XSrc, x: &'a wgpu::Buffer, accumulate: bool| -> Result<(&'a Kernel, Step, Vec<&'a wgpu::Buffer>), WgpuError> {
+        let (xs, x) = if pc.uses_q8(w) { (XSrc::Q8, a.xq) } else { (xs, x) };
+        let k = kern.matvec.get(&(w.ty, xs)).ok_or_else(|| WgpuError::Unsupported(format!("decode matmul of {}", w.ty.name())))?;
+        let step = Step::MatVec { rows: w.rows, cols: w.cols, row_bytes: w.row_bytes, y_off: w.y_off, accumulate, eps: if xs == XSrc::Norm { eps } else { 0.0 } };
+        Ok((k, step, vec![&w.buf, x]))
+    };
+    // gate|up with the SiLU·mul epilogue (rows interleaved at upload)
+    let gu_silu = |xs: XSrc, x: &'a wgpu::Buffer| -> Result<Option<(&'a Kernel, Step, Vec<&'a wgpu::Buffer>)>, WgpuError> {
+        let Some(w) = g.gate_up.first().filter(|w| w.pairs) else { return Ok(None) };
+        let (_, step, b) = mv(w, xs, x, false)?;
+        let xs = if pc.uses_q8(w) { XSrc::Q8 } else { xs };
+        let k = kern.matvec_silu.get(&(w.ty, xs)).ok_or_else(|| WgpuError::Unsupported(format!("decode gate|up + silu of {}", w.ty.name())))?;
+        Ok(Some((k, step, b)))
+    };
+    let mut p: Vec<PlanItem<'a>> = Vec::new();
+    let with = |mut b: Vec<&'a wgpu::Buffer>, more: &[&'a wgpu::Buffer]| {
+        b.extend_from_slice(more);
+        b
+    };
+    match plan {
+        DecodePlan::Off => {}
+        DecodePlan::Unfused => {
+            pc.norm(&mut p, true, &g.qkv, a.x, &g.attn_norm, a);
+            for w in &g.qkv {
+                let (k, s, b) = mv(w, XSrc::Plain, a.xn, false)?;
+                p.push((true, k, s, "matvec qkv", with(b, &[a.qkv])));
+            }
+            pc.quantize(&mut p, &g.wo, a.att, a);
+            let (k, s, b) = mv(&g.wo, XSrc::Plain, a.att, true)?;
+            p.push((false, k, s, "matvec o + add", with(b, &[a.x])));
+            pc.norm(&mut p, false, &g.gate_up, a.x, &g.ffn_norm, a);
+            if let Some((k, s, b)) = gu_silu(XSrc::Plain, a.xn)? {
+                p.push((false, k, s, "matvec gate_up + silu_mul", with(b, &[a.act])));
+            } else {
+                for w in &g.gate_up {
+                    let (k, s, b) = mv(w, XSrc::Plain, a.xn, false)?;
+                    p.push((false, k, s, "matvec gate_up", with(b, &[a.gu])));
+                }
+                p.push((false, &kern.silu_mul, Step::SiluMul { pairs: false }, "silu_mul", vec![a.gu, a.gu, a.act]));
+            }
+            pc.quantize(&mut p, &g.w_down, a.act, a);
+            let (k, s, b) = mv(&g.w_down, XSrc::Plain, a.act, true)?;
+            p.push((false, k, s, "matvec down + add", with(b, &[a.x])));
+        }
+        DecodePlan::Fused => {
+            for w in &g.qkv {
+                let (k, s, b) = mv(w, XSrc::Norm, a.x, false)?;
+                p.push((true, k, s, "norm + matvec qkv", with(b, &[a.qkv, &g.attn_norm])));
+            }
+            let (k, s, b) = mv(&g.wo, XSrc::Plain, a.att, true)?;
+            p.push((false, k, s, "matvec o + add", with(b, &[a.x])));
+            if let Some((k, s, b)) = gu_silu(XSrc::Norm, a.x)? {
+                p.push((false, k, s, "norm + matvec gate_up + silu_mul", with(b, &[a.act, &g.ffn_norm])));
+                let (k, s, b) = mv(&g.w_down, XSrc::Plain, a.act, true)?;
+                p.push((false, k, s, "matvec down + add", with(b, &[a.x])));
+            } else {
+                for w in &g.gate_up {
+                    let (k, s, b) = mv(w, XSrc::Norm, a.x, false)?;
+                    p.push((false, k, s, "norm + matvec gate_up", with(b, &[a.gu, &g.ffn_norm])));
+                }
+                let (k, s, b) = mv(&g.w_down, XSrc::Silu, a.gu, true)?;
+                p.push((false, k, s, "silu_mul + matvec down + add", with(b, &[a.x])));
+            }
+        }
+    }
+    Ok(p)
+}
