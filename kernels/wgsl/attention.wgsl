@@ -1,33 +1,49 @@
 // attention.wgsl — causal attention of the query tokens of one sequence over its KV cache,
-// split over the keys inside one workgroup (flash-decoding within a workgroup).
+// split over the keys inside one workgroup (flash-decoding within a workgroup). The body of two
+// kernels, each this file after a prefix that declares bindings 1..3 (and 6) and three hooks:
+// `load_query` (fill `qv` with the workgroup's query head), `key_dot` (q · key j) and `value`
+// (a pair of value j):
+// * attention_cached.wgsl — `attention`: the queries' RoPE is done and every key and value is
+//   in the cache (rope_store.wgsl ran before); prefill, and the op of WgpuBackend.
+// * attention_one.wgsl (after rope_pair.wgsl) — `attention_one`: a sequence of one token
+//   (decode). The workgroup ropes its query head itself from the raw q|k|v row, computes its KV
+//   head's key and value for the token's position, and the first query head of each KV group
+//   stores them into the cache (replacing rope_store.wgsl: one dispatch instead of two).
 //
 // Bindings (group 0):
 //   0 uniform P (dynamic offset: one slot per sequence of a step) { n_tok, t0, n_head, n_kv_head,
 //       head_dim, capacity, kv_f16, q_stride, scale (f32), swizzle, _, _ }
-//   1 storage read  Q: array<f32>        [t0 + n_tok, q_stride]; the first n_head * head_dim values
-//                                         of a row are the token's query heads (RoPE applied)
-//   2 storage read  KC: array<vec4<u32>> [n_kv_head, capacity, head_dim], f16 pairs (kv_f16 = 1)
-//                                         or f32 bits, read 16 bytes at a time
-//   3 storage read  VC: array<u32>       same layout as KC, read one pair (2 values) at a time
+//   1 storage read  Q / X: array<f32>    [t0 + n_tok, q_stride]; the first n_head * head_dim values
+//                                         of a row are the token's query heads (RoPE applied:
+//                                         `attention`); attention_one: the raw fused q|k|v row
+//                                         (as rope_store.wgsl's X)
+//   2 storage KC: array<vec4<u32>>       [n_kv_head, capacity, head_dim], f16 pairs (kv_f16 = 1)
+//                                         or f32 bits, read 16 bytes at a time (read_write in
+//                                         attention_one, which stores position POS[t])
+//   3 storage VC: array<u32>             same layout as KC, read one pair (2 values) at a time
 //   4 storage read  POS: array<u32>      [t0 + n_tok] position of each query; it attends to 0..=POS[t]
 //   5 storage rw    O: array<f32>        [t0 + n_tok, n_head * head_dim]; swizzle = 1 (the layer
 //                                         runner, n_head * head_dim a multiple of 32): each row in
 //                                         matmul.wgsl's chunk-major layout (element 32c + 4k + i at
 //                                         4 * (k * width / 32 + c) + i)
-// Rows t0 .. t0 + n_tok are this sequence's. Dispatch: (n_head, n_tok, 1) workgroups of 256
-// threads, one per (head, token); head_dim a multiple of 8, at most 256. Query head h reads KV
-// head h / (n_head / n_kv_head).
+//   6 storage read  CS: array<f32>       attention_one only: [n_pos, head_dim / 2, 2] (cos, sin)
+// Rows t0 .. t0 + n_tok are this sequence's (attention_one: n_tok = 1). Dispatch: (n_head, n_tok,
+// 1) workgroups of 256 threads, one per (head, token); head_dim a multiple of 8, at most 256.
+// Query head h reads KV head h / (n_head / n_kv_head).
 //
 // Order of the arithmetic (fixed, so a token's output is bitwise the same alone, in a prefill of
-// any chunking, or next to other sequences): keys are cut into tiles of 32 at absolute positions
-// 0, 32, 64, ...; the workgroup's 8 groups of 32 lanes take tiles g, g + 8, g + 16, ... Lane j of a
-// group scores key j of its tile (a fused multiply-add chain over head_dim, times `scale`). Every
-// lane of the group then walks the tile's scores in key order: the tile's max (a chain of max),
-// the group's running max m, the rescale of its running sum l and outputs by exp(m_old - m), and
-// for each key e = exp(s - m), l += e, o += e * v (lane j owns value pairs j, j + 32, ...). At
-// the end the 8 groups' (m, l, o) are merged in group order 0..7 with exp(m_g - max_g m_g).
-// The key split is inside the workgroup, so no scratch buffer and no second dispatch are needed;
-// the 8 groups load keys and values concurrently, which hides memory latency in decode.
+// any chunking, or next to other sequences, and in either kernel): keys are cut into tiles of 32
+// at absolute positions 0, 32, 64, ...; the workgroup's 8 groups of 32 lanes take tiles g, g + 8,
+// g + 16, ... Lane j of a group scores key j of its tile (a fused multiply-add chain over
+// head_dim, times `scale`). Every lane of the group then walks the tile's scores in key order:
+// the tile's max (a chain of max), the group's running max m, the rescale of its running sum l
+// and outputs by exp(m_old - m), and for each key e = exp(s - m), l += e, o += e * v (lane j owns
+// value pairs j, j + 32, ...). At the end the 8 groups' (m, l, o) are merged in group order 0..7
+// with exp(m_g - max_g m_g). The key split is inside the workgroup, so no scratch buffer and no
+// second dispatch are needed; the 8 groups load keys and values concurrently, which hides memory
+// latency in decode. attention_one's own key and value (position POS[t]) are used as computed,
+// rounded as the cache holds them, and never read back from the cache: the other workgroups of
+// the KV group would race with the one that stores them.
 
 struct P {
     n_tok: u32,
@@ -45,9 +61,6 @@ struct P {
 }
 
 @group(0) @binding(0) var<uniform> p: P;
-@group(0) @binding(1) var<storage, read> Q: array<f32>;
-@group(0) @binding(2) var<storage, read> KC: array<vec4<u32>>;
-@group(0) @binding(3) var<storage, read> VC: array<u32>;
 @group(0) @binding(4) var<storage, read> POS: array<u32>;
 @group(0) @binding(5) var<storage, read_write> O: array<f32>;
 
@@ -99,6 +112,15 @@ fn dot8(acc: f32, e: u32, d: u32) -> f32 {
     return s;
 }
 
+// q · the key whose elements start at element kb of KC.
+fn cache_dot(kb: u32) -> f32 {
+    var dot = 0.0;
+    for (var d = 0u; d < p.head_dim; d += 8u) {
+        dot = dot8(dot, kb + d, d);
+    }
+    return dot;
+}
+
 // Values (e, e + 1) of VC, e even.
 fn v_pair(e: u32) -> vec2<f32> {
     if (p.kv_f16 != 0u) {
@@ -115,10 +137,7 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec
     let g = li / L;
     let lane = li % L;
     let kvh = h / (p.n_head / p.n_kv_head);
-    let qoff = t * p.q_stride + h * hd;
-    for (var d = li; d < hd; d += 256u) {
-        qv[d] = Q[qoff + d];
-    }
+    load_query(h, t, kvh, li);
     if (li == 0u) {
         nkeys = POS[t] + 1u;
     }
@@ -142,12 +161,7 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec
         let j = start + lane;
         var s = NEG;
         if (j < n_keys) {
-            let kb = (kv0 + j) * hd;
-            var dot = 0.0;
-            for (var d = 0u; d < hd; d += 8u) {
-                dot = dot8(dot, kb + d, d);
-            }
-            s = dot * p.scale;
+            s = key_dot((kv0 + j) * hd) * p.scale;
         }
         sc[li] = s;
         workgroupBarrier();
@@ -178,30 +192,30 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec
                 l = l + e2;
                 l = l + e3;
                 let r = vb + jj * hd;
-                let a0 = v_pair(r);
-                let a1 = v_pair(r + hd);
-                let a2 = v_pair(r + 2u * hd);
-                let a3 = v_pair(r + 3u * hd);
+                let a0 = value(r);
+                let a1 = value(r + hd);
+                let a2 = value(r + 2u * hd);
+                let a3 = value(r + 3u * hd);
                 o0 = fma(vec2<f32>(e3), a3, fma(vec2<f32>(e2), a2, fma(vec2<f32>(e1), a1, fma(vec2<f32>(e0), a0, o0))));
                 if (has1) {
-                    let b0 = v_pair(r + 64u);
-                    let b1 = v_pair(r + hd + 64u);
-                    let b2 = v_pair(r + 2u * hd + 64u);
-                    let b3 = v_pair(r + 3u * hd + 64u);
+                    let b0 = value(r + 64u);
+                    let b1 = value(r + hd + 64u);
+                    let b2 = value(r + 2u * hd + 64u);
+                    let b3 = value(r + 3u * hd + 64u);
                     o1 = fma(vec2<f32>(e3), b3, fma(vec2<f32>(e2), b2, fma(vec2<f32>(e1), b1, fma(vec2<f32>(e0), b0, o1))));
                 }
                 if (has2) {
-                    let c0 = v_pair(r + 128u);
-                    let c1 = v_pair(r + hd + 128u);
-                    let c2 = v_pair(r + 2u * hd + 128u);
-                    let c3 = v_pair(r + 3u * hd + 128u);
+                    let c0 = value(r + 128u);
+                    let c1 = value(r + hd + 128u);
+                    let c2 = value(r + 2u * hd + 128u);
+                    let c3 = value(r + 3u * hd + 128u);
                     o2 = fma(vec2<f32>(e3), c3, fma(vec2<f32>(e2), c2, fma(vec2<f32>(e1), c1, fma(vec2<f32>(e0), c0, o2))));
                 }
                 if (has3) {
-                    let d0 = v_pair(r + 192u);
-                    let d1 = v_pair(r + hd + 192u);
-                    let d2 = v_pair(r + 2u * hd + 192u);
-                    let d3 = v_pair(r + 3u * hd + 192u);
+                    let d0 = value(r + 192u);
+                    let d1 = value(r + hd + 192u);
+                    let d2 = value(r + 2u * hd + 192u);
+                    let d3 = value(r + 3u * hd + 192u);
                     o3 = fma(vec2<f32>(e3), d3, fma(vec2<f32>(e2), d2, fma(vec2<f32>(e1), d1, fma(vec2<f32>(e0), d0, o3))));
                 }
             }
@@ -209,15 +223,15 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec
                 let e = exp(sc[sb + jj] - m_new);
                 l = l + e;
                 let r = vb + jj * hd;
-                o0 = fma(vec2<f32>(e), v_pair(r), o0);
+                o0 = fma(vec2<f32>(e), value(r), o0);
                 if (has1) {
-                    o1 = fma(vec2<f32>(e), v_pair(r + 64u), o1);
+                    o1 = fma(vec2<f32>(e), value(r + 64u), o1);
                 }
                 if (has2) {
-                    o2 = fma(vec2<f32>(e), v_pair(r + 128u), o2);
+                    o2 = fma(vec2<f32>(e), value(r + 128u), o2);
                 }
                 if (has3) {
-                    o3 = fma(vec2<f32>(e), v_pair(r + 192u), o3);
+                    o3 = fma(vec2<f32>(e), value(r + 192u), o3);
                 }
             }
             m = m_new;

@@ -8,7 +8,8 @@
 //   2 storage read  CS: array<f32>   [n_pos, head_dim / 2, 2] (cos, sin), as ops::rope_table
 //   3 storage read  POS: array<u32>  [n_tok] position of each token (< n_pos, checked by the host)
 // Dispatch: one thread per (token, head, pair), 256 per workgroup, workgroups (x, y) with linear
-// index y * num_workgroups.x + x. (x0, x1) -> (x0 cos - x1 sin, x0 sin + x1 cos).
+// index y * num_workgroups.x + x. (x0, x1) -> (x0 cos - x1 sin, x0 sin + x1 cos) as rope_pair.wgsl
+// (prepended) computes it.
 
 struct P {
     n_tok: u32,
@@ -38,6 +39,7 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec
     let s = CS[cs + 1u];
     let x0 = X[x];
     let x1 = X[x + 1u];
-    X[x] = x0 * c - x1 * s;
-    X[x + 1u] = x0 * s + x1 * c;
+    let r = rope_pair(x0, x1, c, s);
+    X[x] = r.x;
+    X[x + 1u] = r.y;
 }

@@ -1,8 +1,9 @@
 // rope_store.wgsl — for the tokens of one sequence in a layer runner step: rotary embedding of
 // the query heads (in place) and key heads, then the rotated keys and the values stored into the
 // sequence's KV cache. One dispatch replaces rope.wgsl + kv_store.wgsl in the layer runner; the
-// arithmetic per value is the same as theirs (x0 c - x1 s, x0 s + x1 c, then f16 rounding by
-// pack2x16float or f32 bits).
+// arithmetic per value is the same as theirs (rope_pair.wgsl, prepended, then f16 rounding by
+// pack2x16float or f32 bits), and the same as attention_one.wgsl's, which does this itself for a
+// sequence of one token (decode), so that a token's bits do not depend on the path.
 //
 // Bindings (group 0):
 //   0 uniform P (dynamic offset, the sequence's slot; layout as attention.wgsl) { n_tok, t0,
@@ -80,13 +81,12 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec
     let cs = pos * p.head_dim + 2u * pr;
     let c = CS[cs];
     let s = CS[cs + 1u];
-    let r0 = x0 * c - x1 * s;
-    let r1 = x0 * s + x1 * c;
+    let r = rope_pair(x0, x1, c, s);
     if (head < p.n_head) {
-        X[x] = r0;
-        X[x + 1u] = r1;
+        X[x] = r.x;
+        X[x + 1u] = r.y;
     } else {
         let kh = head - p.n_head;
-        store(p.kv_f16 != 0u, false, (kh * p.capacity + pos) * p.head_dim + 2u * pr, r0, r1);
+        store(p.kv_f16 != 0u, false, (kh * p.capacity + pos) * p.head_dim + 2u * pr, r.x, r.y);
     }
 }

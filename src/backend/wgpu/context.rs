@@ -107,6 +107,8 @@ pub(crate) struct Kernels {
     pub rope_store: Kernel,
     /// parameters at a dynamic offset (one slot per sequence of a step)
     pub attention: Kernel,
+    /// attention of a sequence's one token with its RoPE and KV store (layer runner, decode)
+    pub attention_one: Kernel,
     pub silu_mul: Kernel,
     pub add: Kernel,
 }
@@ -194,6 +196,8 @@ fn q8dot_source(ty: GgmlType) -> Option<&'static str> {
     })
 }
 const PACKED: &str = include_str!("../../../kernels/wgsl/packed.wgsl");
+const ROPE_PAIR: &str = include_str!("../../../kernels/wgsl/rope_pair.wgsl");
+const ATTENTION: &str = include_str!("../../../kernels/wgsl/attention.wgsl");
 
 /// The `chunk_at` source of the decode matmul (matmul_vec.wgsl) for `ty`: lazy decoding from the
 /// packed words for the packed types, else the whole chunk decoded first.
@@ -582,7 +586,7 @@ fn build_kernels(device: &wgpu::Device, lanes: u32, decode: DecodePlan, subgroup
         rmsnorm: k("rmsnorm", format!("{RMS_SCALE}\n{}", include_str!("../../../kernels/wgsl/rmsnorm.wgsl")), &[B::Uniform, B::Read, B::Read, B::Rw])?,
         rmsnorm_q8: k("rmsnorm_q8", format!("{Q8_ACT}\n{RMS_SCALE}\n{}", include_str!("../../../kernels/wgsl/rmsnorm_q8.wgsl")), &[B::Uniform, B::Read, B::Read, B::Rw])?,
         quantize_q8: k("quantize_q8", format!("{Q8_ACT}\n{}", include_str!("../../../kernels/wgsl/quantize_q8.wgsl")), &[B::Uniform, B::Read, B::Rw])?,
-        rope: k("rope", include_str!("../../../kernels/wgsl/rope.wgsl").into(), &[B::Uniform, B::Rw, B::Read, B::Read])?,
+        rope: k("rope", format!("{ROPE_PAIR}\n{}", include_str!("../../../kernels/wgsl/rope.wgsl")), &[B::Uniform, B::Rw, B::Read, B::Read])?,
         kv_store: k(
             "kv_store",
             include_str!("../../../kernels/wgsl/kv_store.wgsl").into(),
@@ -590,12 +594,17 @@ fn build_kernels(device: &wgpu::Device, lanes: u32, decode: DecodePlan, subgroup
         )?,
         attention: k(
             "attention",
-            include_str!("../../../kernels/wgsl/attention.wgsl").into(),
+            format!("{}\n{ATTENTION}", include_str!("../../../kernels/wgsl/attention_cached.wgsl")),
             &[B::UniformDyn, B::Read, B::Read, B::Read, B::Read, B::Rw],
+        )?,
+        attention_one: k(
+            "attention_one",
+            format!("{ROPE_PAIR}\n{}\n{ATTENTION}", include_str!("../../../kernels/wgsl/attention_one.wgsl")),
+            &[B::UniformDyn, B::Read, B::Rw, B::Rw, B::Read, B::Rw, B::Read],
         )?,
         rope_store: k(
             "rope_store",
-            include_str!("../../../kernels/wgsl/rope_store.wgsl").into(),
+            format!("{ROPE_PAIR}\n{}", include_str!("../../../kernels/wgsl/rope_store.wgsl")),
             &[B::UniformDyn, B::Rw, B::Read, B::Read, B::Rw, B::Rw],
         )?,
         silu_mul: k("silu_mul", include_str!("../../../kernels/wgsl/silu_mul.wgsl").into(), &[B::Uniform, B::Read, B::Read, B::Rw])?,

@@ -1,7 +1,11 @@
 //! [`GpuKv`]: one sequence's keys and values for the layers of a [`GpuLayers`] stack, in GPU
 //! buffers `[n_kv_head, capacity, head_dim]` per layer (f16 pairs or f32), plus the bind groups
 //! of its per-sequence dispatches (built on first use with a run state's activations, then
-//! reused, so decode steps create nothing).
+//! reused, so decode steps create nothing), and the recording of those dispatches
+//! ([`record_seqs`]): a sequence of several tokens in a step gets rope_store.wgsl (RoPE of its
+//! queries and keys, keys and values into the cache) then attention; a sequence of one token
+//! (decode) gets one dispatch, attention_one, which does its RoPE and KV store itself (same bits,
+//! attention.wgsl's header).
 //!
 //! The cached length lives with the caller (the engine's `KvCache`): truncating is forgetting
 //! positions, and [`GpuKv::copy_prefix_from`] copies positions between two caches on the GPU
@@ -9,8 +13,8 @@
 
 use std::sync::Arc;
 
-use super::context::WgpuContext;
-use super::layers::{GpuActivations, GpuLayers, KvPrecision, PARAM_WINDOW};
+use super::context::{grid_1d, Kernels, WgpuContext};
+use super::layers::{GpuActivations, GpuLayers, KvPrecision, SeqSpan, PARAM_WINDOW};
 use super::WgpuError;
 use crate::engine::LlamaConfig;
 
@@ -26,8 +30,8 @@ pub struct GpuKv {
     /// per layer of the stack: [n_kv_head, capacity, head_dim]
     k: Vec<wgpu::Buffer>,
     v: Vec<wgpu::Buffer>,
-    /// (activations id, per layer [rope_store, attention] bind groups)
-    binds: Option<(u64, Vec<[wgpu::BindGroup; 2]>)>,
+    /// (activations id, per layer [rope_store, attention, attention_one] bind groups)
+    binds: Option<(u64, Vec<[wgpu::BindGroup; 3]>)>,
 }
 
 impl GpuKv {
@@ -103,6 +107,10 @@ impl GpuKv {
                 [
                     self.ctx.bind(&k.rope_store, &[p, (qkv, 0, None), (rope, 0, None), (pos, 0, None), (kc, 0, None), (vc, 0, None)]),
                     self.ctx.bind(&k.attention, &[p, (qkv, 0, None), (kc, 0, None), (vc, 0, None), (pos, 0, None), (att, 0, None)]),
+                    self.ctx.bind(
+                        &k.attention_one,
+                        &[p, (qkv, 0, None), (kc, 0, None), (vc, 0, None), (pos, 0, None), (att, 0, None), (rope, 0, None)],
+                    ),
                 ]
             })
             .collect();
@@ -110,12 +118,50 @@ impl GpuKv {
         self.ctx.check()
     }
 
-    /// Bind group `which` (0: rope_store, 1: attention) of layer `li` of the stack; only after
-    /// [`bind_for`](Self::bind_for).
-    pub(crate) fn bind(&self, li: usize, which: usize) -> &wgpu::BindGroup {
+    /// Bind group `which` (0: rope_store, 1: attention, 2: attention_one) of layer `li` of the
+    /// stack; only after [`bind_for`](Self::bind_for).
+    fn bind(&self, li: usize, which: usize) -> &wgpu::BindGroup {
         match &self.binds {
             Some((_, b)) => &b[li][which],
             None => unreachable!("GpuKv::bind before bind_for"),
         }
     }
+}
+
+/// Dispatches per layer of the sequences of a step (see [`record_seqs`]).
+pub(crate) fn seq_dispatches(seqs: &[SeqSpan<'_>]) -> usize {
+    seqs.iter().map(|s| if s.n_tok == 1 { 1 } else { 2 }).sum()
+}
+
+/// Hands the per-sequence dispatches of layer `li` of a step to `emit` in order: (label, pipeline,
+/// bind group, the sequence's index = its parameter slot, grid). First rope_store for each
+/// sequence of several tokens, then each sequence's attention: attention_one for a sequence of
+/// one token, which does what rope_store would.
+pub(crate) fn record_seqs<'a>(
+    k: &'a Kernels,
+    c: &LlamaConfig,
+    seqs: &'a [SeqSpan<'_>],
+    li: usize,
+    mut emit: impl FnMut(&'static str, &'a wgpu::ComputePipeline, &'a wgpu::BindGroup, usize, (u32, u32)),
+) {
+    for (i, s) in seqs.iter().enumerate().filter(|(_, s)| s.n_tok != 1) {
+        let grid = grid_1d(s.n_tok * (c.n_head + 2 * c.n_head_kv) * c.head_dim / 2);
+        emit("rope + kv store", &k.rope_store.pipeline, s.kv.bind(li, 0), i, grid);
+    }
+    for (i, s) in seqs.iter().enumerate() {
+        let grid = (c.n_head as u32, s.n_tok as u32);
+        match s.n_tok {
+            1 => emit("attention + rope + kv store", &k.attention_one.pipeline, s.kv.bind(li, 2), i, grid),
+            _ => emit("attention", &k.attention.pipeline, s.kv.bind(li, 1), i, grid),
+        }
+    }
+}
+
+/// Parameters of rope_store.wgsl and attention.wgsl for one sequence (rows t0..t0+n_tok).
+pub(crate) fn seq_params(c: &LlamaConfig, kv: KvPrecision, capacity: usize, t0: usize, n_tok: usize) -> [u32; 12] {
+    let scale = 1.0 / (c.head_dim as f32).sqrt();
+    let qkvd = c.n_head * c.head_dim + 2 * c.kv_dim();
+    let f16 = (kv == KvPrecision::F16) as u32;
+    // attention's output feeds the o projection: swizzled rows (word 9)
+    [n_tok as u32, t0 as u32, c.n_head as u32, c.n_head_kv as u32, c.head_dim as u32, capacity as u32, f16, qkvd as u32, scale.to_bits(), 1, 0, 0]
 }

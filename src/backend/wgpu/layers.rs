@@ -11,7 +11,8 @@
 //! positions and the parameters, records all dispatches of all layers in one compute pass of one
 //! command buffer, and reads back only the final hidden state `[n_tok, n_embd]`. Per layer:
 //! RMSNorm, the fused q|k|v matmul over all tokens, then per sequence RoPE + KV store
-//! (rope_store.wgsl) and attention over that sequence's cache, then the output projection with
+//! (rope_store.wgsl) and attention over that sequence's cache, or for a sequence of one token
+//! the three in one dispatch (attention_one; kv.rs records these), then the output projection with
 //! the residual add, RMSNorm, gate|up, SiLU·mul and the down projection with the residual add.
 //! Embedding, the output norm, logits and sampling stay with the caller (the CPU).
 
@@ -20,8 +21,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use super::context::{grid_1d, WgpuContext, MAX_HEAD_DIM};
+use super::kv::{record_seqs, seq_dispatches, seq_params, GpuKv};
 use super::plan::{batch_plan, one_token_plan, Acts, PlanCtx, PlanItem};
-use super::kv::GpuKv;
 pub(super) use super::upload::GpuMatrix;
 use super::upload::upload_rows;
 use super::WgpuError;
@@ -82,7 +83,7 @@ struct Dispatch {
 }
 
 /// The token-wide dispatches of one layer: before the per-sequence attention and after it; for
-/// steps of one token `pre1` / `post1` (decode.rs) when not empty.
+/// steps of one token `pre1` / `post1` (plan.rs) when not empty.
 struct LayerDispatches {
     pre: Vec<Dispatch>,
     post: Vec<Dispatch>,
@@ -455,14 +456,14 @@ impl GpuLayers {
         }
         let mut t0 = 0;
         for (i, s) in seqs.iter().enumerate() {
-            let p = self.seq_params(s.kv.capacity, t0, s.n_tok);
+            let p = seq_params(&self.config, self.kv, s.kv.capacity, t0, s.n_tok);
             act.words[(n_wide + i) * stride..(n_wide + i) * stride + 12].copy_from_slice(&p);
             t0 += s.n_tok;
         }
         let used = (n_wide + seqs.len()) * stride;
         ctx.queue.write_buffer(&act.params, 0, bytemuck::cast_slice(&act.words[..used]));
 
-        let n_dispatch = act.layers.iter().map(|l| l.lists(n).0.len() + l.lists(n).1.len()).sum::<usize>() + 2 * self.gpu.len() * seqs.len();
+        let n_dispatch = act.layers.iter().map(|l| l.lists(n).0.len() + l.lists(n).1.len()).sum::<usize>() + self.gpu.len() * seq_dispatches(seqs);
         let mut enc = ctx.encoder();
         let queries = profile.then(|| {
             ctx.device.create_query_set(&wgpu::QuerySetDescriptor { label: Some("profile"), ty: wgpu::QueryType::Timestamp, count: 2 * n_dispatch as u32 })
@@ -583,21 +584,13 @@ impl GpuLayers {
         layers: Range<usize>,
         mut emit: impl FnMut(&'static str, &'a wgpu::ComputePipeline, &'a wgpu::BindGroup, Option<u32>, (u32, u32)),
     ) {
-        let c = &self.config;
-        let k = &self.ctx.kernels;
         let seq_offset = |i: usize| ((act.n_fixed + i) as u64 * act.slot_stride) as u32;
         for (li, ld) in act.layers.iter().enumerate().take(layers.end).skip(layers.start) {
             let (pre, post) = ld.lists(n);
             for d in pre {
                 emit(d.label, &d.pipeline, &d.bind, None, self.grid_of(d.step, n));
             }
-            for (i, s) in seqs.iter().enumerate() {
-                let grid = grid_1d(s.n_tok * (c.n_head + 2 * c.n_head_kv) * c.head_dim / 2);
-                emit("rope + kv store", &k.rope_store.pipeline, s.kv.bind(li, 0), Some(seq_offset(i)), grid);
-            }
-            for (i, s) in seqs.iter().enumerate() {
-                emit("attention", &k.attention.pipeline, s.kv.bind(li, 1), Some(seq_offset(i)), (c.n_head as u32, s.n_tok as u32));
-            }
+            record_seqs(&self.ctx.kernels, &self.config, seqs, li, |label, pipeline, bind, i, grid| emit(label, pipeline, bind, Some(seq_offset(i)), grid));
             for d in post {
                 emit(d.label, &d.pipeline, &d.bind, None, self.grid_of(d.step, n));
             }
@@ -622,16 +615,6 @@ impl GpuLayers {
                 [n32, ff, 2 * ff, if pairs { 1 } else { ff }, 1, pairs as u32, 0, 0]
             }
         }
-    }
-
-    /// Parameters of rope_store.wgsl and attention.wgsl for one sequence (rows t0..t0+n_tok).
-    fn seq_params(&self, capacity: usize, t0: usize, n_tok: usize) -> [u32; 12] {
-        let c = &self.config;
-        let scale = 1.0 / (c.head_dim as f32).sqrt();
-        let qkvd = c.n_head * c.head_dim + 2 * c.kv_dim();
-        let f16 = (self.kv == KvPrecision::F16) as u32;
-        // attention's output feeds the o projection: swizzled rows (word 9)
-        [n_tok as u32, t0 as u32, c.n_head as u32, c.n_head_kv as u32, c.head_dim as u32, capacity as u32, f16, qkvd as u32, scale.to_bits(), 1, 0, 0]
     }
 
     fn grid_of(&self, step: Step, n: usize) -> (u32, u32) {

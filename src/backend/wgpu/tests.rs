@@ -488,6 +488,12 @@ fn decode_equals_prefill_on(ctx: &Arc<WgpuContext>) {
                 );
             }
         }
+        // Decoded positions 31..=40 (attention_one; tile 0, then tile 1 of group 1) equal the
+        // prefill's (rope_store + attention); tiny_shape has GQA (4 query heads, 2 KV heads).
+        let long = uniform(23, 41 * e);
+        let prefill = run_chunks(ctx, &model, 0..2, kv, &long, &[16, 16, 9]);
+        let decoded = run_chunks(ctx, &model, 0..2, kv, &long, &[16, 15, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1]);
+        assert!(decoded.iter().zip(&prefill).all(|(a, b)| a.to_bits() == b.to_bits()), "{kv:?}: decode past 32 positions");
         // Truncating and recomputing the tail reproduces it.
         let mut l = WgpuLayers::with_kv(ctx.clone(), &model, 0..2, 16, 64, kv).expect("layers");
         let pos: Vec<u32> = (0..n as u32).collect();
