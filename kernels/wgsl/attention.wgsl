@@ -1,6 +1,7 @@
 // attention.wgsl — causal attention of the query tokens of one sequence over its KV cache,
 // split over the keys inside one workgroup (flash-decoding within a workgroup). The body of two
-// kernels, each this file after a prefix that declares bindings 1..3 (and 6) and three hooks:
+// kernels, each after q8_act.wgsl (q8_coop) and a prefix that declares bindings 1..3 and 6 (and 7)
+// and three hooks:
 // `load_query` (fill `qv` with the workgroup's query head), `key_dot` (q · key j) and `value`
 // (a pair of value j):
 // * attention_cached.wgsl — `attention`: the queries' RoPE is done and every key and value is
@@ -12,7 +13,7 @@
 //
 // Bindings (group 0):
 //   0 uniform P (dynamic offset: one slot per sequence of a step) { n_tok, t0, n_head, n_kv_head,
-//       head_dim, capacity, kv_f16, q_stride, scale (f32), swizzle, _, _ }
+//       head_dim, capacity, kv_f16, q_stride, scale (f32), swizzle, q8_out, zero (always 0) }
 //   1 storage read  Q / X: array<f32>    [t0 + n_tok, q_stride]; the first n_head * head_dim values
 //                                         of a row are the token's query heads (RoPE applied:
 //                                         `attention`); attention_one: the raw fused q|k|v row
@@ -26,6 +27,10 @@
 //                                         runner, n_head * head_dim a multiple of 32): each row in
 //                                         matmul.wgsl's chunk-major layout (element 32c + 4k + i at
 //                                         4 * (k * width / 32 + c) + i)
+//   6 storage rw    Q8O: array<vec4<u32>> (`attention`; binding 7 in attention_one) [t0 + n_tok] Q8
+//                                         rows of width n_head * head_dim (q8_act.wgsl), written when
+//                                         q8_out = 1 (head_dim a multiple of 32): the output quantized
+//                                         for the o projection's integer dot products, in addition to O
 //   6 storage read  CS: array<f32>       attention_one only: [n_pos, head_dim / 2, 2] (cos, sin)
 // Rows t0 .. t0 + n_tok are this sequence's (attention_one: n_tok = 1). Dispatch: (n_head, n_tok,
 // 1) workgroups of 256 threads, one per (head, token); head_dim a multiple of 8, at most 256.
@@ -56,7 +61,7 @@ struct P {
     q_stride: u32,
     scale: f32,
     swizzle: u32,
-    _b: u32,
+    q8_out: u32,
     _c: u32,
 }
 
@@ -284,5 +289,27 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec
             o = t * width + (((e >> 2u) & 7u) * (width >> 5u) + (e >> 5u)) * 4u + (e & 3u);
         }
         O[o] = r;
+        sc[d] = r;
+    }
+    if (p.q8_out != 0u) {
+        // the head's values as 4 values per thread, 8 threads per block of 32 (q8_coop)
+        workgroupBarrier();
+        let nv = hd / 4u;
+        let live = li < nv;
+        var v = vec4<f32>(0.0);
+        if (live) {
+            v = vec4<f32>(sc[4u * li], sc[4u * li + 1u], sc[4u * li + 2u], sc[4u * li + 3u]);
+        }
+        let q = q8_coop(li, v);
+        if (live) {
+            let nc = width / 32u;
+            let b = h * hd / 32u + li / 8u;
+            let k = li % 8u;
+            let base = t * 3u * nc;
+            Q8O[base + 2u * b + k / 4u][k % 4u] = q.word;
+            if (k == 0u) {
+                Q8O[base + 2u * nc + b] = q.sums;
+            }
+        }
     }
 }

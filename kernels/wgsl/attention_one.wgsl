@@ -3,7 +3,7 @@
 // (bindings in attention.wgsl's header). Thread i < head_dim / 2 of the workgroup of query head h
 // ropes pair i of that head into `qv`, ropes pair i of the key of KV head kvh and takes pair i of
 // its value (the token's raw q|k|v row X), rounds both as the cache holds them (f16 by
-// pack2x16float, or f32) into `kown` / `vown`, and when h is the first query head of its KV group
+// pack2x16float and back through an opaque zero, or f32) into `kown` / `vown`, and when h is the first query head of its KV group
 // stores them at position POS[t] of the cache, bitwise as rope_store.wgsl would. Scores and
 // values of that position come from `kown` / `vown` in every workgroup of the group: the cache
 // slot being written is never read in this dispatch.
@@ -12,6 +12,7 @@
 @group(0) @binding(2) var<storage, read_write> KC: array<vec4<u32>>;
 @group(0) @binding(3) var<storage, read_write> VC: array<u32>;
 @group(0) @binding(6) var<storage, read> CS: array<f32>;
+@group(0) @binding(7) var<storage, read_write> Q8O: array<vec4<u32>>;
 
 // [head_dim] the token's key and value of this KV head, as the cache holds them
 var<workgroup> kown: array<f32, 256>;
@@ -42,8 +43,10 @@ fn load_query(h: u32, t: u32, kvh: u32, li: u32) {
     if (p.kv_f16 != 0u) {
         let kw = pack2x16float(k);
         let vw = pack2x16float(v);
-        k = unpack2x16float(kw);
-        v = unpack2x16float(vw);
+        // P._c is always 0: OR-ing it in keeps the round trip opaque to the compiler (NVIDIA's
+        // folds unpack2x16float(pack2x16float(x)) to x, which left these values unrounded).
+        k = unpack2x16float(kw | p._c);
+        v = unpack2x16float(vw | p._c);
         if (writer) {
             KC[e >> 3u][(e >> 1u) & 3u] = kw;
             VC[e >> 1u] = vw;

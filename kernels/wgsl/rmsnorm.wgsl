@@ -2,22 +2,23 @@
 // rms_scale.wgsl (P, bindings 0-2, the scale) + this file.
 //
 // Bindings (group 0): 0-2 see rms_scale.wgsl;
-//   3 storage rw    Y: array<f32>  [n_tok, dim]; swizzle = 1 (the layer runner, dim a multiple of 32):
-//                                  each row in matmul.wgsl's chunk-major layout (element 32c + 4k + i
-//                                  at 4 * (k * dim / 32 + c) + i), else as X
+//   3 storage rw    Y: array<vec4<f32>>  [n_tok, dim / 4]; swizzle = 1 (the layer runner, dim a
+//                                        multiple of 32): each row in matmul.wgsl's chunk-major
+//                                        layout (vec4 k of chunk c at k * dim / 32 + c), else as X
 // Dispatch: (n_tok, 1, 1) workgroups of 256, one per token.
 
-@group(0) @binding(3) var<storage, read_write> Y: array<f32>;
+@group(0) @binding(3) var<storage, read_write> Y: array<vec4<f32>>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec3<u32>) {
-    let base = wg.x * p.dim;
+    let d4 = p.dim / 4u;
+    let base = wg.x * d4;
     let scale = rms_scale(li, base);
-    for (var i = li; i < p.dim; i += 256u) {
-        var o = i;
+    for (var j = li; j < d4; j += 256u) {
+        var o = j;
         if (p.swizzle != 0u) {
-            o = (((i >> 2u) & 7u) * (p.dim >> 5u) + (i >> 5u)) * 4u + (i & 3u);
+            o = (j % 8u) * (p.dim / 32u) + j / 8u;
         }
-        Y[base + o] = X[base + i] * scale * G[i];
+        Y[base + o] = X[base + j] * scale * G[j];
     }
 }

@@ -11,7 +11,7 @@
 
 @compute @workgroup_size(256)
 fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec3<u32>) {
-    let base = wg.x * p.dim;
+    let base = wg.x * p.dim / 4u;
     let scale = rms_scale(li, base);
     let nc = p.dim / 32u;
     let yb = wg.x * 3u * nc;
@@ -20,8 +20,7 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec
         let live = j < nc * 8u;
         var v = vec4<f32>(0.0);
         if (live) {
-            let i = 4u * j;
-            v = vec4<f32>(X[base + i], X[base + i + 1u], X[base + i + 2u], X[base + i + 3u]) * scale * vec4<f32>(G[i], G[i + 1u], G[i + 2u], G[i + 3u]);
+            v = X[base + j] * scale * G[j];
         }
         let q = q8_coop(li, v);
         if (live) {

@@ -184,7 +184,7 @@ pub fn place(model: &mut Model, opts: &PlacementOptions) -> Result<Placement, Pl
         model.offload_none();
         return Ok(cpu_only("--tensor-split".into()));
     }
-    let ctx = match WgpuContext::new(WgpuOptions { allow_software: opts.allow_software, matmul_lanes: None, decode_kernels: None }) {
+    let ctx = match WgpuContext::new(WgpuOptions { allow_software: opts.allow_software, matmul_lanes: None, decode_kernels: None, attention_one: None }) {
         Ok(c) => c,
         Err(e) if opts.backend == BackendChoice::Split && explicit.is_none() => {
             model.offload_none();

@@ -150,6 +150,9 @@ impl WgpuBackend {
         if d == 0 || x.len() % d != 0 || out.len() != x.len() {
             return Err(WgpuError::BadShape { got: x.len(), expected: out.len() });
         }
+        if d % 4 != 0 {
+            return Err(WgpuError::Unsupported(format!("rmsnorm of rows of {d} values (rmsnorm.wgsl reads vec4s)")));
+        }
         let n = x.len() / d;
         let params = [d as u32, n as u32, eps.to_bits(), 0];
         let args = [Arg::Bytes(bytemuck::cast_slice(x)), Arg::Bytes(bytemuck::cast_slice(weight)), Arg::Zeroed((x.len() * 4) as u64)];
@@ -189,6 +192,8 @@ impl WgpuBackend {
             Arg::Bytes(bytemuck::cast_slice(&vc)),
             Arg::Bytes(bytemuck::cast_slice(a.positions)),
             Arg::Zeroed((a.out.len() * 4) as u64),
+            // Q8 output, unused (q8_out = 0)
+            Arg::Zeroed(16),
         ];
         self.run(&self.ctx.kernels.attention, &params, &args, (a.n_head as u32, n as u32), 4, a.out)
     }

@@ -39,6 +39,11 @@ pub struct WgpuOptions {
     /// kernels), else matmul_vec alone on GPUs (measured fastest on the H100, docs/perf.md, "wgpu
     /// tier") and the batch kernels on software adapters. Same bits either way.
     pub decode_kernels: Option<bool>,
+    /// A sequence of one token in a step runs attention_one.wgsl (RoPE and KV store inside its
+    /// attention: one dispatch instead of two) when `Some(true)`; `None`: `$FORGE_WGPU_ATTN_ONE=1`
+    /// turns it on. Off by default: slower on the H100 (tg128 504-537 vs 576-593 t/s, 1.1B model,
+    /// docs/perf.md). Same bits either way.
+    pub attention_one: Option<bool>,
 }
 
 /// What was chosen, for logs and `forge-cache hardware`.
@@ -134,6 +139,8 @@ pub struct WgpuContext {
     /// integer dot products (plan.rs); on unless `$FORGE_WGPU_Q8` is `0` (f32 activations, the
     /// dequantizing kernels: for comparisons).
     pub(crate) q8: bool,
+    /// Whether a sequence of one token in a step runs attention_one (see [`WgpuOptions::attention_one`]).
+    pub(crate) attention_one: bool,
     /// A layer step is submitted in parts of this many layers (0: whole); [`SUBMIT_LAYERS`] unless
     /// `$FORGE_WGPU_SUBMIT_LAYERS` says otherwise.
     pub(crate) submit_layers: usize,
@@ -322,6 +329,7 @@ impl WgpuContext {
             decode,
             subgroups,
             q8: std::env::var("FORGE_WGPU_Q8").map_or(true, |v| v != "0"),
+            attention_one: opts.attention_one.unwrap_or_else(|| std::env::var("FORGE_WGPU_ATTN_ONE").is_ok_and(|v| v == "1")),
             submit_layers: std::env::var("FORGE_WGPU_SUBMIT_LAYERS").ok().and_then(|v| v.parse().ok()).unwrap_or(SUBMIT_LAYERS),
             uncaptured,
         }))
@@ -594,13 +602,13 @@ fn build_kernels(device: &wgpu::Device, lanes: u32, decode: DecodePlan, subgroup
         )?,
         attention: k(
             "attention",
-            format!("{}\n{ATTENTION}", include_str!("../../../kernels/wgsl/attention_cached.wgsl")),
-            &[B::UniformDyn, B::Read, B::Read, B::Read, B::Read, B::Rw],
+            format!("{Q8_ACT}\n{}\n{ATTENTION}", include_str!("../../../kernels/wgsl/attention_cached.wgsl")),
+            &[B::UniformDyn, B::Read, B::Read, B::Read, B::Read, B::Rw, B::Rw],
         )?,
         attention_one: k(
             "attention_one",
-            format!("{ROPE_PAIR}\n{}\n{ATTENTION}", include_str!("../../../kernels/wgsl/attention_one.wgsl")),
-            &[B::UniformDyn, B::Read, B::Rw, B::Rw, B::Read, B::Rw, B::Read],
+            format!("{Q8_ACT}\n{ROPE_PAIR}\n{}\n{ATTENTION}", include_str!("../../../kernels/wgsl/attention_one.wgsl")),
+            &[B::UniformDyn, B::Read, B::Rw, B::Rw, B::Read, B::Rw, B::Read, B::Rw],
         )?,
         rope_store: k(
             "rope_store",

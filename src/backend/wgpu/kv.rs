@@ -96,7 +96,7 @@ impl GpuKv {
         if self.binds.as_ref().is_some_and(|(id, _)| *id == act.id) {
             return Ok(());
         }
-        let [qkv, att, pos, params, rope] = stack.seq_buffers(act);
+        let [qkv, att, pos, params, rope, xq] = stack.seq_buffers(act);
         let k = &self.ctx.kernels;
         let p = (params, 0, Some(PARAM_WINDOW));
         let binds = self
@@ -106,10 +106,10 @@ impl GpuKv {
             .map(|(kc, vc)| {
                 [
                     self.ctx.bind(&k.rope_store, &[p, (qkv, 0, None), (rope, 0, None), (pos, 0, None), (kc, 0, None), (vc, 0, None)]),
-                    self.ctx.bind(&k.attention, &[p, (qkv, 0, None), (kc, 0, None), (vc, 0, None), (pos, 0, None), (att, 0, None)]),
+                    self.ctx.bind(&k.attention, &[p, (qkv, 0, None), (kc, 0, None), (vc, 0, None), (pos, 0, None), (att, 0, None), (xq, 0, None)]),
                     self.ctx.bind(
                         &k.attention_one,
-                        &[p, (qkv, 0, None), (kc, 0, None), (vc, 0, None), (pos, 0, None), (att, 0, None), (rope, 0, None)],
+                        &[p, (qkv, 0, None), (kc, 0, None), (vc, 0, None), (pos, 0, None), (att, 0, None), (rope, 0, None), (xq, 0, None)],
                     ),
                 ]
             })
@@ -129,39 +129,50 @@ impl GpuKv {
 }
 
 /// Dispatches per layer of the sequences of a step (see [`record_seqs`]).
-pub(crate) fn seq_dispatches(seqs: &[SeqSpan<'_>]) -> usize {
-    seqs.iter().map(|s| if s.n_tok == 1 { 1 } else { 2 }).sum()
+pub(crate) fn seq_dispatches(seqs: &[SeqSpan<'_>], one: bool) -> usize {
+    seqs.iter().map(|s| if one && s.n_tok == 1 { 1 } else { 2 }).sum()
 }
 
 /// Hands the per-sequence dispatches of layer `li` of a step to `emit` in order: (label, pipeline,
 /// bind group, the sequence's index = its parameter slot, grid). First rope_store for each
 /// sequence of several tokens, then each sequence's attention: attention_one for a sequence of
-/// one token, which does what rope_store would.
+/// one token when `one` (`WgpuContext::attention_one`), which does what rope_store would.
 pub(crate) fn record_seqs<'a>(
+    one: bool,
     k: &'a Kernels,
     c: &LlamaConfig,
     seqs: &'a [SeqSpan<'_>],
     li: usize,
     mut emit: impl FnMut(&'static str, &'a wgpu::ComputePipeline, &'a wgpu::BindGroup, usize, (u32, u32)),
 ) {
-    for (i, s) in seqs.iter().enumerate().filter(|(_, s)| s.n_tok != 1) {
+    let single = |s: &SeqSpan<'_>| one && s.n_tok == 1;
+    for (i, s) in seqs.iter().enumerate().filter(|(_, s)| !single(s)) {
         let grid = grid_1d(s.n_tok * (c.n_head + 2 * c.n_head_kv) * c.head_dim / 2);
         emit("rope + kv store", &k.rope_store.pipeline, s.kv.bind(li, 0), i, grid);
     }
     for (i, s) in seqs.iter().enumerate() {
         let grid = (c.n_head as u32, s.n_tok as u32);
-        match s.n_tok {
-            1 => emit("attention + rope + kv store", &k.attention_one.pipeline, s.kv.bind(li, 2), i, grid),
-            _ => emit("attention", &k.attention.pipeline, s.kv.bind(li, 1), i, grid),
+        match single(s) {
+            true => emit("attention + rope + kv store", &k.attention_one.pipeline, s.kv.bind(li, 2), i, grid),
+            false => emit("attention", &k.attention.pipeline, s.kv.bind(li, 1), i, grid),
         }
     }
 }
 
 /// Parameters of rope_store.wgsl and attention.wgsl for one sequence (rows t0..t0+n_tok).
-pub(crate) fn seq_params(c: &LlamaConfig, kv: KvPrecision, capacity: usize, t0: usize, n_tok: usize) -> [u32; 12] {
+/// `q8_out`: attention also writes its output as Q8 rows (see [`attention_q8`]).
+pub(crate) fn seq_params(c: &LlamaConfig, kv: KvPrecision, capacity: usize, t0: usize, n_tok: usize, q8_out: bool) -> [u32; 12] {
     let scale = 1.0 / (c.head_dim as f32).sqrt();
     let qkvd = c.n_head * c.head_dim + 2 * c.kv_dim();
     let f16 = (kv == KvPrecision::F16) as u32;
-    // attention's output feeds the o projection: swizzled rows (word 9)
-    [n_tok as u32, t0 as u32, c.n_head as u32, c.n_head_kv as u32, c.head_dim as u32, capacity as u32, f16, qkvd as u32, scale.to_bits(), 1, 0, 0]
+    // attention's output feeds the o projection: swizzled rows (word 9); word 11 must stay 0
+    // (attention_one.wgsl ORs it into its f16 round trip so that no compiler folds it away)
+    [n_tok as u32, t0 as u32, c.n_head as u32, c.n_head_kv as u32, c.head_dim as u32, capacity as u32, f16, qkvd as u32, scale.to_bits(), 1, q8_out as u32, 0]
+}
+
+/// Whether the layer runner's attention writes its output as Q8 rows too (attention.wgsl,
+/// `q8_out`), so that no quantize_q8 dispatch runs before a Q8 o projection (plan.rs): with the
+/// integer-dot matmuls on and heads of whole blocks of 32.
+pub(crate) fn attention_q8(q8: bool, c: &LlamaConfig) -> bool {
+    q8 && c.head_dim.is_multiple_of(32)
 }

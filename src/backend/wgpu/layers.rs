@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use super::context::{grid_1d, WgpuContext, MAX_HEAD_DIM};
-use super::kv::{record_seqs, seq_dispatches, seq_params, GpuKv};
+use super::kv::{attention_q8, record_seqs, seq_dispatches, seq_params, GpuKv};
 use super::plan::{batch_plan, one_token_plan, Acts, PlanCtx, PlanItem};
 pub(super) use super::upload::GpuMatrix;
 use super::upload::upload_rows;
@@ -158,7 +158,9 @@ pub struct GpuActivations {
     pub(crate) qkv: wgpu::Buffer,
     /// [max_tokens, n_head*hd] attention output
     pub(crate) att: wgpu::Buffer,
-    /// kept alive for the bind groups: xn [max, n_embd], xq [max] Q8 rows, gu [max, 2*n_ff], act [max, n_ff]
+    /// [max_tokens] Q8 rows of the widest matmul input (q8_act.wgsl): the next Q8 matmul's input
+    pub(crate) xq: wgpu::Buffer,
+    /// kept alive for the bind groups: xn [max, n_embd], gu [max, 2*n_ff], act [max, n_ff]
     _other: Vec<wgpu::Buffer>,
     /// distinct token-wide steps; slot i of `params` holds the parameters of `slots[i]`
     slots: Vec<Step>,
@@ -270,7 +272,7 @@ impl GpuLayers {
         let kern = &ctx.kernels;
         let mut plan: Vec<Vec<PlanItem<'_>>> = Vec::new();
         let mut plan1: Vec<Vec<PlanItem<'_>>> = Vec::new();
-        let pc = PlanCtx { kern, q8: ctx.q8, n_embd: e, norm: Step::RmsNorm { dim: e, eps: c.rms_eps }, qkv_width: qkvd, gu_width: 2 * ff };
+        let pc = PlanCtx { kern, q8: ctx.q8, att_q8: attention_q8(ctx.q8, c), n_embd: e, norm: Step::RmsNorm { dim: e, eps: c.rms_eps }, qkv_width: qkvd, gu_width: 2 * ff };
         let acts = Acts { x: &x, xn: &xn, xq: &xq, qkv: &qkv, att: &att, gu: &gu, act: &act };
         for g in &self.gpu {
             plan1.push(one_token_plan(&pc, ctx.decode, g, &acts)?);
@@ -350,7 +352,8 @@ impl GpuLayers {
             staging,
             qkv,
             att,
-            _other: vec![xn, xq, gu, act],
+            xq,
+            _other: vec![xn, gu, act],
             slots,
             n_fixed,
             layers,
@@ -456,14 +459,14 @@ impl GpuLayers {
         }
         let mut t0 = 0;
         for (i, s) in seqs.iter().enumerate() {
-            let p = seq_params(&self.config, self.kv, s.kv.capacity, t0, s.n_tok);
+            let p = seq_params(&self.config, self.kv, s.kv.capacity, t0, s.n_tok, attention_q8(self.ctx.q8, &self.config));
             act.words[(n_wide + i) * stride..(n_wide + i) * stride + 12].copy_from_slice(&p);
             t0 += s.n_tok;
         }
         let used = (n_wide + seqs.len()) * stride;
         ctx.queue.write_buffer(&act.params, 0, bytemuck::cast_slice(&act.words[..used]));
 
-        let n_dispatch = act.layers.iter().map(|l| l.lists(n).0.len() + l.lists(n).1.len()).sum::<usize>() + self.gpu.len() * seq_dispatches(seqs);
+        let n_dispatch = act.layers.iter().map(|l| l.lists(n).0.len() + l.lists(n).1.len()).sum::<usize>() + self.gpu.len() * seq_dispatches(seqs, self.ctx.attention_one);
         let mut enc = ctx.encoder();
         let queries = profile.then(|| {
             ctx.device.create_query_set(&wgpu::QuerySetDescriptor { label: Some("profile"), ty: wgpu::QueryType::Timestamp, count: 2 * n_dispatch as u32 })
@@ -590,7 +593,7 @@ impl GpuLayers {
             for d in pre {
                 emit(d.label, &d.pipeline, &d.bind, None, self.grid_of(d.step, n));
             }
-            record_seqs(&self.ctx.kernels, &self.config, seqs, li, |label, pipeline, bind, i, grid| emit(label, pipeline, bind, Some(seq_offset(i)), grid));
+            record_seqs(self.ctx.attention_one, &self.ctx.kernels, &self.config, seqs, li, |label, pipeline, bind, i, grid| emit(label, pipeline, bind, Some(seq_offset(i)), grid));
             for d in post {
                 emit(d.label, &d.pipeline, &d.bind, None, self.grid_of(d.step, n));
             }
@@ -627,9 +630,9 @@ impl GpuLayers {
         }
     }
 
-    /// The buffers a sequence's bind groups use: (qkv, att, pos, params, rope).
-    pub(crate) fn seq_buffers<'a>(&'a self, act: &'a GpuActivations) -> [&'a wgpu::Buffer; 5] {
-        [&act.qkv, &act.att, &act.pos, &act.params, &self.rope]
+    /// The buffers a sequence's bind groups use: (qkv, att, pos, params, rope, xq).
+    pub(crate) fn seq_buffers<'a>(&'a self, act: &'a GpuActivations) -> [&'a wgpu::Buffer; 6] {
+        [&act.qkv, &act.att, &act.pos, &act.params, &self.rope, &act.xq]
     }
 }
 

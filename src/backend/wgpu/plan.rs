@@ -43,6 +43,8 @@ pub(super) struct PlanCtx<'a> {
     pub kern: &'a Kernels,
     /// integer-dot matmuls for the repacked types
     pub q8: bool,
+    /// attention writes its output as Q8 rows too (kv.rs `attention_q8`)
+    pub att_q8: bool,
     pub n_embd: usize,
     /// [n_embd] RMSNorm of the layer's inputs
     pub norm: Step,
@@ -73,6 +75,13 @@ impl<'a> PlanCtx<'a> {
         }
     }
 
+    /// The o projection's Q8 input, unless attention wrote it (`att_q8`).
+    fn quantize_att(&self, p: &mut Vec<PlanItem<'a>>, wo: &GpuMatrix, a: &Acts<'a>) {
+        if !self.att_q8 {
+            self.quantize(p, wo, a.att, a);
+        }
+    }
+
     /// The batch matmul of `w` reading `x` (f32) or `a.xq` (Q8).
     fn matmul(&self, w: &'a GpuMatrix, x: &'a wgpu::Buffer, a: &Acts<'a>, y_stride: usize, accumulate: bool) -> Result<(&'a Kernel, Step, Vec<&'a wgpu::Buffer>), WgpuError> {
         let step = Step::MatMul { rows: w.rows, cols: w.cols, row_bytes: w.row_bytes, y_stride, y_off: w.y_off, accumulate };
@@ -91,7 +100,7 @@ pub(super) fn batch_plan<'a>(pc: &PlanCtx<'a>, g: &'a GpuLayer, a: &Acts<'a>) ->
         b.push(a.qkv);
         p.push((true, k, s, "matmul qkv", b));
     }
-    pc.quantize(&mut p, &g.wo, a.att, a);
+    pc.quantize_att(&mut p, &g.wo, a);
     let (k, s, mut b) = pc.matmul(&g.wo, a.att, a, pc.n_embd, true)?;
     b.push(a.x);
     p.push((false, k, s, "matmul o + add", b));
@@ -147,7 +156,7 @@ pub(super) fn one_token_plan<'a>(pc: &PlanCtx<'a>, plan: DecodePlan, g: &'a GpuL
                 let (k, s, b) = mv(w, XSrc::Plain, a.xn, false)?;
                 p.push((true, k, s, "matvec qkv", with(b, &[a.qkv])));
             }
-            pc.quantize(&mut p, &g.wo, a.att, a);
+            pc.quantize_att(&mut p, &g.wo, a);
             let (k, s, b) = mv(&g.wo, XSrc::Plain, a.att, true)?;
             p.push((false, k, s, "matvec o + add", with(b, &[a.x])));
             pc.norm(&mut p, false, &g.gate_up, a.x, &g.ffn_norm, a);

@@ -188,7 +188,7 @@ fn probe_q8(ctx: &Arc<WgpuContext>, label: &str, rows: usize, cols: usize) {
 #[test]
 #[ignore]
 fn wgpu_matmul_probe() {
-    let opts = WgpuOptions { allow_software: std::env::var_os("FORGE_PROBE_SOFTWARE").is_some(), matmul_lanes: None, decode_kernels: None };
+    let opts = WgpuOptions { allow_software: std::env::var_os("FORGE_PROBE_SOFTWARE").is_some(), matmul_lanes: None, decode_kernels: None, attention_one: None };
     let ctx = match WgpuContext::new(opts) {
         Ok(c) => c,
         Err(e) => return eprintln!("skipped: {e}"),
