@@ -1,30 +1,18 @@
-// rms_scale.wgsl — what rmsnorm.wgsl and rmsnorm_q8.wgsl share (prepended to each): the
-// parameters, bindings 0-2 and the per-token scale.
-//   0 uniform P { dim (a multiple of 4), n_tok, eps (f32), swizzle }
-//   1 storage read  X: array<vec4<f32>>  [n_tok, dim / 4]
-//   2 storage read  G: array<vec4<f32>>  [dim / 4] weight
-// rms_scale(li, base) = 1 / sqrt(mean(X row^2) + eps) for the row starting at vec4 `base`, by a
-// workgroup of 256: thread i sums the squares of vec4s i, i+256, ... in order (fused
-// multiply-adds, components x, y, z, w), then a fixed tree adds the 256 partial sums: a token's
-// result does not depend on the batch. Every invocation of the workgroup calls it (barriers).
-
-struct P {
-    dim: u32,
-    n_tok: u32,
-    eps: f32,
-    swizzle: u32,
-}
-
-@group(0) @binding(0) var<uniform> p: P;
-@group(0) @binding(1) var<storage, read> X: array<vec4<f32>>;
-@group(0) @binding(2) var<storage, read> G: array<vec4<f32>>;
+// rms_scale.wgsl — the RMSNorm scale, shared by rmsnorm.wgsl, rmsnorm_q8.wgsl and the decode
+// matmul's staged input (mvq_x_stage.wgsl); the including kernel defines `rms_x(j)`, vec4 j of
+// the row.
+// rms_scale(li, base, dim, eps) = 1 / sqrt(mean(row^2) + eps) for the row of `dim` values (a
+// multiple of 4) starting at vec4 `base`, by a workgroup of 256: thread i sums the squares of
+// vec4s i, i+256, ... in order (fused multiply-adds, components x, y, z, w), then a fixed tree adds
+// the 256 partial sums: a token's result does not depend on the batch or on the kernel. Every
+// invocation of the workgroup calls it (barriers).
 
 var<workgroup> red: array<f32, 256>;
 
-fn rms_scale(li: u32, base: u32) -> f32 {
+fn rms_scale(li: u32, base: u32, dim: u32, eps: f32) -> f32 {
     var s = 0.0;
-    for (var j = li; j < p.dim / 4u; j += 256u) {
-        let v = X[base + j];
+    for (var j = li; j < dim / 4u; j += 256u) {
+        let v = rms_x(base + j);
         s = fma(v.x, v.x, s);
         s = fma(v.y, v.y, s);
         s = fma(v.z, v.z, s);
@@ -38,5 +26,5 @@ fn rms_scale(li: u32, base: u32) -> f32 {
         }
         workgroupBarrier();
     }
-    return 1.0 / sqrt(red[0] / f32(p.dim) + p.eps);
+    return 1.0 / sqrt(red[0] / f32(dim) + eps);
 }

@@ -1,7 +1,7 @@
 // rmsnorm.wgsl — Y[t, :] = X[t, :] * (1 / sqrt(mean(X[t, :]^2) + eps)) * G. Composed as
-// rms_scale.wgsl (P, bindings 0-2, the scale) + this file.
+// rms_bind.wgsl (P, bindings 0-2) + rms_scale.wgsl + this file.
 //
-// Bindings (group 0): 0-2 see rms_scale.wgsl;
+// Bindings (group 0): 0-2 see rms_bind.wgsl;
 //   3 storage rw    Y: array<vec4<f32>>  [n_tok, dim / 4]; swizzle = 1 (the layer runner, dim a
 //                                        multiple of 32): each row in matmul.wgsl's chunk-major
 //                                        layout (vec4 k of chunk c at k * dim / 32 + c), else as X
@@ -13,7 +13,7 @@
 fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec3<u32>) {
     let d4 = p.dim / 4u;
     let base = wg.x * d4;
-    let scale = rms_scale(li, base);
+    let scale = rms_scale(li, base, p.dim, p.eps);
     for (var j = li; j < d4; j += 256u) {
         var o = j;
         if (p.swizzle != 0u) {

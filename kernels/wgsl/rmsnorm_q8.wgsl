@@ -1,8 +1,8 @@
 // rmsnorm_q8.wgsl — RMSNorm written as Q8 rows (the input of the integer-dot matmuls): the values
 // rmsnorm.wgsl writes (X * scale * G, the same expression on the same scale), quantized by
-// q8_coop. Composed as q8_act.wgsl + rms_scale.wgsl (P, bindings 0-2) + this file.
+// q8_coop. Composed as q8_act.wgsl + rms_bind.wgsl (P, bindings 0-2) + rms_scale.wgsl + this file.
 //
-// Bindings (group 0): 0-2 see rms_scale.wgsl (P.swizzle ignored; dim a multiple of 32);
+// Bindings (group 0): 0-2 see rms_bind.wgsl (P.swizzle ignored; dim a multiple of 32);
 //   3 storage rw    Y: array<vec4<u32>>  [n_tok] Q8 rows (3 * dim / 32 words each, q8_act.wgsl)
 // Dispatch: (n_tok, 1, 1) workgroups of 256, one per token; thread li quantizes the row's vec4s
 // li, li + 256, ... (32 blocks per round).
@@ -12,7 +12,7 @@
 @compute @workgroup_size(256)
 fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec3<u32>) {
     let base = wg.x * p.dim / 4u;
-    let scale = rms_scale(li, base);
+    let scale = rms_scale(li, base, p.dim, p.eps);
     let nc = p.dim / 32u;
     let yb = wg.x * 3u * nc;
     for (var j0 = 0u; j0 < nc * 8u; j0 += 256u) {

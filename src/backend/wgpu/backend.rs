@@ -150,7 +150,7 @@ impl WgpuBackend {
         if d == 0 || x.len() % d != 0 || out.len() != x.len() {
             return Err(WgpuError::BadShape { got: x.len(), expected: out.len() });
         }
-        if d % 4 != 0 {
+        if !d.is_multiple_of(4) {
             return Err(WgpuError::Unsupported(format!("rmsnorm of rows of {d} values (rmsnorm.wgsl reads vec4s)")));
         }
         let n = x.len() / d;
@@ -201,7 +201,7 @@ impl WgpuBackend {
     /// quantize_q8.wgsl over `x` ([n_tok, cols], cols a multiple of 32; `swizzled`: each row in
     /// matmul.wgsl's chunk-major layout): the Q8 rows' words (q8_act.wgsl's layout).
     pub fn quantize_q8(&self, x: &[f32], n_tok: usize, cols: usize, swizzled: bool) -> Result<Vec<u32>, WgpuError> {
-        if cols % 32 != 0 || x.len() != n_tok * cols {
+        if !cols.is_multiple_of(32) || x.len() != n_tok * cols {
             return Err(WgpuError::BadShape { got: x.len(), expected: n_tok * cols });
         }
         let words = n_tok * cols / 32 * 12;

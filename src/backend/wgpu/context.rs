@@ -71,6 +71,9 @@ pub(crate) enum XSrc {
     Silu,
     /// Q8 rows (q8_act.wgsl), integer dot products: Q4_0, Q4_1 and Q8_0 weights (matvec_q8.wgsl)
     Q8,
+    /// f32 input quantized to Q8 by every workgroup, RMSNorm optionally folded in
+    /// (mvq_x_stage.wgsl, binding 4: the norm weight); integer dot products as `Q8`
+    Q8Stage,
 }
 
 /// How steps of one token run (see [`WgpuOptions::decode_kernels`]). Every setting gives the same
@@ -142,6 +145,10 @@ pub struct WgpuContext {
     /// integer dot products (plan.rs); on unless `$FORGE_WGPU_Q8` is `0` (f32 activations, the
     /// dequantizing kernels: for comparisons).
     pub(crate) q8: bool,
+    /// Whether one-token Q8 matmuls quantize (and normalize) their own input in workgroup memory
+    /// (mvq_x_stage.wgsl) instead of after a rmsnorm_q8 / quantize_q8 dispatch; on unless
+    /// `$FORGE_WGPU_STAGE` is `0`. Same bits either way.
+    pub(crate) stage: bool,
     /// Whether a sequence of one token in a step runs attention_one (see [`WgpuOptions::attention_one`]).
     pub(crate) attention_one: bool,
     /// A layer step is submitted in parts of this many layers (0: whole); [`SUBMIT_LAYERS`] unless
@@ -195,6 +202,9 @@ fn weight_source(ty: GgmlType) -> String {
 const BYTES: &str = include_str!("../../../kernels/wgsl/bytes.wgsl");
 const Q8_ACT: &str = include_str!("../../../kernels/wgsl/q8_act.wgsl");
 const RMS_SCALE: &str = include_str!("../../../kernels/wgsl/rms_scale.wgsl");
+const RMS_BIND: &str = include_str!("../../../kernels/wgsl/rms_bind.wgsl");
+/// Widest input (columns) mvq_x_stage.wgsl stages in workgroup memory (its XS_WORDS / 3 * 32).
+pub(crate) const STAGE_MAX_COLS: usize = 576 / 3 * 32;
 
 /// The `chunk_q8` source (integer dot of a weight chunk with a Q8 block) of a repacked type.
 fn q8dot_source(ty: GgmlType) -> Option<&'static str> {
@@ -332,6 +342,7 @@ impl WgpuContext {
             decode,
             subgroups,
             q8: std::env::var("FORGE_WGPU_Q8").map_or(true, |v| v != "0"),
+            stage: std::env::var("FORGE_WGPU_STAGE").map_or(true, |v| v != "0"),
             attention_one: opts.attention_one.unwrap_or_else(|| std::env::var("FORGE_WGPU_ATTN_ONE").is_ok_and(|v| v == "1")),
             submit_layers: std::env::var("FORGE_WGPU_SUBMIT_LAYERS").ok().and_then(|v| v.parse().ok()).unwrap_or(SUBMIT_LAYERS),
             uncaptured,
@@ -566,10 +577,15 @@ fn build_kernels(device: &wgpu::Device, lanes: u32, decode: DecodePlan, subgroup
         let (w, name) = (matmul_weight_source(ty), ty.name());
         matmul_q8.insert(ty, k(&format!("matmul_q8_{name}"), format!("{w}\n{dot}\n{q8_src}"), &mm)?);
         if decode != DecodePlan::Off {
-            let src = format!("{w}\n{dot}\n{vec_q8_src}\n{vec_main}");
-            matvec.insert((ty, XSrc::Q8), k(&format!("matvec_q8_{name}"), format!("{src}\n{y_store}"), &mm)?);
-            if (WG / lanes).is_multiple_of(2) {
-                matvec_silu.insert((ty, XSrc::Q8), k(&format!("matvec_q8_silu_{name}"), format!("{src}\n{y_silu}"), &mm)?);
+            let global = include_str!("../../../kernels/wgsl/mvq_x_global.wgsl");
+            let stage = format!("{Q8_ACT}\n{RMS_SCALE}\n{}", include_str!("../../../kernels/wgsl/mvq_x_stage.wgsl"));
+            let staged = [B::Uniform, B::Read, B::Read, B::Rw, B::Read];
+            for (xs, x_src, binds) in [(XSrc::Q8, global.to_string(), &mm[..]), (XSrc::Q8Stage, stage, &staged[..])] {
+                let src = format!("{w}\n{dot}\n{x_src}\n{vec_q8_src}\n{vec_main}");
+                matvec.insert((ty, xs), k(&format!("matvec_q8_{name}_{xs:?}"), format!("{src}\n{y_store}"), binds)?);
+                if xs == XSrc::Q8 && (WG / lanes).is_multiple_of(2) {
+                    matvec_silu.insert((ty, xs), k(&format!("matvec_q8_silu_{name}_{xs:?}"), format!("{src}\n{y_silu}"), binds)?);
+                }
             }
         }
     }
@@ -594,8 +610,12 @@ fn build_kernels(device: &wgpu::Device, lanes: u32, decode: DecodePlan, subgroup
         matvec_silu,
         matmul_q8,
         embed,
-        rmsnorm: k("rmsnorm", format!("{RMS_SCALE}\n{}", include_str!("../../../kernels/wgsl/rmsnorm.wgsl")), &[B::Uniform, B::Read, B::Read, B::Rw])?,
-        rmsnorm_q8: k("rmsnorm_q8", format!("{Q8_ACT}\n{RMS_SCALE}\n{}", include_str!("../../../kernels/wgsl/rmsnorm_q8.wgsl")), &[B::Uniform, B::Read, B::Read, B::Rw])?,
+        rmsnorm: k("rmsnorm", format!("{RMS_BIND}\n{RMS_SCALE}\n{}", include_str!("../../../kernels/wgsl/rmsnorm.wgsl")), &[B::Uniform, B::Read, B::Read, B::Rw])?,
+        rmsnorm_q8: k(
+            "rmsnorm_q8",
+            format!("{Q8_ACT}\n{RMS_BIND}\n{RMS_SCALE}\n{}", include_str!("../../../kernels/wgsl/rmsnorm_q8.wgsl")),
+            &[B::Uniform, B::Read, B::Read, B::Rw],
+        )?,
         quantize_q8: k("quantize_q8", format!("{Q8_ACT}\n{}", include_str!("../../../kernels/wgsl/quantize_q8.wgsl")), &[B::Uniform, B::Read, B::Rw])?,
         rope: k("rope", format!("{ROPE_PAIR}\n{}", include_str!("../../../kernels/wgsl/rope.wgsl")), &[B::Uniform, B::Rw, B::Read, B::Read])?,
         kv_store: k(

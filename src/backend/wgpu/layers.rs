@@ -63,8 +63,9 @@ pub(super) struct GpuLayer {
 pub(super) enum Step {
     /// `accumulate`: add into the destination (the residual stream) instead of writing.
     MatMul { rows: usize, cols: usize, row_bytes: usize, y_stride: usize, y_off: usize, accumulate: bool },
-    /// One token's matmul (matmul_vec.wgsl); `eps` for a folded RMSNorm.
-    MatVec { rows: usize, cols: usize, row_bytes: usize, y_off: usize, accumulate: bool, eps: f32 },
+    /// One token's matmul (matmul_vec.wgsl, matvec_q8.wgsl); `eps` for a folded RMSNorm, `stage`
+    /// the staged input's mode (mvq_x_stage.wgsl: 1 normalized).
+    MatVec { rows: usize, cols: usize, row_bytes: usize, y_off: usize, accumulate: bool, eps: f32, stage: u32 },
     /// rmsnorm.wgsl or rmsnorm_q8.wgsl (same parameters)
     RmsNorm { dim: usize, eps: f32 },
     /// quantize_q8.wgsl: rows of `cols` (swizzled or plain) to Q8 rows
@@ -188,7 +189,7 @@ impl GpuLayers {
         if layers.start > layers.end || layers.end > c.n_layer {
             return Err(WgpuError::Unsupported(format!("layers {layers:?} of a {}-layer model", c.n_layer)));
         }
-        if c.head_dim % 8 != 0 || c.head_dim > MAX_HEAD_DIM || c.n_embd % 4 != 0 {
+        if !c.head_dim.is_multiple_of(8) || c.head_dim > MAX_HEAD_DIM || !c.n_embd.is_multiple_of(4) {
             return Err(WgpuError::Unsupported(format!("head_dim {} / n_embd {}", c.head_dim, c.n_embd)));
         }
         let n_pos = n_pos.clamp(1, c.n_ctx_train);
@@ -272,7 +273,7 @@ impl GpuLayers {
         let kern = &ctx.kernels;
         let mut plan: Vec<Vec<PlanItem<'_>>> = Vec::new();
         let mut plan1: Vec<Vec<PlanItem<'_>>> = Vec::new();
-        let pc = PlanCtx { kern, q8: ctx.q8, att_q8: attention_q8(ctx.q8, c), n_embd: e, norm: Step::RmsNorm { dim: e, eps: c.rms_eps }, qkv_width: qkvd, gu_width: 2 * ff };
+        let pc = PlanCtx { kern, q8: ctx.q8, att_q8: attention_q8(ctx.q8, c), stage: ctx.stage, n_embd: e, norm: Step::RmsNorm { dim: e, eps: c.rms_eps }, qkv_width: qkvd, gu_width: 2 * ff };
         let acts = Acts { x: &x, xn: &xn, xq: &xq, qkv: &qkv, att: &att, gu: &gu, act: &act };
         for g in &self.gpu {
             plan1.push(one_token_plan(&pc, ctx.decode, g, &acts)?);
@@ -607,8 +608,8 @@ impl GpuLayers {
             Step::MatMul { rows, cols, row_bytes, y_stride, y_off, accumulate } => {
                 [rows as u32, cols as u32, n32, row_bytes as u32, y_stride as u32, y_off as u32, accumulate as u32, 0]
             }
-            Step::MatVec { rows, cols, row_bytes, y_off, accumulate, eps } => {
-                [rows as u32, cols as u32, 1, row_bytes as u32, 0, y_off as u32, accumulate as u32, eps.to_bits()]
+            Step::MatVec { rows, cols, row_bytes, y_off, accumulate, eps, stage } => {
+                [rows as u32, cols as u32, 1, row_bytes as u32, stage, y_off as u32, accumulate as u32, eps.to_bits()]
             }
             // Both write matmul inputs: swizzled rows (matmul.wgsl's X layout).
             Step::RmsNorm { dim, eps } => [dim as u32, n32, eps.to_bits(), 1, 0, 0, 0, 0],
