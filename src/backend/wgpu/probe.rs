@@ -98,90 +98,25 @@ fn probe(ctx: &Arc<WgpuContext>, label: &str, rows: usize, cols: usize) {
 }
 
 
-/// Experimental decode matmul on Q8 activations (integer dot products), Q4_0 packed weights.
-/// X: qs as 2 vec4<u32> per chunk, then (d bits, sum) per chunk as vec2 pairs in vec4 words.
-const Q8MV: &str = "
-@group(0) @binding(0) var<uniform> p: vec4<u32>;
-@group(0) @binding(1) var<storage, read> W: array<vec4<u32>>;
-@group(0) @binding(2) var<storage, read> X: array<vec4<u32>>;
-@group(0) @binding(3) var<storage, read_write> Y: array<f32>;
-const LANES: u32 = 32u;
-const ROWS: u32 = 8u;
-STAGE_DECL
-fn xq(i: u32) -> vec4<u32> { return XLOAD; }
-@compute @workgroup_size(256)
-fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec3<u32>) {
-    let nc = p.y / 32u;
-    STAGE_CODE
-    let lane = li % LANES;
-    let r = wg.x * ROWS + li / LANES;
-    var acc = 0.0;
-    if (r < p.x) {
-        for (var c = lane; c < nc; c += LANES) {
-            let i = r * nc + c;
-            let q = W[i];
-            let sw = W[p.x * nc + i / 8u][(i / 2u) % 4u];
-            let dw = unpack2x16float(sw >> (16u * (i % 2u))).x;
-            let x0 = xq(2u * c);
-            let x1 = xq(2u * c + 1u);
-            let xm = xq(2u * nc + c / 2u);
-            let xd = bitcast<f32>(xm[2u * (c % 2u)]);
-            let xs = bitcast<i32>(xm[2u * (c % 2u) + 1u]);
-            let m = 0x0F0F0F0Fu;
-            var s = dot4I8Packed(q.x & m, x0.x) + dot4I8Packed(q.y & m, x0.y) + dot4I8Packed(q.z & m, x0.z) + dot4I8Packed(q.w & m, x0.w);
-            s += dot4I8Packed((q.x >> 4u) & m, x1.x) + dot4I8Packed((q.y >> 4u) & m, x1.y) + dot4I8Packed((q.z >> 4u) & m, x1.z) + dot4I8Packed((q.w >> 4u) & m, x1.w);
-            acc = acc + dw * xd * f32(s - 8 * xs);
-        }
-    }
-    for (var st = LANES / 2u; st > 0u; st = st >> 1u) {
-        acc = acc + subgroupShuffleXor(acc, st);
-    }
-    if (lane == 0u && r < p.x) { Y[r] = acc; }
-}";
-
-fn q8_src(lanes: u32, staged: bool) -> String {
-    let (decl, code, load) = if staged {
-        (
-            "var<workgroup> XS: array<vec4<u32>, 1024>;",
-            "for (var j = li; j < 2u * nc + (nc + 1u) / 2u; j += 256u) { XS[j] = X[j]; } workgroupBarrier();",
-            "XS[i]",
-        )
-    } else {
-        ("", "", "X[i]")
-    };
-    Q8MV.replace("const LANES: u32 = 32u;", &format!("const LANES: u32 = {lanes}u;"))
-        .replace("const ROWS: u32 = 8u;", &format!("const ROWS: u32 = {}u;", 256 / lanes))
-        .replace("STAGE_DECL", decl)
-        .replace("STAGE_CODE", code)
-        .replace("XLOAD", load)
-}
-
 fn probe_q8(ctx: &Arc<WgpuContext>, label: &str, rows: usize, cols: usize) {
     let ty = GgmlType::Q4_0;
     let raw = random_matrix(ty, rows, cols, 0.0, 0.02, 7).expect("matrix");
     let packed = pack_rows(ty, cols, &[&raw]);
     let w = ctx.storage_init("w", &packed).expect("w");
     let nc = cols / 32;
-    let mut xw = vec![0x01020304u32; 8 * nc + 4 * nc.div_ceil(2)];
+    // a Q8 row (q8_act.wgsl): int8 values, then (d, s, isum, 0) per block
+    let mut xw = vec![0x01020304u32; 12 * nc];
     for c in 0..nc {
-        xw[8 * nc + 2 * c] = 0.01f32.to_bits();
-        xw[8 * nc + 2 * c + 1] = 80;
+        xw[8 * nc + 4 * c..8 * nc + 4 * c + 4].copy_from_slice(&[0.01f32.to_bits(), 0.1f32.to_bits(), 80, 0]);
     }
     let x = ctx.storage_init("xq", bytemuck::cast_slice(&xw)).expect("x");
     let y = ctx.storage("y", (rows * 4) as u64).expect("y");
     let mb = packed.len() as f64 / 1e6;
-    let pm = uniform_buf(ctx, &[rows as u32, cols as u32, 0, 0]);
+    let pm = uniform_buf(ctx, &[rows as u32, cols as u32, 1, row_param(ty, cols, raw.len() / rows) as u32, 0, 0, 0, 0]);
     let binds = [(&pm, 0, None), (&w, 0, None), (&x, 0, None), (&y, 0, None)];
-    let mm4 = [B::Uniform, B::Read, B::Read, B::Rw];
-    for staged in [false, true] {
-        for lanes in [32u32, 16, 8, 4] {
-            let k = match kernel(&ctx.device, "q8mv", &q8_src(lanes, staged), &mm4) {
-                Ok(k) => k,
-                Err(e) => return eprintln!("q8 kernel: {e}"),
-            };
-            let ms = time(ctx, &k, &binds, (rows.div_ceil((256 / lanes) as usize) as u32, 1));
-            println!("| {label} {rows}x{cols} | q8 int dot, {lanes} lanes, x {} | {:.2} us | {:.0} GB/s |", if staged { "staged" } else { "global" }, ms * 1e3, mb / ms);
-        }
+    if let Some(k) = ctx.kernels.matvec.get(&(ty, XSrc::Q8)) {
+        let ms = time(ctx, k, &binds, ctx.matmul_grid(rows, 1));
+        println!("| {label} {rows}x{cols} | matvec_q8.wgsl (Q8 activations, integer dots) | {:.2} us | {:.0} GB/s |", ms * 1e3, mb / ms);
     }
 }
 
