@@ -106,11 +106,6 @@ pub(crate) struct Kernels {
     pub matvec_silu: HashMap<(GgmlType, XSrc), Kernel>,
     /// batch matmuls of the repacked types against Q8 activations (matmul_q8.wgsl)
     pub matmul_q8: HashMap<GgmlType, Kernel>,
-    /// the same with [`gu_lanes`] lanes per row, for interleaved gate|up rows (plan.rs)
-    pub matmul_q8_gu: HashMap<GgmlType, Kernel>,
-    /// one-token gate|up of [`gu_lanes`] lanes per row, input staged with the norm folded in,
-    /// SiLU·mul epilogue writing the down projection's Q8 row too (mv_y_silu_q8.wgsl)
-    pub matvec_q8_gu: HashMap<GgmlType, Kernel>,
     pub embed: HashMap<GgmlType, Kernel>,
     pub rmsnorm: Kernel,
     /// RMSNorm written as Q8 rows (rmsnorm_q8.wgsl)
@@ -150,11 +145,9 @@ pub struct WgpuContext {
     /// integer dot products (plan.rs); on unless `$FORGE_WGPU_Q8` is `0` (f32 activations, the
     /// dequantizing kernels: for comparisons).
     pub(crate) q8: bool,
-    /// Whether one-token Q8 matmuls normalize and quantize their own input in workgroup memory
-    /// (mvq_x_stage.wgsl) instead of after a rmsnorm_q8 dispatch, and interleaved Q8 gate|up rows
-    /// run with `gu_lanes` lanes (plan.rs `narrow`); on unless `$FORGE_WGPU_STAGE` is `0`. Each
-    /// setting is bitwise consistent within itself (decode = prefill); the gate|up lane count
-    /// changes its reduction order, so the two settings' results may differ in the last bits.
+    /// Whether one-token Q8 matmuls quantize (and normalize) their own input in workgroup memory
+    /// (mvq_x_stage.wgsl) instead of after a rmsnorm_q8 / quantize_q8 dispatch; on unless
+    /// `$FORGE_WGPU_STAGE` is `0`. Same bits either way.
     pub(crate) stage: bool,
     /// Whether a sequence of one token in a step runs attention_one (see [`WgpuOptions::attention_one`]).
     pub(crate) attention_one: bool,
@@ -378,12 +371,7 @@ impl WgpuContext {
 
     /// Matmul workgroups for `rows` outputs of `n_tok` tokens.
     pub(crate) fn matmul_grid(&self, rows: usize, n_tok: usize) -> (u32, u32) {
-        self.matmul_grid_lanes(rows, n_tok, self.lanes)
-    }
-
-    /// [`matmul_grid`](Self::matmul_grid) for kernels of `lanes` lanes per row.
-    pub(crate) fn matmul_grid_lanes(&self, rows: usize, n_tok: usize, lanes: u32) -> (u32, u32) {
-        let per_group = (WG / lanes) as usize;
+        let per_group = (WG / self.lanes) as usize;
         (rows.div_ceil(per_group) as u32, n_tok.div_ceil(MM_TOKENS as usize) as u32)
     }
 
@@ -562,13 +550,6 @@ fn with_lanes(name: &str, src: &str, lanes: u32) -> Result<String, WgpuError> {
     Ok(src.replace(l_line, &format!("const LANES: u32 = {lanes}u;")).replace(r_line, &format!("const ROWS: u32 = {}u;", WG / lanes)))
 }
 
-/// Lanes per row of the Q8 gate|up matmuls with interleaved rows (batch and one-token alike, so
-/// their bits agree): at most 4, so that a workgroup holds 64 rows, 32 outputs, a whole Q8 block
-/// of the down projection's input (mv_y_silu_q8.wgsl).
-pub(crate) fn gu_lanes(lanes: u32) -> u32 {
-    lanes.min(4)
-}
-
 fn build_kernels(device: &wgpu::Device, lanes: u32, decode: DecodePlan, subgroups: bool) -> Result<Kernels, WgpuError> {
     let k = |name: &str, src: String, binds: &[B]| kernel(device, name, &src, binds);
     let mm = [B::Uniform, B::Read, B::Read, B::Rw];
@@ -588,23 +569,16 @@ fn build_kernels(device: &wgpu::Device, lanes: u32, decode: DecodePlan, subgroup
     let mut matvec_silu = HashMap::new();
     let (y_store, y_silu) = (include_str!("../../../kernels/wgsl/mv_y_store.wgsl"), include_str!("../../../kernels/wgsl/mv_y_silu.wgsl"));
     let mut embed = HashMap::new();
-    let (mut matmul_q8, mut matmul_q8_gu, mut matvec_q8_gu) = (HashMap::new(), HashMap::new(), HashMap::new());
+    let mut matmul_q8 = HashMap::new();
     let q8_src = with_lanes("matmul_q8", include_str!("../../../kernels/wgsl/matmul_q8.wgsl"), lanes)?;
     let vec_q8_src = with_lanes("matvec_q8", include_str!("../../../kernels/wgsl/matvec_q8.wgsl"), lanes)?;
-    let q8_gu_src = with_lanes("matmul_q8", include_str!("../../../kernels/wgsl/matmul_q8.wgsl"), gu_lanes(lanes))?;
-    let vec_q8_gu_src = with_lanes("matvec_q8", include_str!("../../../kernels/wgsl/matvec_q8.wgsl"), gu_lanes(lanes))?;
     for ty in WEIGHT_TYPES {
         let Some(dot) = q8dot_source(ty) else { continue };
         let (w, name) = (matmul_weight_source(ty), ty.name());
         matmul_q8.insert(ty, k(&format!("matmul_q8_{name}"), format!("{w}\n{dot}\n{q8_src}"), &mm)?);
-        matmul_q8_gu.insert(ty, k(&format!("matmul_q8_gu_{name}"), format!("{w}\n{dot}\n{q8_gu_src}"), &mm)?);
         if decode != DecodePlan::Off {
             let global = include_str!("../../../kernels/wgsl/mvq_x_global.wgsl");
             let stage = format!("{Q8_ACT}\n{RMS_SCALE}\n{}", include_str!("../../../kernels/wgsl/mvq_x_stage.wgsl"));
-            let (tree, y_q8) = (include_str!("../../../kernels/wgsl/mv_main.wgsl"), include_str!("../../../kernels/wgsl/mv_y_silu_q8.wgsl"));
-            let src = format!("{w}\n{dot}\n{stage}\n{vec_q8_gu_src}\n{tree}\n{y_q8}");
-            let binds = [B::Uniform, B::Read, B::Read, B::Rw, B::Read, B::Rw];
-            matvec_q8_gu.insert(ty, k(&format!("matvec_q8_gu_{name}"), src, &binds)?);
             let staged = [B::Uniform, B::Read, B::Read, B::Rw, B::Read];
             for (xs, x_src, binds) in [(XSrc::Q8, global.to_string(), &mm[..]), (XSrc::Q8Stage, stage, &staged[..])] {
                 let src = format!("{w}\n{dot}\n{x_src}\n{vec_q8_src}\n{vec_main}");
@@ -635,8 +609,6 @@ fn build_kernels(device: &wgpu::Device, lanes: u32, decode: DecodePlan, subgroup
         matvec,
         matvec_silu,
         matmul_q8,
-        matmul_q8_gu,
-        matvec_q8_gu,
         embed,
         rmsnorm: k("rmsnorm", format!("{RMS_BIND}\n{RMS_SCALE}\n{}", include_str!("../../../kernels/wgsl/rmsnorm.wgsl")), &[B::Uniform, B::Read, B::Read, B::Rw])?,
         rmsnorm_q8: k(

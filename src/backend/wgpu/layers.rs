@@ -62,11 +62,10 @@ pub(super) struct GpuLayer {
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(super) enum Step {
     /// `accumulate`: add into the destination (the residual stream) instead of writing.
-    /// `lanes`: threads per row of the kernel (its grid).
-    MatMul { rows: usize, cols: usize, row_bytes: usize, y_stride: usize, y_off: usize, accumulate: bool, lanes: u32 },
+    MatMul { rows: usize, cols: usize, row_bytes: usize, y_stride: usize, y_off: usize, accumulate: bool },
     /// One token's matmul (matmul_vec.wgsl, matvec_q8.wgsl); `eps` for a folded RMSNorm, `stage`
     /// the staged input's mode (mvq_x_stage.wgsl: 1 normalized).
-    MatVec { rows: usize, cols: usize, row_bytes: usize, y_off: usize, accumulate: bool, eps: f32, stage: u32, lanes: u32 },
+    MatVec { rows: usize, cols: usize, row_bytes: usize, y_off: usize, accumulate: bool, eps: f32, stage: u32 },
     /// rmsnorm.wgsl or rmsnorm_q8.wgsl (same parameters)
     RmsNorm { dim: usize, eps: f32 },
     /// quantize_q8.wgsl: rows of `cols` (swizzled or plain) to Q8 rows
@@ -274,7 +273,7 @@ impl GpuLayers {
         let kern = &ctx.kernels;
         let mut plan: Vec<Vec<PlanItem<'_>>> = Vec::new();
         let mut plan1: Vec<Vec<PlanItem<'_>>> = Vec::new();
-        let pc = PlanCtx { kern, q8: ctx.q8, att_q8: attention_q8(ctx.q8, c), stage: ctx.stage, lanes: ctx.lanes, n_embd: e, norm: Step::RmsNorm { dim: e, eps: c.rms_eps }, qkv_width: qkvd, gu_width: 2 * ff };
+        let pc = PlanCtx { kern, q8: ctx.q8, att_q8: attention_q8(ctx.q8, c), stage: ctx.stage, n_embd: e, norm: Step::RmsNorm { dim: e, eps: c.rms_eps }, qkv_width: qkvd, gu_width: 2 * ff };
         let acts = Acts { x: &x, xn: &xn, xq: &xq, qkv: &qkv, att: &att, gu: &gu, act: &act };
         for g in &self.gpu {
             plan1.push(one_token_plan(&pc, ctx.decode, g, &acts)?);
@@ -329,15 +328,7 @@ impl GpuLayers {
                 let norm_bind = ctx.bind(norm_k, &[win(head_slots[0]), (&hx, 0, None), (&h.norm, 0, None), (&hn, 0, None)]);
                 let mmk = mm_map.get(&h.out.ty).ok_or_else(|| WgpuError::Unsupported(h.out.ty.name().into()))?;
                 let out_bind = ctx.bind(mmk, &[win(head_slots[1]), (&h.out.buf, 0, None), (&hn, 0, None), (&logits, 0, None)]);
-                let step = |rows: usize| Step::MatMul {
-                    rows,
-                    cols: h.out.cols,
-                    row_bytes: h.out.row_bytes,
-                    y_stride: h.out.rows,
-                    y_off: 0,
-                    accumulate: false,
-                    lanes: ctx.lanes,
-                };
+                let step = |rows: usize| Step::MatMul { rows, cols: h.out.cols, row_bytes: h.out.row_bytes, y_stride: h.out.rows, y_off: 0, accumulate: false };
                 Some(HeadActs {
                     norm: Dispatch { pipeline: norm_k.pipeline.clone(), bind: norm_bind, step: Step::RmsNorm { dim: e, eps: c.rms_eps }, label: "output norm" },
                     out: Dispatch { pipeline: mmk.pipeline.clone(), bind: out_bind, step: step(h.out.rows), label: "output" },
@@ -614,10 +605,10 @@ impl GpuLayers {
     fn params_of(&self, step: Step, n: usize) -> [u32; 8] {
         let n32 = n as u32;
         match step {
-            Step::MatMul { rows, cols, row_bytes, y_stride, y_off, accumulate, .. } => {
+            Step::MatMul { rows, cols, row_bytes, y_stride, y_off, accumulate } => {
                 [rows as u32, cols as u32, n32, row_bytes as u32, y_stride as u32, y_off as u32, accumulate as u32, 0]
             }
-            Step::MatVec { rows, cols, row_bytes, y_off, accumulate, eps, stage, .. } => {
+            Step::MatVec { rows, cols, row_bytes, y_off, accumulate, eps, stage } => {
                 [rows as u32, cols as u32, 1, row_bytes as u32, stage, y_off as u32, accumulate as u32, eps.to_bits()]
             }
             // Both write matmul inputs: swizzled rows (matmul.wgsl's X layout).
@@ -632,8 +623,8 @@ impl GpuLayers {
 
     fn grid_of(&self, step: Step, n: usize) -> (u32, u32) {
         match step {
-            Step::MatMul { rows, lanes, .. } => self.ctx.matmul_grid_lanes(rows, n, lanes),
-            Step::MatVec { rows, lanes, .. } => self.ctx.matmul_grid_lanes(rows, 1, lanes),
+            Step::MatMul { rows, .. } => self.ctx.matmul_grid(rows, n),
+            Step::MatVec { rows, .. } => self.ctx.matmul_grid(rows, 1),
             Step::RmsNorm { .. } => (n as u32, 1),
             Step::Quantize { cols, .. } => grid_1d(n * cols / 4),
             Step::SiluMul { .. } => grid_1d(n * self.config.n_ff),

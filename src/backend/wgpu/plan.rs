@@ -14,7 +14,7 @@
 //! only: RMSNorm folded into q|k|v and gate|up, SiLU·mul into the down projection) applies to
 //! layers without Q8 matrices.
 
-use super::context::{gu_lanes, DecodePlan, Kernel, Kernels, XSrc, STAGE_MAX_COLS};
+use super::context::{DecodePlan, Kernel, Kernels, XSrc, STAGE_MAX_COLS};
 use super::layers::{GpuLayer, GpuMatrix, Step};
 use super::pack::packed;
 use super::WgpuError;
@@ -48,11 +48,8 @@ pub(super) struct PlanCtx<'a> {
     pub q8: bool,
     /// attention writes its output as Q8 rows too (kv.rs `attention_q8`)
     pub att_q8: bool,
-    /// one-token matmuls stage their own Q8 input where they can (mvq_x_stage.wgsl: q|k|v, and
-    /// gate|up through `narrow`)
+    /// one-token matmuls stage their own Q8 input where they can (mvq_x_stage.wgsl)
     pub stage: bool,
-    /// threads per row of the matmul kernels (the Q8 gate|up ones: context.rs `gu_lanes`)
-    pub lanes: u32,
     pub n_embd: usize,
     /// [n_embd] RMSNorm of the layer's inputs
     pub norm: Step,
@@ -64,13 +61,6 @@ pub(super) struct PlanCtx<'a> {
 impl<'a> PlanCtx<'a> {
     fn uses_q8(&self, w: &GpuMatrix) -> bool {
         self.q8 && packed(w.ty)
-    }
-
-    /// Interleaved Q8 gate|up rows: `gu_lanes` lanes per row in batch and one-token kernels alike,
-    /// so that the one-token kernel (mv_y_silu_q8.wgsl, input staged) writes the down projection's
-    /// Q8 row itself: no rmsnorm_q8 and no quantize_q8 dispatch around it.
-    fn narrow(&self, w: &GpuMatrix) -> bool {
-        self.stage && self.uses_q8(w) && w.pairs && w.cols <= STAGE_MAX_COLS
     }
 
     /// The norm dispatches before `ws` (f32 and / or Q8 output, as the matrices read).
@@ -99,13 +89,8 @@ impl<'a> PlanCtx<'a> {
 
     /// The batch matmul of `w` reading `x` (f32) or `a.xq` (Q8).
     fn matmul(&self, w: &'a GpuMatrix, x: &'a wgpu::Buffer, a: &Acts<'a>, y_stride: usize, accumulate: bool) -> Result<MatmulItem<'a>, WgpuError> {
-        let lanes = if self.narrow(w) { gu_lanes(self.lanes) } else { self.lanes };
-        let step = Step::MatMul { rows: w.rows, cols: w.cols, row_bytes: w.row_bytes, y_stride, y_off: w.y_off, accumulate, lanes };
-        let (map, x) = match (self.uses_q8(w), self.narrow(w)) {
-            (true, true) => (&self.kern.matmul_q8_gu, a.xq),
-            (true, false) => (&self.kern.matmul_q8, a.xq),
-            _ => (&self.kern.matmul, x),
-        };
+        let step = Step::MatMul { rows: w.rows, cols: w.cols, row_bytes: w.row_bytes, y_stride, y_off: w.y_off, accumulate };
+        let (map, x) = if self.uses_q8(w) { (&self.kern.matmul_q8, a.xq) } else { (&self.kern.matmul, x) };
         let k = map.get(&w.ty).ok_or_else(|| WgpuError::Unsupported(w.ty.name().into()))?;
         Ok((k, step, vec![&w.buf, x]))
     }
@@ -163,7 +148,7 @@ pub(super) fn one_token_plan<'a>(pc: &PlanCtx<'a>, plan: DecodePlan, g: &'a GpuL
             (false, _) => (xs, x, 0),
         }
     };
-    let step_of = |w: &GpuMatrix, xs: XSrc, accumulate: bool, stage: u32, lanes: u32| Step::MatVec {
+    let step_of = |w: &GpuMatrix, xs: XSrc, accumulate: bool, stage: u32| Step::MatVec {
         rows: w.rows,
         cols: w.cols,
         row_bytes: w.row_bytes,
@@ -171,19 +156,18 @@ pub(super) fn one_token_plan<'a>(pc: &PlanCtx<'a>, plan: DecodePlan, g: &'a GpuL
         accumulate,
         eps: if xs == XSrc::Norm || stage & 1 != 0 { eps } else { 0.0 },
         stage,
-        lanes,
     };
     let mv = |w: &'a GpuMatrix, xs: XSrc, x: &'a wgpu::Buffer, accumulate: bool, stage: Option<u32>| -> Result<MatmulItem<'a>, WgpuError> {
         let (xs, x, mode) = pick(w, xs, x, stage);
         let k = kern.matvec.get(&(w.ty, xs)).ok_or_else(|| WgpuError::Unsupported(format!("decode matmul of {}", w.ty.name())))?;
-        Ok((k, step_of(w, xs, accumulate, mode, pc.lanes), vec![&w.buf, x]))
+        Ok((k, step_of(w, xs, accumulate, mode), vec![&w.buf, x]))
     };
     // gate|up with the SiLU·mul epilogue (rows interleaved at upload)
     let gu_silu = |xs: XSrc, x: &'a wgpu::Buffer| -> Result<Option<MatmulItem<'a>>, WgpuError> {
         let Some(w) = g.gate_up.first().filter(|w| w.pairs) else { return Ok(None) };
         let (xs, x, mode) = pick(w, xs, x, None);
         let k = kern.matvec_silu.get(&(w.ty, xs)).ok_or_else(|| WgpuError::Unsupported(format!("decode gate|up + silu of {}", w.ty.name())))?;
-        Ok(Some((k, step_of(w, xs, false, mode, pc.lanes), vec![&w.buf, x])))
+        Ok(Some((k, step_of(w, xs, false, mode), vec![&w.buf, x])))
     };
     let mut p: Vec<PlanItem<'a>> = Vec::new();
     let with = |mut b: Vec<&'a wgpu::Buffer>, more: &[&'a wgpu::Buffer]| {
@@ -212,17 +196,8 @@ pub(super) fn one_token_plan<'a>(pc: &PlanCtx<'a>, plan: DecodePlan, g: &'a GpuL
             pc.quantize_att(&mut p, &g.wo, a);
             let (k, s, b) = mv(&g.wo, XSrc::Plain, a.att, true, None)?;
             p.push((false, k, s, "matvec o + add", with(b, &[a.x])));
-            let narrow = g.gate_up.first().filter(|w| pc.narrow(w));
-            if let Some(w) = narrow {
-                let k = kern.matvec_q8_gu.get(&w.ty).ok_or_else(|| WgpuError::Unsupported(format!("decode gate|up of {}", w.ty.name())))?;
-                let s = step_of(w, XSrc::Q8Stage, false, 1, gu_lanes(pc.lanes));
-                p.push((false, k, s, "norm + matvec gate_up + silu_mul + q8", vec![&w.buf, a.x, a.act, &g.ffn_norm, a.xq]));
-            } else {
-                pc.norm(&mut p, false, &g.gate_up, a.x, &g.ffn_norm, a);
-            }
-            if narrow.is_some() {
-                // the down projection's Q8 input is written
-            } else if let Some((k, s, b)) = gu_silu(XSrc::Plain, a.xn)? {
+            pc.norm(&mut p, false, &g.gate_up, a.x, &g.ffn_norm, a);
+            if let Some((k, s, b)) = gu_silu(XSrc::Plain, a.xn)? {
                 p.push((false, k, s, "matvec gate_up + silu_mul", with(b, &[a.act])));
             } else {
                 for w in &g.gate_up {
@@ -231,9 +206,7 @@ pub(super) fn one_token_plan<'a>(pc: &PlanCtx<'a>, plan: DecodePlan, g: &'a GpuL
                 }
                 p.push((false, &kern.silu_mul, Step::SiluMul { pairs: false }, "silu_mul", vec![a.gu, a.gu, a.act]));
             }
-            if narrow.is_none() {
-                pc.quantize(&mut p, &g.w_down, a.act, a);
-            }
+            pc.quantize(&mut p, &g.w_down, a.act, a);
             let (k, s, b) = mv(&g.w_down, XSrc::Plain, a.act, true, None)?;
             p.push((false, k, s, "matvec down + add", with(b, &[a.x])));
         }
