@@ -1,14 +1,9 @@
 // q8dot_q4_0.wgsl — `chunk_q8` for Q4_0 weights (packed_q4_0.wgsl's load_chunk) against a Q8 block
-// (q8_act.wgsl): acc + d_w * d_x * sum((q - 8) * x), the integer sum exact (dot4I8Packed over the
-// nibbles, minus 8 * isum), then one fused multiply-add into acc. matvec_q8.wgsl and
+// (q8_act.wgsl): acc + d_w * d_x * sum((q - 8) * x), the integer sum exact (nibble_dot,
+// q8dot_nibbles.wgsl, minus 8 * isum), then one fused multiply-add into acc. matvec_q8.wgsl and
 // matmul_q8.wgsl call the same function, so a chunk adds the same bits in both.
 
 fn chunk_q8(acc: f32, r: Raw, x0: vec4<u32>, x1: vec4<u32>, xm: vec4<u32>) -> f32 {
-    let m = vec4<u32>(0x0F0F0F0Fu);
-    let lo = r.q & m;
-    let hi = (r.q >> vec4<u32>(4u)) & m;
-    var s = dot4I8Packed(lo.x, x0.x) + dot4I8Packed(lo.y, x0.y) + dot4I8Packed(lo.z, x0.z) + dot4I8Packed(lo.w, x0.w);
-    s += dot4I8Packed(hi.x, x1.x) + dot4I8Packed(hi.y, x1.y) + dot4I8Packed(hi.z, x1.z) + dot4I8Packed(hi.w, x1.w);
-    s -= 8 * bitcast<i32>(xm.z);
+    let s = nibble_dot(r.q, x0, x1) - 8 * bitcast<i32>(xm.z);
     return fma(unpack2x16float(r.s).x * bitcast<f32>(xm.x), f32(s), acc);
 }

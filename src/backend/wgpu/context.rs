@@ -207,11 +207,12 @@ const RMS_BIND: &str = include_str!("../../../kernels/wgsl/rms_bind.wgsl");
 pub(crate) const STAGE_MAX_COLS: usize = 576 / 3 * 32;
 
 /// The `chunk_q8` source (integer dot of a weight chunk with a Q8 block) of a repacked type.
-fn q8dot_source(ty: GgmlType) -> Option<&'static str> {
+fn q8dot_source(ty: GgmlType) -> Option<String> {
+    let nibbles = include_str!("../../../kernels/wgsl/q8dot_nibbles.wgsl");
     Some(match ty {
-        GgmlType::Q4_0 => include_str!("../../../kernels/wgsl/q8dot_q4_0.wgsl"),
-        GgmlType::Q4_1 => include_str!("../../../kernels/wgsl/q8dot_q4_1.wgsl"),
-        GgmlType::Q8_0 => include_str!("../../../kernels/wgsl/q8dot_q8_0.wgsl"),
+        GgmlType::Q4_0 => format!("{nibbles}\n{}", include_str!("../../../kernels/wgsl/q8dot_q4_0.wgsl")),
+        GgmlType::Q4_1 => format!("{nibbles}\n{}", include_str!("../../../kernels/wgsl/q8dot_q4_1.wgsl")),
+        GgmlType::Q8_0 => include_str!("../../../kernels/wgsl/q8dot_q8_0.wgsl").into(),
         _ => return None,
     })
 }
@@ -559,10 +560,10 @@ fn build_kernels(device: &wgpu::Device, lanes: u32, decode: DecodePlan, subgroup
         true => include_str!("../../../kernels/wgsl/mv_main_sg.wgsl"),
         false => include_str!("../../../kernels/wgsl/mv_main.wgsl"),
     };
-    let mut srcs = vec![(XSrc::Plain, include_str!("../../../kernels/wgsl/mv_x_plain.wgsl"))];
+    let mut srcs = vec![(XSrc::Plain, include_str!("../../../kernels/wgsl/mv_x_plain.wgsl").to_string())];
     if decode == DecodePlan::Fused {
-        srcs.push((XSrc::Norm, include_str!("../../../kernels/wgsl/mv_x_norm.wgsl")));
-        srcs.push((XSrc::Silu, include_str!("../../../kernels/wgsl/mv_x_silu.wgsl")));
+        srcs.push((XSrc::Norm, format!("{RMS_SCALE}\n{}", include_str!("../../../kernels/wgsl/mv_x_norm.wgsl"))));
+        srcs.push((XSrc::Silu, include_str!("../../../kernels/wgsl/mv_x_silu.wgsl").to_string()));
     }
     let mut matmul = HashMap::new();
     let mut matvec = HashMap::new();
@@ -595,7 +596,7 @@ fn build_kernels(device: &wgpu::Device, lanes: u32, decode: DecodePlan, subgroup
         let name = ty.name();
         matmul.insert(ty, k(&format!("matmul_{name}"), format!("{mdeq}\n{matmul_src}"), &mm)?);
         embed.insert(ty, k(&format!("embed_{name}"), format!("{BYTES}\n{deq}\n{}", include_str!("../../../kernels/wgsl/embed.wgsl")), &mm)?);
-        for &(xs, x_src) in srcs.iter().filter(|_| decode != DecodePlan::Off) {
+        for (xs, x_src) in srcs.iter().map(|(xs, src)| (*xs, src)).filter(|_| decode != DecodePlan::Off) {
             let binds: &[B] = if xs == XSrc::Norm { &[B::Uniform, B::Read, B::Read, B::Rw, B::Read] } else { &mm };
             let src = format!("{mdeq}\n{}\n{x_src}\n{vec_src}\n{vec_main}", chunk_src(ty));
             matvec.insert((ty, xs), k(&format!("matmul_vec_{name}_{xs:?}"), format!("{src}\n{y_store}"), binds)?);

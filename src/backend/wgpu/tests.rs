@@ -471,8 +471,15 @@ fn wgpu_layers_decode_equals_prefill_bitwise() {
 }
 
 fn decode_equals_prefill_on(ctx: &Arc<WgpuContext>) {
+    // Q4_0: the Q8 matmuls; F16: f32 activations (with the second context's folded norm / silu)
+    for ty in [GgmlType::Q4_0, GgmlType::F16] {
+        decode_equals_prefill_of(ctx, ty);
+    }
+}
+
+fn decode_equals_prefill_of(ctx: &Arc<WgpuContext>, ty: GgmlType) {
     let f = tempfile::NamedTempFile::new().expect("tmp");
-    write_synth_model(&tiny_shape(), GgmlType::Q4_0, 3, None, f.path(), |_| {}).expect("synth");
+    write_synth_model(&tiny_shape(), ty, 3, None, f.path(), |_| {}).expect("synth");
     let model = crate::engine::Model::load(f.path(), Arc::new(CpuBackend::new(1).expect("pool"))).expect("load");
     let (n, e) = (13, model.config.n_embd);
     let hidden = uniform(19, n * e);
