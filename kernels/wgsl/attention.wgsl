@@ -25,7 +25,7 @@
 //   4 storage read  POS: array<u32>      [t0 + n_tok] position of each query; it attends to 0..=POS[t]
 //   5 storage rw    O: array<f32>        [t0 + n_tok, n_head * head_dim]; swizzle = 1 (the layer
 //                                         runner, n_head * head_dim a multiple of 32): each row in
-//                                         matmul.wgsl's chunk-major layout (element 32c + 4k + i at
+//                                         the f32 matmul input's (mm_x_f32.wgsl) chunk-major layout (element 32c + 4k + i at
 //                                         4 * (k * width / 32 + c) + i)
 //   6 storage rw    Q8O: array<vec4<u32>> (`attention`; binding 7 in attention_one) [t0 + n_tok] Q8
 //                                         rows of width n_head * head_dim (q8_act.wgsl), written when

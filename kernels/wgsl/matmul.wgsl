@@ -1,31 +1,28 @@
-// matmul.wgsl — Y[t, r] = sum_c W[r, c] * X[t, c] for weights stored as raw GGUF blocks.
-// Used for matrix-vector (decode, n_tok = 1) and matrix-matrix (prefill) alike: one pipeline, one
-// reduction order. Composed at pipeline creation as bytes.wgsl + dequant_<type>.wgsl + this file,
-// with the `LANES` and `ROWS` lines replaced by the context's choice (LANES * ROWS = 256): 32 lanes
-// per row on GPUs, 1 on software rasterizers, where workgroup-memory reductions are slow.
+// matmul.wgsl — Y[t, r] = sum_c W[r, c] * X[t, c], the batch (prefill) matmul, also used for one
+// token where the decode kernels are off: one pipeline, one reduction order. Composed at pipeline
+// creation as the weight decoder (bytes.wgsl + dequant_<type>.wgsl, or packed.wgsl +
+// packed_<type>.wgsl for the types repacked at upload) + the input (mm_x_f32.wgsl: f32
+// activations, or q8dot_<type>.wgsl + mm_x_q8.wgsl: Q8 activations and integer dot products) +
+// this file, with the `LANES` and `ROWS` lines replaced by the context's choice (LANES * ROWS =
+// 256): 32 lanes per row on GPUs, 1 on software rasterizers, where workgroup-memory reductions are
+// slow.
 //
 // Bindings (group 0):
 //   0 uniform P { rows, cols, n_tok, row_bytes, y_stride, y_off, accumulate, _ }
 //   1 storage read  W: array<u32>        [rows, row_bytes] raw GGUF blocks (zero-padded to words);
 //                   W's element type WT is u32 (bytes.wgsl) or vec4<u32> for the types repacked
 //                   at upload (packed_<type>.wgsl: Q4_0, Q4_1, Q8_0; there P.row_bytes is chunks per row)
-//   2 storage read  X: array<vec4<f32>>  [n_tok, cols] f32 activations (cols a multiple of 32), each
-//                                        token's row in the chunk-major ("swizzled") layout: element
-//                                        32c + 4k + i of the row is at vec4 k * (cols / 32) + c, lane i,
-//                                        so that the lanes of a row, which read chunks l, l+LANES, ...,
-//                                        read consecutive 16-byte words (the producers, rmsnorm.wgsl,
-//                                        attention.wgsl and silu_mul.wgsl, write it with `swizzle` = 1)
+//   2 storage read  X                    the activations, see mm_x_*.wgsl
 //   3 storage rw    Y: array<f32>        [n_tok, y_stride]; output (t, r) is Y[t * y_stride + y_off + r],
 //                                        written, or added to (accumulate = 1: a fused residual add,
 //                                        the same single f32 addition as add.wgsl)
 // Dispatch: (ceil(rows / ROWS), ceil(n_tok / 8), 1) workgroups of 256 = ROWS rows x LANES lanes.
 //
 // Batch invariance: a (row, token) dot is split into 32-element chunks; lane l of the row's LANES
-// lanes sums chunks l, l+LANES, l+2*LANES, ... in that order (each chunk a chain of 32 fused
-// multiply-adds from zero, then added to the lane's sum), and the lane sums are added by a fixed
-// tree (strides LANES/2, ..., 2, 1). Tokens only share the dequantized weights (8 tokens per
-// workgroup); nothing about a token's arithmetic depends on how many tokens are in the batch or
-// where it sits.
+// lanes folds chunks l, l+LANES, l+2*LANES, ... into its sum from zero in that order (mm_acc), and
+// the lane sums are added by a fixed tree (strides LANES/2, ..., 2, 1). Tokens only share the
+// decoded weights (8 tokens per workgroup); nothing about a token's arithmetic depends on how many
+// tokens are in the batch or where it sits.
 
 struct P {
     rows: u32,
@@ -40,7 +37,6 @@ struct P {
 
 @group(0) @binding(0) var<uniform> p: P;
 @group(0) @binding(1) var<storage, read> W: array<WT>;
-@group(0) @binding(2) var<storage, read> X: array<vec4<f32>>;
 @group(0) @binding(3) var<storage, read_write> Y: array<f32>;
 
 const LANES: u32 = 32u;
@@ -49,10 +45,6 @@ const TT: u32 = 8u;
 
 // [TT][ROWS][LANES] lane partial sums
 var<workgroup> part: array<f32, 2048>;
-
-fn dot4(s: f32, w: vec4<f32>, x: vec4<f32>) -> f32 {
-    return fma(w.w, x.w, fma(w.z, x.z, fma(w.y, x.y, fma(w.x, x.x, s))));
-}
 
 @compute @workgroup_size(256)
 fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec3<u32>) {
@@ -67,22 +59,11 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec
     if (r < p.rows) {
         let row = r * p.row_bytes;
         let nc = p.cols / 32u;
-        let xs = p.cols / 4u;
         for (var c = lane; c < nc; c += LANES) {
-            let w = dequant_chunk(row, c);
+            let w = mm_chunk(row, c);
             for (var t = 0u; t < nt; t++) {
-                let xb = (t0 + t) * xs + c;
-                var s = 0.0;
-                s = dot4(s, w[0], X[xb]);
-                s = dot4(s, w[1], X[xb + nc]);
-                s = dot4(s, w[2], X[xb + 2u * nc]);
-                s = dot4(s, w[3], X[xb + 3u * nc]);
-                s = dot4(s, w[4], X[xb + 4u * nc]);
-                s = dot4(s, w[5], X[xb + 5u * nc]);
-                s = dot4(s, w[6], X[xb + 6u * nc]);
-                s = dot4(s, w[7], X[xb + 7u * nc]);
                 let i = (t * ROWS + rl) * LANES + lane;
-                part[i] = part[i] + s;
+                part[i] = mm_acc(part[i], w, t0 + t, c, nc);
             }
         }
     }

@@ -1,7 +1,7 @@
 // matvec_q8.wgsl — the decode (n_tok = 1) matmul of Q4_0 / Q4_1 / Q8_0 weights against Q8
 // activations: Y[r] = sum_c chunk c of row r (integer dot products, q8dot_<type>.wgsl), with
-// matmul_q8.wgsl's per-row order, so that a token's outputs are bitwise the same computed alone
-// or in a batch. Composed at pipeline creation as
+// the batch matmul's (mm_x_q8.wgsl + matmul.wgsl) per-row order, so that a token's outputs are
+// bitwise the same computed alone or in a batch. Composed at pipeline creation as
 //   packed.wgsl + packed_<type>.wgsl + q8dot_<type>.wgsl + the x source (mvq_x_global.wgsl: Q8
 //   rows in memory; or q8_act.wgsl + rms_scale.wgsl + mvq_x_stage.wgsl: f32 input quantized by
 //   every workgroup into workgroup memory, RMSNorm optionally folded in) + this file
@@ -18,7 +18,7 @@
 //                                        mv_y_silu.wgsl: see there
 // Dispatch: (ceil(rows / ROWS), 1, 1) workgroups of 256 = ROWS rows x LANES lanes.
 //
-// Order (matmul_q8.wgsl's): lane l of a row folds chunks l, l+LANES, ... into a sum from zero
+// Order (mm_x_q8.wgsl + matmul.wgsl's): lane l of a row folds chunks l, l+LANES, ... into a sum from zero
 // with chunk_q8 (one fused multiply-add per chunk); the lane sums are added by the tree of strides
 // LANES/2, ..., 1.
 

@@ -1,6 +1,6 @@
 // q8_act.wgsl — activations quantized to 8 bits ("Q8 rows"), the CPU engine's BlockQ8
 // (src/backend/cpu/quant.rs, GGML's q8_0 / q8_1 arithmetic), for the matmuls of Q4_0, Q4_1 and
-// Q8_0 weights (matvec_q8.wgsl, matmul_q8.wgsl: integer dot products). No bindings of its own.
+// Q8_0 weights (matvec_q8.wgsl, mm_x_q8.wgsl: integer dot products). No bindings of its own.
 //
 // Layout of a row of `cols` values, nc = cols / 32 blocks, in 16-byte words (array<vec4<u32>>):
 //   words 2b, 2b + 1   block b's 32 values as int8: element 16h + 4k + i at byte i of

@@ -1,5 +1,5 @@
 // quantize_q8.wgsl — f32 activation rows to Q8 rows (q8_act.wgsl, prepended: q8_coop), the input
-// of the integer-dot matmuls (matmul_q8.wgsl, matvec_q8.wgsl).
+// of the integer-dot matmuls (mm_x_q8.wgsl, matvec_q8.wgsl).
 //
 // Bindings (group 0):
 //   0 uniform P { cols, n_tok, swizzle, _ }

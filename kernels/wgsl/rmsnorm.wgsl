@@ -3,7 +3,7 @@
 //
 // Bindings (group 0): 0-2 see rms_bind.wgsl;
 //   3 storage rw    Y: array<vec4<f32>>  [n_tok, dim / 4]; swizzle = 1 (the layer runner, dim a
-//                                        multiple of 32): each row in matmul.wgsl's chunk-major
+//                                        multiple of 32): each row in the f32 matmul input's (mm_x_f32.wgsl) chunk-major
 //                                        layout (vec4 k of chunk c at k * dim / 32 + c), else as X
 // Dispatch: (n_tok, 1, 1) workgroups of 256, one per token.
 

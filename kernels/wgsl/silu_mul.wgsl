@@ -8,7 +8,7 @@
 //                   pair = 1 (gate|up rows interleaved at upload, upload.rs): gate value e at
 //                   t * in_stride + 2e, up at that + up_off (= 1)
 //   3 storage rw    OUT: array<f32>  [n_tok, width]; swizzle = 1 (the layer runner, width a multiple
-//                                     of 32): each row in matmul.wgsl's chunk-major layout (element
+//                                     of 32): each row in the f32 matmul input's (mm_x_f32.wgsl) chunk-major layout (element
 //                                     32c + 4k + i at 4 * (k * width / 32 + c) + i)
 // Dispatch: one thread per output element, 256 per workgroup, workgroups (x, y) with linear index
 // y * num_workgroups.x + x.

@@ -199,7 +199,7 @@ impl WgpuBackend {
     }
 
     /// quantize_q8.wgsl over `x` ([n_tok, cols], cols a multiple of 32; `swizzled`: each row in
-    /// matmul.wgsl's chunk-major layout): the Q8 rows' words (q8_act.wgsl's layout).
+    /// the f32 matmul input's (mm_x_f32.wgsl) chunk-major layout): the Q8 rows' words (q8_act.wgsl's layout).
     pub fn quantize_q8(&self, x: &[f32], n_tok: usize, cols: usize, swizzled: bool) -> Result<Vec<u32>, WgpuError> {
         if !cols.is_multiple_of(32) || x.len() != n_tok * cols {
             return Err(WgpuError::BadShape { got: x.len(), expected: n_tok * cols });
@@ -278,7 +278,7 @@ impl WgpuBackend {
     }
 }
 
-/// Rows of `width` values (a multiple of 32) in matmul.wgsl's chunk-major layout: element
+/// Rows of `width` values (a multiple of 32) in the f32 matmul input's (mm_x_f32.wgsl) chunk-major layout: element
 /// 32c + 4k + i of a row goes to 4 * (k * width / 32 + c) + i.
 pub(crate) fn swizzle_rows(x: &[f32], width: usize) -> Vec<f32> {
     let nc = width / 32;

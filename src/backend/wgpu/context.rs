@@ -104,7 +104,7 @@ pub(crate) struct Kernels {
     /// decode matmuls of interleaved gate|up rows with the SiLU·mul epilogue (mv_y_silu.wgsl),
     /// x sources plain and norm; empty when the plan is `Off` or a workgroup holds an odd number of rows
     pub matvec_silu: HashMap<(GgmlType, XSrc), Kernel>,
-    /// batch matmuls of the repacked types against Q8 activations (matmul_q8.wgsl)
+    /// batch matmuls of the repacked types against Q8 activations (matmul.wgsl after mm_x_q8.wgsl)
     pub matmul_q8: HashMap<GgmlType, Kernel>,
     pub embed: HashMap<GgmlType, Kernel>,
     pub rmsnorm: Kernel,
@@ -571,12 +571,13 @@ fn build_kernels(device: &wgpu::Device, lanes: u32, decode: DecodePlan, subgroup
     let (y_store, y_silu) = (include_str!("../../../kernels/wgsl/mv_y_store.wgsl"), include_str!("../../../kernels/wgsl/mv_y_silu.wgsl"));
     let mut embed = HashMap::new();
     let mut matmul_q8 = HashMap::new();
-    let q8_src = with_lanes("matmul_q8", include_str!("../../../kernels/wgsl/matmul_q8.wgsl"), lanes)?;
+    let mm_x_f32 = include_str!("../../../kernels/wgsl/mm_x_f32.wgsl");
+    let mm_x_q8 = include_str!("../../../kernels/wgsl/mm_x_q8.wgsl");
     let vec_q8_src = with_lanes("matvec_q8", include_str!("../../../kernels/wgsl/matvec_q8.wgsl"), lanes)?;
     for ty in WEIGHT_TYPES {
         let Some(dot) = q8dot_source(ty) else { continue };
         let (w, name) = (matmul_weight_source(ty), ty.name());
-        matmul_q8.insert(ty, k(&format!("matmul_q8_{name}"), format!("{w}\n{dot}\n{q8_src}"), &mm)?);
+        matmul_q8.insert(ty, k(&format!("matmul_q8_{name}"), format!("{w}\n{dot}\n{mm_x_q8}\n{matmul_src}"), &mm)?);
         if decode != DecodePlan::Off {
             let global = include_str!("../../../kernels/wgsl/mvq_x_global.wgsl");
             let stage = format!("{Q8_ACT}\n{RMS_SCALE}\n{}", include_str!("../../../kernels/wgsl/mvq_x_stage.wgsl"));
@@ -594,7 +595,7 @@ fn build_kernels(device: &wgpu::Device, lanes: u32, decode: DecodePlan, subgroup
         let (deq, mdeq) = (weight_source(ty), matmul_weight_source(ty));
         debug_assert_eq!(super::pack::packed(ty), !mdeq.contains("fn ld_u32"));
         let name = ty.name();
-        matmul.insert(ty, k(&format!("matmul_{name}"), format!("{mdeq}\n{matmul_src}"), &mm)?);
+        matmul.insert(ty, k(&format!("matmul_{name}"), format!("{mdeq}\n{mm_x_f32}\n{matmul_src}"), &mm)?);
         embed.insert(ty, k(&format!("embed_{name}"), format!("{BYTES}\n{deq}\n{}", include_str!("../../../kernels/wgsl/embed.wgsl")), &mm)?);
         for (xs, x_src) in srcs.iter().map(|(xs, src)| (*xs, src)).filter(|_| decode != DecodePlan::Off) {
             let binds: &[B] = if xs == XSrc::Norm { &[B::Uniform, B::Read, B::Read, B::Rw, B::Read] } else { &mm };

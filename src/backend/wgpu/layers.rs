@@ -611,7 +611,7 @@ impl GpuLayers {
             Step::MatVec { rows, cols, row_bytes, y_off, accumulate, eps, stage } => {
                 [rows as u32, cols as u32, 1, row_bytes as u32, stage, y_off as u32, accumulate as u32, eps.to_bits()]
             }
-            // Both write matmul inputs: swizzled rows (matmul.wgsl's X layout).
+            // Both write matmul inputs: swizzled rows (mm_x_f32.wgsl's X layout).
             Step::RmsNorm { dim, eps } => [dim as u32, n32, eps.to_bits(), 1, 0, 0, 0, 0],
             Step::Quantize { cols, swizzle } => [cols as u32, n32, swizzle as u32, 0, 0, 0, 0, 0],
             Step::SiluMul { pairs } => {

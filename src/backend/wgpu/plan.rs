@@ -3,7 +3,7 @@
 //!
 //! Matrices of the repacked types (Q4_0, Q4_1, Q8_0; pack.rs) multiply activations quantized to 8
 //! bits (q8_act.wgsl, the CPU engine's BlockQ8) by integer dot products: their input is written as
-//! Q8 rows by rmsnorm_q8.wgsl or quantize_q8.wgsl, and matmul_q8.wgsl (batch) or matvec_q8.wgsl
+//! Q8 rows by rmsnorm_q8.wgsl or quantize_q8.wgsl, and matmul.wgsl after mm_x_q8.wgsl (batch) or matvec_q8.wgsl
 //! (one token) multiply. Other types read f32 activations (matmul.wgsl, matmul_vec.wgsl). A group
 //! of mixed types gets both inputs.
 //!
