@@ -573,7 +573,7 @@ fn build_kernels(device: &wgpu::Device, lanes: u32, decode: DecodePlan, subgroup
     let mut matmul_q8 = HashMap::new();
     let mm_x_f32 = include_str!("../../../kernels/wgsl/mm_x_f32.wgsl");
     let mm_x_q8 = include_str!("../../../kernels/wgsl/mm_x_q8.wgsl");
-    let vec_q8_src = with_lanes("matvec_q8", include_str!("../../../kernels/wgsl/matvec_q8.wgsl"), lanes)?;
+    let mv_q8 = include_str!("../../../kernels/wgsl/matvec_q8.wgsl");
     for ty in WEIGHT_TYPES {
         let Some(dot) = q8dot_source(ty) else { continue };
         let (w, name) = (matmul_weight_source(ty), ty.name());
@@ -583,7 +583,7 @@ fn build_kernels(device: &wgpu::Device, lanes: u32, decode: DecodePlan, subgroup
             let stage = format!("{Q8_ACT}\n{RMS_SCALE}\n{}", include_str!("../../../kernels/wgsl/mvq_x_stage.wgsl"));
             let staged = [B::Uniform, B::Read, B::Read, B::Rw, B::Read];
             for (xs, x_src, binds) in [(XSrc::Q8, global.to_string(), &mm[..]), (XSrc::Q8Stage, stage, &staged[..])] {
-                let src = format!("{w}\n{dot}\n{x_src}\n{vec_q8_src}\n{vec_main}");
+                let src = format!("{w}\n{dot}\n{x_src}\n{mv_q8}\n{vec_src}\n{vec_main}");
                 matvec.insert((ty, xs), k(&format!("matvec_q8_{name}_{xs:?}"), format!("{src}\n{y_store}"), binds)?);
                 if xs == XSrc::Q8 && (WG / lanes).is_multiple_of(2) {
                     matvec_silu.insert((ty, xs), k(&format!("matvec_q8_silu_{name}_{xs:?}"), format!("{src}\n{y_silu}"), binds)?);
@@ -599,7 +599,7 @@ fn build_kernels(device: &wgpu::Device, lanes: u32, decode: DecodePlan, subgroup
         embed.insert(ty, k(&format!("embed_{name}"), format!("{BYTES}\n{deq}\n{}", include_str!("../../../kernels/wgsl/embed.wgsl")), &mm)?);
         for (xs, x_src) in srcs.iter().map(|(xs, src)| (*xs, src)).filter(|_| decode != DecodePlan::Off) {
             let binds: &[B] = if xs == XSrc::Norm { &[B::Uniform, B::Read, B::Read, B::Rw, B::Read] } else { &mm };
-            let src = format!("{mdeq}\n{}\n{x_src}\n{vec_src}\n{vec_main}", chunk_src(ty));
+            let src = format!("{mdeq}\n{}\n{x_src}\n{}\n{vec_src}\n{vec_main}", chunk_src(ty), include_str!("../../../kernels/wgsl/mv_f32.wgsl"));
             matvec.insert((ty, xs), k(&format!("matmul_vec_{name}_{xs:?}"), format!("{src}\n{y_store}"), binds)?);
             if xs != XSrc::Silu && (WG / lanes).is_multiple_of(2) {
                 matvec_silu.insert((ty, xs), k(&format!("matmul_vec_silu_{name}_{xs:?}"), format!("{src}\n{y_silu}"), binds)?);
