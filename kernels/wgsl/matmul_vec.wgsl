@@ -17,8 +17,8 @@
 // (mv_f32.wgsl, matvec_q8.wgsl) folds chunk c of the row into a lane's sum.
 //
 // Bindings (group 0):
-//   0 uniform P { rows, cols, n_tok (1), row_bytes, stage (mvq_x_stage.wgsl), y_off, accumulate,
-//       eps (f32 bits: a folded norm) }
+//   0 uniform P { rows, cols, n_tok (1), row_bytes, _, y_off, accumulate, eps (f32 bits: a folded
+//       norm, mv_x_norm.wgsl / mvq_x_stage.wgsl) }
 //   1 storage read  W: array<WT>   [rows, row_bytes] raw GGUF blocks (bytes.wgsl: u32 words), or
 //                                  the repacked ones (packed_<type>.wgsl: vec4<u32>; there
 //                                  P.row_bytes is chunks per row)
@@ -37,7 +37,7 @@ struct P {
     cols: u32,
     n_tok: u32,
     row_bytes: u32,
-    stage: u32,
+    _pad: u32,
     y_off: u32,
     accumulate: u32,
     eps: u32,

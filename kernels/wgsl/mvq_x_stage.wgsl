@@ -1,11 +1,10 @@
 // mvq_x_stage.wgsl — x source of matvec_q8.wgsl: the f32 input, quantized by every workgroup into
 // workgroup memory (`prepare`), so that no rmsnorm_q8 / quantize_q8 dispatch runs before the
-// matmul. The Q8 row is the very one those kernels write: with P.stage bit 0 (norm) the values are
-// rmsnorm_q8.wgsl's X * scale * G (rms_scale.wgsl, same order), else the input as it is (plain
-// layout), then q8_coop. (The layer runner stages the q|k|v input only: plan.rs says why.)
+// matmul. The Q8 row is the very one rmsnorm_q8.wgsl writes: X * scale * G (rms_scale.wgsl, same
+// order), then q8_coop. (The layer runner stages the q|k|v input only: plan.rs says why.)
 // Prepended: q8_act.wgsl, rms_scale.wgsl.
-//   2 storage read  XF: array<vec4<f32>>  [P.cols / 4] the input (norm: the residual stream, plain)
-//   4 storage read  G: array<vec4<f32>>   [P.cols / 4] the norm weight (bound but unread without norm)
+//   2 storage read  XF: array<vec4<f32>>  [P.cols / 4] the residual stream (plain layout)
+//   4 storage read  G: array<vec4<f32>>   [P.cols / 4] the norm weight
 // P.eps: the norm's eps as f32 bits. P.cols / 32 * 3 <= XS_WORDS.
 
 @group(0) @binding(2) var<storage, read> XF: array<vec4<f32>>;
@@ -21,11 +20,7 @@ fn rms_x(j: u32) -> vec4<f32> {
 fn prepare(li: u32) {
     let nc = p.cols / 32u;
     let nv = nc * 8u;
-    let norm = (p.stage & 1u) != 0u;
-    var scale = 1.0;
-    if (norm) {
-        scale = rms_scale(li, 0u, p.cols, bitcast<f32>(p.eps));
-    }
+    let scale = rms_scale(li, 0u, p.cols, bitcast<f32>(p.eps));
     for (var j0 = 0u; j0 < nv; j0 += 256u) {
         let j = j0 + li;
         let live = j < nv;
@@ -33,11 +28,7 @@ fn prepare(li: u32) {
         let k = j % 8u;
         var v = vec4<f32>(0.0);
         if (live) {
-            if (norm) {
-                v = XF[j] * scale * G[j];
-            } else {
-                v = XF[j];
-            }
+            v = XF[j] * scale * G[j];
         }
         let q = q8_coop(li, v);
         if (live) {

@@ -204,7 +204,7 @@ impl WgpuBackend {
         if !cols.is_multiple_of(32) || x.len() != n_tok * cols {
             return Err(WgpuError::BadShape { got: x.len(), expected: n_tok * cols });
         }
-        let words = n_tok * cols / 32 * 12;
+        let words = (super::plan::q8_bytes(n_tok, cols) / 4) as usize;
         let mut out = vec![0f32; words];
         let args = [Arg::Bytes(bytemuck::cast_slice(x)), Arg::Zeroed((words * 4) as u64)];
         let params = [cols as u32, n_tok as u32, swizzled as u32, 0];

@@ -3,8 +3,9 @@
 //! of its per-sequence dispatches (built on first use with a run state's activations, then
 //! reused, so decode steps create nothing), and the recording of those dispatches
 //! ([`record_seqs`]): a sequence of several tokens in a step gets rope_store.wgsl (RoPE of its
-//! queries and keys, keys and values into the cache) then attention; a sequence of one token
-//! (decode) gets one dispatch, attention_one, which does its RoPE and KV store itself (same bits,
+//! queries and keys, keys and values into the cache) then attention; with
+//! `WgpuOptions::attention_one` (off by default: slower on the H100) a sequence of one token gets
+//! one dispatch, attention_one, which does its RoPE and KV store itself (same bits,
 //! attention.wgsl's header).
 //!
 //! The cached length lives with the caller (the engine's `KvCache`): truncating is forgetting

@@ -11,8 +11,8 @@
 //! positions and the parameters, records all dispatches of all layers in one compute pass of one
 //! command buffer, and reads back only the final hidden state `[n_tok, n_embd]`. Per layer:
 //! RMSNorm, the fused q|k|v matmul over all tokens, then per sequence RoPE + KV store
-//! (rope_store.wgsl) and attention over that sequence's cache, or for a sequence of one token
-//! the three in one dispatch (attention_one; kv.rs records these), then the output projection with
+//! (rope_store.wgsl) and attention over that sequence's cache (kv.rs records these; with
+//! `WgpuOptions::attention_one` a one-token sequence gets the two in one dispatch), then the output projection with
 //! the residual add, RMSNorm, gate|up, SiLU·mul and the down projection with the residual add.
 //! Embedding, the output norm, logits and sampling stay with the caller (the CPU).
 
@@ -22,7 +22,7 @@ use std::sync::Arc;
 
 use super::context::{grid_1d, WgpuContext, MAX_HEAD_DIM};
 use super::kv::{attention_q8, record_seqs, seq_dispatches, seq_params, GpuKv};
-use super::plan::{batch_plan, one_token_plan, Acts, PlanCtx, PlanItem};
+use super::plan::{batch_plan, one_token_plan, q8_bytes, Acts, PlanCtx, PlanItem};
 pub(super) use super::upload::GpuMatrix;
 use super::upload::upload_rows;
 use super::WgpuError;
@@ -63,9 +63,9 @@ pub(super) struct GpuLayer {
 pub(super) enum Step {
     /// `accumulate`: add into the destination (the residual stream) instead of writing.
     MatMul { rows: usize, cols: usize, row_bytes: usize, y_stride: usize, y_off: usize, accumulate: bool },
-    /// One token's matmul (matmul_vec.wgsl, matvec_q8.wgsl); `eps` for a folded RMSNorm, `stage`
-    /// the staged input's mode (mvq_x_stage.wgsl: 1 normalized).
-    MatVec { rows: usize, cols: usize, row_bytes: usize, y_off: usize, accumulate: bool, eps: f32, stage: u32 },
+    /// One token's matmul (matmul_vec.wgsl); `eps` for a folded RMSNorm (mv_x_norm.wgsl,
+    /// mvq_x_stage.wgsl).
+    MatVec { rows: usize, cols: usize, row_bytes: usize, y_off: usize, accumulate: bool, eps: f32 },
     /// rmsnorm.wgsl or rmsnorm_q8.wgsl (same parameters)
     RmsNorm { dim: usize, eps: f32 },
     /// quantize_q8.wgsl: rows of `cols` (swizzled or plain) to Q8 rows
@@ -265,8 +265,8 @@ impl GpuLayers {
         let x = ctx.storage("x", f32s(max_tokens * e))?;
         let [xn, qkv, att, gu, act] = [e, qkvd, qd, 2 * ff, ff].map(|w| ctx.storage("activation", f32s(max_tokens * w)));
         let (xn, qkv, att, gu, act) = (xn?, qkv?, att?, gu?, act?);
-        // Q8 rows (q8_act.wgsl): 48 bytes per 32 values of the widest matmul input
-        let xq = ctx.storage("q8 activations", (max_tokens * 48 * e.max(qd).max(ff).div_ceil(32)) as u64)?;
+        // Q8 rows of the widest matmul input
+        let xq = ctx.storage("q8 activations", q8_bytes(max_tokens, e.max(qd).max(ff)))?;
         let pos = ctx.storage("pos", (max_tokens * 4) as u64)?;
         let staging = ctx.staging("staging", f32s(max_tokens * e));
 
@@ -320,7 +320,7 @@ impl GpuLayers {
                 let hx = ctx.storage("head x", f32s(rows * e))?;
                 // normalized rows: f32, or Q8 rows when the projection reads them (plan.rs)
                 let q8 = ctx.q8 && super::pack::packed(h.out.ty);
-                let hn = if q8 { ctx.storage("head xq", (rows * 48 * e.div_ceil(32)) as u64)? } else { ctx.storage("head xn", f32s(rows * e))? };
+                let hn = if q8 { ctx.storage("head xq", q8_bytes(rows, e))? } else { ctx.storage("head xn", f32s(rows * e))? };
                 let (norm_k, mm_map) = if q8 { (&kern.rmsnorm_q8, &kern.matmul_q8) } else { (&kern.rmsnorm, &kern.matmul) };
                 let logits = ctx.storage("logits", f32s(rows * h.out.rows))?;
                 let staging = ctx.staging("logits staging", f32s(rows * h.out.rows));
@@ -608,8 +608,8 @@ impl GpuLayers {
             Step::MatMul { rows, cols, row_bytes, y_stride, y_off, accumulate } => {
                 [rows as u32, cols as u32, n32, row_bytes as u32, y_stride as u32, y_off as u32, accumulate as u32, 0]
             }
-            Step::MatVec { rows, cols, row_bytes, y_off, accumulate, eps, stage } => {
-                [rows as u32, cols as u32, 1, row_bytes as u32, stage, y_off as u32, accumulate as u32, eps.to_bits()]
+            Step::MatVec { rows, cols, row_bytes, y_off, accumulate, eps } => {
+                [rows as u32, cols as u32, 1, row_bytes as u32, 0, y_off as u32, accumulate as u32, eps.to_bits()]
             }
             // Both write matmul inputs: swizzled rows (mm_x_f32.wgsl's X layout).
             Step::RmsNorm { dim, eps } => [dim as u32, n32, eps.to_bits(), 1, 0, 0, 0, 0],

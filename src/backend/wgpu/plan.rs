@@ -19,6 +19,11 @@ use super::layers::{GpuLayer, GpuMatrix, Step};
 use super::pack::packed;
 use super::WgpuError;
 
+/// Bytes of `n_tok` Q8 rows of `cols` values (q8_act.wgsl: 48 bytes per block of 32).
+pub(crate) fn q8_bytes(n_tok: usize, cols: usize) -> u64 {
+    (n_tok * cols.div_ceil(32) * 48) as u64
+}
+
 /// One dispatch of a layer's plan: (before attention, kernel, step, label, buffers of bindings 1..).
 pub(super) type PlanItem<'a> = (bool, &'a Kernel, Step, &'static str, Vec<&'a wgpu::Buffer>);
 
@@ -139,35 +144,33 @@ pub(super) fn one_token_plan<'a>(pc: &PlanCtx<'a>, plan: DecodePlan, g: &'a GpuL
     // 0.350 for rmsnorm_q8 + matvec, while staging gate|up (1408 workgroups each normalizing the
     // row) took 0.599 against 0.437 and the down projection's input 0.390 against 0.357.
     let staged = |ws: &[GpuMatrix]| pc.stage && ws.iter().all(|w| pc.uses_q8(w) && w.cols <= STAGE_MAX_COLS);
-    // (kernel, step, [weights, input]) of the decode matmul of `w`: `xs` for f32 inputs, Q8
-    // rows in `a.xq` for the Q8 types, or `stage` = Some(1) for a staged input `x` (normalized)
-    let pick = |w: &'a GpuMatrix, xs: XSrc, x: &'a wgpu::Buffer, stage: Option<u32>| {
-        match (pc.uses_q8(w), stage) {
-            (true, Some(mode)) => (XSrc::Q8Stage, x, mode),
-            (true, None) => (XSrc::Q8, a.xq, 0),
-            (false, _) => (xs, x, 0),
-        }
+    // (x source, input buffer) of the decode matmul of `w`: `xs` for f32 inputs, Q8 rows in
+    // `a.xq` for the Q8 types, or with `staged` the residual stream `x` (normalized by the kernel)
+    let pick = |w: &'a GpuMatrix, xs: XSrc, x: &'a wgpu::Buffer, staged: bool| match (pc.uses_q8(w), staged) {
+        (true, true) => (XSrc::Q8Stage, x),
+        (true, false) => (XSrc::Q8, a.xq),
+        (false, _) => (xs, x),
     };
-    let step_of = |w: &GpuMatrix, xs: XSrc, accumulate: bool, stage: u32| Step::MatVec {
+    let step_of = |w: &GpuMatrix, xs: XSrc, accumulate: bool| Step::MatVec {
         rows: w.rows,
         cols: w.cols,
         row_bytes: w.row_bytes,
         y_off: w.y_off,
         accumulate,
-        eps: if xs == XSrc::Norm || stage & 1 != 0 { eps } else { 0.0 },
-        stage,
+        eps: if matches!(xs, XSrc::Norm | XSrc::Q8Stage) { eps } else { 0.0 },
     };
-    let mv = |w: &'a GpuMatrix, xs: XSrc, x: &'a wgpu::Buffer, accumulate: bool, stage: Option<u32>| -> Result<MatmulItem<'a>, WgpuError> {
-        let (xs, x, mode) = pick(w, xs, x, stage);
+    // (kernel, step, [weights, input]) of the decode matmul of `w`
+    let mv = |w: &'a GpuMatrix, xs: XSrc, x: &'a wgpu::Buffer, accumulate: bool, staged: bool| -> Result<MatmulItem<'a>, WgpuError> {
+        let (xs, x) = pick(w, xs, x, staged);
         let k = kern.matvec.get(&(w.ty, xs)).ok_or_else(|| WgpuError::Unsupported(format!("decode matmul of {}", w.ty.name())))?;
-        Ok((k, step_of(w, xs, accumulate, mode), vec![&w.buf, x]))
+        Ok((k, step_of(w, xs, accumulate), vec![&w.buf, x]))
     };
     // gate|up with the SiLU·mul epilogue (rows interleaved at upload)
     let gu_silu = |xs: XSrc, x: &'a wgpu::Buffer| -> Result<Option<MatmulItem<'a>>, WgpuError> {
         let Some(w) = g.gate_up.first().filter(|w| w.pairs) else { return Ok(None) };
-        let (xs, x, mode) = pick(w, xs, x, None);
+        let (xs, x) = pick(w, xs, x, false);
         let k = kern.matvec_silu.get(&(w.ty, xs)).ok_or_else(|| WgpuError::Unsupported(format!("decode gate|up + silu of {}", w.ty.name())))?;
-        Ok(Some((k, step_of(w, xs, false, mode), vec![&w.buf, x])))
+        Ok(Some((k, step_of(w, xs, false), vec![&w.buf, x])))
     };
     let mut p: Vec<PlanItem<'a>> = Vec::new();
     let with = |mut b: Vec<&'a wgpu::Buffer>, more: &[&'a wgpu::Buffer]| {
@@ -190,43 +193,43 @@ pub(super) fn one_token_plan<'a>(pc: &PlanCtx<'a>, plan: DecodePlan, g: &'a GpuL
                 pc.norm(&mut p, true, &g.qkv, a.x, &g.attn_norm, a);
             }
             for w in &g.qkv {
-                let (k, s, b) = if qkv_st { mv(w, XSrc::Plain, a.x, false, Some(1))? } else { mv(w, XSrc::Plain, a.xn, false, None)? };
+                let (k, s, b) = mv(w, XSrc::Plain, if qkv_st { a.x } else { a.xn }, false, qkv_st)?;
                 p.push((true, k, s, if qkv_st { "norm + matvec qkv" } else { "matvec qkv" }, out(b, a.qkv, qkv_st, &g.attn_norm)));
             }
             pc.quantize_att(&mut p, &g.wo, a);
-            let (k, s, b) = mv(&g.wo, XSrc::Plain, a.att, true, None)?;
+            let (k, s, b) = mv(&g.wo, XSrc::Plain, a.att, true, false)?;
             p.push((false, k, s, "matvec o + add", with(b, &[a.x])));
             pc.norm(&mut p, false, &g.gate_up, a.x, &g.ffn_norm, a);
             if let Some((k, s, b)) = gu_silu(XSrc::Plain, a.xn)? {
                 p.push((false, k, s, "matvec gate_up + silu_mul", with(b, &[a.act])));
             } else {
                 for w in &g.gate_up {
-                    let (k, s, b) = mv(w, XSrc::Plain, a.xn, false, None)?;
+                    let (k, s, b) = mv(w, XSrc::Plain, a.xn, false, false)?;
                     p.push((false, k, s, "matvec gate_up", with(b, &[a.gu])));
                 }
                 p.push((false, &kern.silu_mul, Step::SiluMul { pairs: false }, "silu_mul", vec![a.gu, a.gu, a.act]));
             }
             pc.quantize(&mut p, &g.w_down, a.act, a);
-            let (k, s, b) = mv(&g.w_down, XSrc::Plain, a.act, true, None)?;
+            let (k, s, b) = mv(&g.w_down, XSrc::Plain, a.act, true, false)?;
             p.push((false, k, s, "matvec down + add", with(b, &[a.x])));
         }
         DecodePlan::Fused => {
             for w in &g.qkv {
-                let (k, s, b) = mv(w, XSrc::Norm, a.x, false, None)?;
+                let (k, s, b) = mv(w, XSrc::Norm, a.x, false, false)?;
                 p.push((true, k, s, "norm + matvec qkv", with(b, &[a.qkv, &g.attn_norm])));
             }
-            let (k, s, b) = mv(&g.wo, XSrc::Plain, a.att, true, None)?;
+            let (k, s, b) = mv(&g.wo, XSrc::Plain, a.att, true, false)?;
             p.push((false, k, s, "matvec o + add", with(b, &[a.x])));
             if let Some((k, s, b)) = gu_silu(XSrc::Norm, a.x)? {
                 p.push((false, k, s, "norm + matvec gate_up + silu_mul", with(b, &[a.act, &g.ffn_norm])));
-                let (k, s, b) = mv(&g.w_down, XSrc::Plain, a.act, true, None)?;
+                let (k, s, b) = mv(&g.w_down, XSrc::Plain, a.act, true, false)?;
                 p.push((false, k, s, "matvec down + add", with(b, &[a.x])));
             } else {
                 for w in &g.gate_up {
-                    let (k, s, b) = mv(w, XSrc::Norm, a.x, false, None)?;
+                    let (k, s, b) = mv(w, XSrc::Norm, a.x, false, false)?;
                     p.push((false, k, s, "norm + matvec gate_up", with(b, &[a.gu, &g.ffn_norm])));
                 }
-                let (k, s, b) = mv(&g.w_down, XSrc::Silu, a.gu, true, None)?;
+                let (k, s, b) = mv(&g.w_down, XSrc::Silu, a.gu, true, false)?;
                 p.push((false, k, s, "silu_mul + matvec down + add", with(b, &[a.x])));
             }
         }
