@@ -85,45 +85,94 @@ var<workgroup> gl: array<f32, 8>;
 // key count, shared so that loop bounds are workgroup-uniform
 var<workgroup> nkeys: u32;
 
-// q · (8 key values starting at element e of KC, e a multiple of 8), continuing `acc`.
-fn dot8(acc: f32, e: u32, d: u32) -> f32 {
-    var s = acc;
-    if (p.kv_f16 != 0u) {
-        let w = KC[e >> 3u];
-        let a = unpack2x16float(w.x);
-        let b = unpack2x16float(w.y);
-        let c = unpack2x16float(w.z);
-        let f = unpack2x16float(w.w);
-        s = fma(qv[d], a.x, s);
-        s = fma(qv[d + 1u], a.y, s);
-        s = fma(qv[d + 2u], b.x, s);
-        s = fma(qv[d + 3u], b.y, s);
-        s = fma(qv[d + 4u], c.x, s);
-        s = fma(qv[d + 5u], c.y, s);
-        s = fma(qv[d + 6u], f.x, s);
-        s = fma(qv[d + 7u], f.y, s);
-    } else {
-        let w0 = bitcast<vec4<f32>>(KC[e >> 2u]);
-        let w1 = bitcast<vec4<f32>>(KC[(e >> 2u) + 1u]);
-        s = fma(qv[d], w0.x, s);
-        s = fma(qv[d + 1u], w0.y, s);
-        s = fma(qv[d + 2u], w0.z, s);
-        s = fma(qv[d + 3u], w0.w, s);
-        s = fma(qv[d + 4u], w1.x, s);
-        s = fma(qv[d + 5u], w1.y, s);
-        s = fma(qv[d + 6u], w1.z, s);
-        s = fma(qv[d + 7u], w1.w, s);
-    }
-    return s;
+// q · 8 key values (f16 pairs in w, or f32 bits in w0, w1) for elements d .. d + 7 of q,
+// continuing `acc`: one fused multiply-add per element, in element order.
+fn dot8h(acc: f32, w: vec4<u32>, d: u32) -> f32 {
+    let a = unpack2x16float(w.x);
+    let b = unpack2x16float(w.y);
+    let c = unpack2x16float(w.z);
+    let f = unpack2x16float(w.w);
+    var s = fma(qv[d], a.x, acc);
+    s = fma(qv[d + 1u], a.y, s);
+    s = fma(qv[d + 2u], b.x, s);
+    s = fma(qv[d + 3u], b.y, s);
+    s = fma(qv[d + 4u], c.x, s);
+    s = fma(qv[d + 5u], c.y, s);
+    s = fma(qv[d + 6u], f.x, s);
+    return fma(qv[d + 7u], f.y, s);
 }
 
-// q · the key whose elements start at element kb of KC.
+fn dot8f(acc: f32, w0: vec4<u32>, w1: vec4<u32>, d: u32) -> f32 {
+    let a = bitcast<vec4<f32>>(w0);
+    let b = bitcast<vec4<f32>>(w1);
+    var s = fma(qv[d], a.x, acc);
+    s = fma(qv[d + 1u], a.y, s);
+    s = fma(qv[d + 2u], a.z, s);
+    s = fma(qv[d + 3u], a.w, s);
+    s = fma(qv[d + 4u], b.x, s);
+    s = fma(qv[d + 5u], b.y, s);
+    s = fma(qv[d + 6u], b.z, s);
+    return fma(qv[d + 7u], b.w, s);
+}
+
+// q · the key whose elements start at element kb of KC (kb a multiple of 8): one fused
+// multiply-add chain over the elements in order. 32 elements' loads are issued together (the
+// chain's order is unchanged: the same bits as one element at a time).
 fn cache_dot(kb: u32) -> f32 {
     var dot = 0.0;
-    for (var d = 0u; d < p.head_dim; d += 8u) {
-        dot = dot8(dot, kb + d, d);
+    var d = 0u;
+    if (p.kv_f16 != 0u) {
+        for (; d + 32u <= p.head_dim; d += 32u) {
+            let e = (kb + d) >> 3u;
+            let w0 = KC[e];
+            let w1 = KC[e + 1u];
+            let w2 = KC[e + 2u];
+            let w3 = KC[e + 3u];
+            dot = dot8h(dot8h(dot8h(dot8h(dot, w0, d), w1, d + 8u), w2, d + 16u), w3, d + 24u);
+        }
+        for (; d < p.head_dim; d += 8u) {
+            dot = dot8h(dot, KC[(kb + d) >> 3u], d);
+        }
+    } else {
+        for (; d + 32u <= p.head_dim; d += 32u) {
+            let e = (kb + d) >> 2u;
+            let w0 = KC[e];
+            let w1 = KC[e + 1u];
+            let w2 = KC[e + 2u];
+            let w3 = KC[e + 3u];
+            let w4 = KC[e + 4u];
+            let w5 = KC[e + 5u];
+            let w6 = KC[e + 6u];
+            let w7 = KC[e + 7u];
+            dot = dot8f(dot8f(dot8f(dot8f(dot, w0, w1, d), w2, w3, d + 8u), w4, w5, d + 16u), w6, w7, d + 24u);
+        }
+        for (; d < p.head_dim; d += 8u) {
+            let e = (kb + d) >> 2u;
+            dot = dot8f(dot, KC[e], KC[e + 1u], d);
+        }
     }
     return dot;
+}
+
+// o + the value pairs at r, r + hd, ..., r + 7 hd weighted by ea, eb (keys in order, one fused
+// multiply-add each; the 8 loads issue together).
+fn acc8(o: vec2<f32>, r: u32, hd: u32, ea: vec4<f32>, eb: vec4<f32>) -> vec2<f32> {
+    let a0 = value(r);
+    let a1 = value(r + hd);
+    let a2 = value(r + 2u * hd);
+    let a3 = value(r + 3u * hd);
+    let a4 = value(r + 4u * hd);
+    let a5 = value(r + 5u * hd);
+    let a6 = value(r + 6u * hd);
+    let a7 = value(r + 7u * hd);
+    var x = fma(vec2<f32>(ea.x), a0, o);
+    x = fma(vec2<f32>(ea.y), a1, x);
+    x = fma(vec2<f32>(ea.z), a2, x);
+    x = fma(vec2<f32>(ea.w), a3, x);
+    x = fma(vec2<f32>(eb.x), a4, x);
+    x = fma(vec2<f32>(eb.y), a5, x);
+    x = fma(vec2<f32>(eb.z), a6, x);
+    return fma(vec2<f32>(eb.w), a7, x);
 }
 
 // Values (e, e + 1) of VC, e even.
@@ -185,8 +234,32 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec
             o2 = o2 * corr;
             o3 = o3 * corr;
             let vb = (kv0 + start) * hd + 2u * lane;
-            // Four keys at a time so that their loads issue together; the additions keep key order.
+            // Eight (then four) keys at a time so that their loads issue together; the additions
+            // keep key order.
             var jj = 0u;
+            for (; jj + 8u <= nk; jj += 8u) {
+                let ea = exp(vec4<f32>(sc[sb + jj], sc[sb + jj + 1u], sc[sb + jj + 2u], sc[sb + jj + 3u]) - vec4<f32>(m_new));
+                let eb = exp(vec4<f32>(sc[sb + jj + 4u], sc[sb + jj + 5u], sc[sb + jj + 6u], sc[sb + jj + 7u]) - vec4<f32>(m_new));
+                l = l + ea.x;
+                l = l + ea.y;
+                l = l + ea.z;
+                l = l + ea.w;
+                l = l + eb.x;
+                l = l + eb.y;
+                l = l + eb.z;
+                l = l + eb.w;
+                let r = vb + jj * hd;
+                o0 = acc8(o0, r, hd, ea, eb);
+                if (has1) {
+                    o1 = acc8(o1, r + 64u, hd, ea, eb);
+                }
+                if (has2) {
+                    o2 = acc8(o2, r + 128u, hd, ea, eb);
+                }
+                if (has3) {
+                    o3 = acc8(o3, r + 192u, hd, ea, eb);
+                }
+            }
             for (; jj + 4u <= nk; jj += 4u) {
                 let e0 = exp(sc[sb + jj] - m_new);
                 let e1 = exp(sc[sb + jj + 1u] - m_new);

@@ -15,11 +15,13 @@
 use std::sync::Arc;
 
 use super::context::{grid_1d, Kernels, WgpuContext};
-use super::layers::{GpuActivations, GpuLayers, KvPrecision, SeqSpan, PARAM_WINDOW};
+use super::layers::{next_id, GpuActivations, GpuLayers, KvPrecision, SeqSpan, PARAM_WINDOW};
 use super::WgpuError;
 use crate::engine::LlamaConfig;
 
 pub struct GpuKv {
+    /// unique among caches (a step recorded ahead is for these caches: layers/step.rs)
+    pub(crate) id: u64,
     ctx: Arc<WgpuContext>,
     /// The [`GpuLayers`] this cache belongs to.
     pub(crate) owner: u64,
@@ -45,7 +47,7 @@ impl GpuKv {
             k.push(ctx.storage("k_cache", bytes)?);
             v.push(ctx.storage("v_cache", bytes)?);
         }
-        Ok(GpuKv { ctx, owner, capacity, n_kv_head: c.n_head_kv, head_dim: c.head_dim, elem, k, v, binds: None })
+        Ok(GpuKv { id: next_id(), ctx, owner, capacity, n_kv_head: c.n_head_kv, head_dim: c.head_dim, elem, k, v, binds: None })
     }
 
     /// A cache of `capacity` positions shaped like `other` (same stack, same precision).
@@ -57,7 +59,7 @@ impl GpuKv {
             k.push(other.ctx.storage("k_cache", bytes)?);
             v.push(other.ctx.storage("v_cache", bytes)?);
         }
-        Ok(GpuKv { ctx: other.ctx.clone(), owner: other.owner, capacity, k, v, binds: None, ..*other })
+        Ok(GpuKv { id: next_id(), ctx: other.ctx.clone(), owner: other.owner, capacity, k, v, binds: None, ..*other })
     }
 
     pub fn capacity(&self) -> usize {

@@ -7,9 +7,10 @@
 //! * [`GpuKv`](super::kv::GpuKv) — one sequence's keys and values for these layers.
 //! * [`WgpuLayers`] — the three together for one sequence (tests, speed measurements).
 //!
-//! A step ([`GpuLayers::forward`]) writes the hidden state of every token of every sequence, the
-//! positions and the parameters, records all dispatches of all layers in one compute pass of one
-//! command buffer, and reads back only the final hidden state `[n_tok, n_embd]`. Per layer:
+//! A step ([`GpuLayers::forward`], layers/step.rs) writes the hidden state of every token of every
+//! sequence, the positions and the parameters, submits the dispatches of all layers (recorded
+//! ahead while the GPU ran the previous step of the same shape, or now), and reads back only the
+//! final hidden state `[n_tok, n_embd]` (or the logits of chosen rows). Per layer:
 //! RMSNorm, the fused q|k|v matmul over all tokens, then per sequence RoPE + KV store
 //! (rope_store.wgsl) and attention over that sequence's cache (kv.rs records these; with
 //! `WgpuOptions::attention_one` a one-token sequence gets the two in one dispatch), then the output projection with
@@ -28,6 +29,10 @@ use super::upload::upload_rows;
 use super::WgpuError;
 use crate::backend::cpu::ops::rope_table;
 use crate::engine::{LlamaConfig, Model};
+
+mod step;
+pub(crate) use step::Ahead;
+use step::Prof;
 
 /// Element type of the GPU KV cache.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -113,6 +118,7 @@ struct GpuHead {
 /// Logit rows per read-back of [`GpuLayers::forward_logits`] (more are done in several rounds).
 pub const HEAD_ROWS: usize = 64;
 
+
 pub struct GpuLayers {
     id: u64,
     pub(crate) ctx: Arc<WgpuContext>,
@@ -171,6 +177,8 @@ pub struct GpuActivations {
     /// parameter words of a step, reused (no allocation per step)
     words: Vec<u32>,
     head: Option<HeadActs>,
+    /// the next step, recorded while the GPU ran this one (step.rs)
+    ahead: Option<Ahead>,
 }
 
 /// One sequence's part of a step: its KV cache and its tokens, which are `n_tok` consecutive rows
@@ -360,6 +368,7 @@ impl GpuLayers {
             layers,
             words,
             head,
+            ahead: None,
         })
     }
 
@@ -367,7 +376,7 @@ impl GpuLayers {
     /// step's tokens are the sequences' tokens in order; `positions` holds each token's position
     /// (for sequence s: `s.start, s.start + 1, ...`). Keys and values go into each sequence's cache.
     pub fn forward(&self, act: &mut GpuActivations, hidden: &mut [f32], positions: &[u32], seqs: &mut [SeqSpan<'_>]) -> Result<(), WgpuError> {
-        self.step(act, hidden, positions, seqs, false, None).map(|_| ())
+        self.step(act, hidden, positions, seqs, Prof::Off, None).map(|_| ())
     }
 
     /// [`forward`](Self::forward), then the output norm and projection on the GPU for the step
@@ -386,7 +395,7 @@ impl GpuLayers {
         if logits.len() != rows.len() * h.out.rows || rows.iter().any(|&r| r as usize >= positions.len()) {
             return Err(WgpuError::BadShape { got: logits.len(), expected: rows.len() * h.out.rows });
         }
-        self.step(act, hidden, positions, seqs, false, Some((rows, logits))).map(|_| ())
+        self.step(act, hidden, positions, seqs, Prof::Off, Some((rows, logits))).map(|_| ())
     }
 
     /// [`forward`](Self::forward) with each dispatch in its own compute pass between GPU
@@ -399,7 +408,21 @@ impl GpuLayers {
         positions: &[u32],
         seqs: &mut [SeqSpan<'_>],
     ) -> Result<Option<Vec<(&'static str, f64)>>, WgpuError> {
-        self.step(act, hidden, positions, seqs, self.ctx.timestamps, None)
+        self.step(act, hidden, positions, seqs, if self.ctx.timestamps { Prof::Dispatches } else { Prof::Off }, None)
+    }
+
+    /// [`forward`](Self::forward) recorded and submitted as usual, timed as a whole: the GPU time
+    /// from the start of the step's first pass to the end of its last (timestamps), the CPU time
+    /// spent recording and submitting, and the wall time until the result is read back, in ms.
+    /// `None` (after a plain forward) when the adapter has no timestamp queries.
+    pub fn forward_timed(
+        &self,
+        act: &mut GpuActivations,
+        hidden: &mut [f32],
+        positions: &[u32],
+        seqs: &mut [SeqSpan<'_>],
+    ) -> Result<Option<Vec<(&'static str, f64)>>, WgpuError> {
+        self.step(act, hidden, positions, seqs, if self.ctx.timestamps { Prof::Span } else { Prof::Off }, None)
     }
 
     fn check_step(&self, act: &GpuActivations, hidden: &[f32], positions: &[u32], seqs: &mut [SeqSpan<'_>]) -> Result<(), WgpuError> {
@@ -430,175 +453,6 @@ impl GpuLayers {
             t0 += s.n_tok;
         }
         Ok(())
-    }
-
-    fn step(
-        &self,
-        act: &mut GpuActivations,
-        hidden: &mut [f32],
-        positions: &[u32],
-        seqs: &mut [SeqSpan<'_>],
-        profile: bool,
-        head: Option<(&[u32], &mut [f32])>,
-    ) -> Result<Option<Vec<(&'static str, f64)>>, WgpuError> {
-        self.check_step(act, hidden, positions, seqs)?;
-        let n = positions.len();
-        if n == 0 {
-            return Ok(None);
-        }
-        for s in seqs.iter_mut() {
-            s.kv.bind_for(self, act)?;
-        }
-        let ctx = &self.ctx;
-        ctx.queue.write_buffer(&act.x, 0, bytemuck::cast_slice(hidden));
-        ctx.queue.write_buffer(&act.pos, 0, bytemuck::cast_slice(positions));
-        let stride = (act.slot_stride / 4) as usize;
-        let n_wide = act.n_fixed;
-        for (slot, step) in act.slots.iter().enumerate() {
-            let p = self.params_of(*step, n);
-            act.words[slot * stride..slot * stride + 8].copy_from_slice(&p);
-        }
-        let mut t0 = 0;
-        for (i, s) in seqs.iter().enumerate() {
-            let p = seq_params(&self.config, self.kv, s.kv.capacity, t0, s.n_tok, attention_q8(self.ctx.q8, &self.config));
-            act.words[(n_wide + i) * stride..(n_wide + i) * stride + 12].copy_from_slice(&p);
-            t0 += s.n_tok;
-        }
-        let used = (n_wide + seqs.len()) * stride;
-        ctx.queue.write_buffer(&act.params, 0, bytemuck::cast_slice(&act.words[..used]));
-
-        let n_dispatch = act.layers.iter().map(|l| l.lists(n).0.len() + l.lists(n).1.len()).sum::<usize>() + self.gpu.len() * seq_dispatches(seqs, self.ctx.attention_one);
-        let mut enc = ctx.encoder();
-        let queries = profile.then(|| {
-            ctx.device.create_query_set(&wgpu::QuerySetDescriptor { label: Some("profile"), ty: wgpu::QueryType::Timestamp, count: 2 * n_dispatch as u32 })
-        });
-        let mut labels: Vec<&'static str> = Vec::new();
-        if let Some(qs) = &queries {
-            let mut i = 0u32;
-            self.record(act, seqs, n, 0..act.layers.len(), |label, pipeline, bind, offset, grid| {
-                let writes = wgpu::ComputePassTimestampWrites {
-                    query_set: qs,
-                    beginning_of_pass_write_index: Some(2 * i),
-                    end_of_pass_write_index: Some(2 * i + 1),
-                };
-                let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(label), timestamp_writes: Some(writes) });
-                dispatch(&mut pass, pipeline, bind, offset, grid);
-                labels.push(label);
-                i += 1;
-            });
-        } else {
-            // Every `submit_layers` layers the recorded part is submitted, so that the GPU runs it
-            // while the rest is recorded (0: one submission per step).
-            let (nl, every) = (act.layers.len(), ctx.submit_layers);
-            let mut l0 = 0;
-            loop {
-                let l1 = if every == 0 { nl } else { (l0 + every).min(nl) };
-                {
-                    let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("layers"), timestamp_writes: None });
-                    self.record(act, seqs, n, l0..l1, |_, pipeline, bind, offset, grid| dispatch(&mut pass, pipeline, bind, offset, grid));
-                }
-                l0 = l1;
-                if l0 >= nl {
-                    break;
-                }
-                let done = std::mem::replace(&mut enc, ctx.encoder());
-                ctx.queue.submit([done.finish()]);
-            }
-        }
-        if let Some((rows, logits)) = head {
-            return self.head_rounds(act, enc, rows, logits);
-        }
-        ctx.submit_and_read(enc, &act.x, 0, &act.staging, hidden)?;
-        let Some(qs) = queries else { return Ok(None) };
-
-        let bytes = 16 * n_dispatch as u64;
-        let resolved = ctx.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("timestamps"),
-            size: bytes,
-            usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
-            mapped_at_creation: false,
-        });
-        let mut enc = ctx.encoder();
-        enc.resolve_query_set(&qs, 0..2 * n_dispatch as u32, &resolved, 0);
-        let mut ticks = vec![0u64; 2 * n_dispatch];
-        ctx.map_read(enc, &resolved, 0, &ctx.staging("timestamps", bytes), bytes, |b| ticks.copy_from_slice(bytemuck::cast_slice(b)))?;
-        let ns_per_tick = f64::from(ctx.queue.get_timestamp_period());
-        let mut out: Vec<(&'static str, f64)> = Vec::new();
-        for (label, t) in labels.iter().zip(ticks.chunks_exact(2)) {
-            let ms = t[1].saturating_sub(t[0]) as f64 * ns_per_tick / 1e6;
-            match out.iter_mut().find(|(l, _)| l == label) {
-                Some((_, total)) => *total += ms,
-                None => out.push((label, ms)),
-            }
-        }
-        Ok(Some(out))
-    }
-
-    /// The output head over the step's final residual stream, `HEAD_ROWS` rows per round: the
-    /// rows are gathered by buffer copies, normalized, projected, read back. The first round
-    /// rides in `enc`, the command buffer of the layers.
-    fn head_rounds(
-        &self,
-        act: &mut GpuActivations,
-        enc: wgpu::CommandEncoder,
-        rows: &[u32],
-        logits: &mut [f32],
-    ) -> Result<Option<Vec<(&'static str, f64)>>, WgpuError> {
-        let ctx = &self.ctx;
-        let e = self.config.n_embd;
-        let Some(h) = &act.head else { return Err(WgpuError::Unsupported("no head activations".into())) };
-        if rows.is_empty() {
-            // No logits wanted (a prefill chunk): still return only once the step is done, as
-            // every other step does, so that a caller's timer or error check sees this step.
-            ctx.queue.submit([enc.finish()]);
-            ctx.device.poll(wgpu::PollType::wait_indefinitely()).map_err(|e| WgpuError::Gpu(e.to_string()))?;
-            return ctx.check().map(|_| None);
-        }
-        let v = logits.len() / rows.len().max(1);
-        let mut first = Some(enc);
-        for (ci, chunk) in rows.chunks(h.rows).enumerate() {
-            let mut enc = first.take().unwrap_or_else(|| ctx.encoder());
-            let k = chunk.len();
-            for (step, slot) in [(h.norm.step, h.slots[0]), (h.out.step, h.slots[1])] {
-                let p = self.params_of(step, k);
-                ctx.queue.write_buffer(&act.params, slot as u64 * act.slot_stride, bytemuck::cast_slice(&p));
-            }
-            let row_bytes = (e * 4) as u64;
-            for (i, &r) in chunk.iter().enumerate() {
-                enc.copy_buffer_to_buffer(&act.x, r as u64 * row_bytes, &h.hx, i as u64 * row_bytes, row_bytes);
-            }
-            {
-                let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("head"), timestamp_writes: None });
-                dispatch(&mut pass, &h.norm.pipeline, &h.norm.bind, None, self.grid_of(h.norm.step, k));
-                dispatch(&mut pass, &h.out.pipeline, &h.out.bind, None, self.grid_of(h.out.step, k));
-            }
-            let off = ci * h.rows * v;
-            ctx.submit_and_read(enc, &h.logits, 0, &h.staging, &mut logits[off..off + k * v])?;
-        }
-        Ok(None)
-    }
-
-    /// Hands every dispatch of a step to `emit` in order: (label, pipeline, bind group, dynamic
-    /// parameter offset, grid).
-    fn record<'a>(
-        &'a self,
-        act: &'a GpuActivations,
-        seqs: &'a [SeqSpan<'_>],
-        n: usize,
-        layers: Range<usize>,
-        mut emit: impl FnMut(&'static str, &'a wgpu::ComputePipeline, &'a wgpu::BindGroup, Option<u32>, (u32, u32)),
-    ) {
-        let seq_offset = |i: usize| ((act.n_fixed + i) as u64 * act.slot_stride) as u32;
-        for (li, ld) in act.layers.iter().enumerate().take(layers.end).skip(layers.start) {
-            let (pre, post) = ld.lists(n);
-            for d in pre {
-                emit(d.label, &d.pipeline, &d.bind, None, self.grid_of(d.step, n));
-            }
-            record_seqs(self.ctx.attention_one, &self.ctx.kernels, &self.config, seqs, li, |label, pipeline, bind, i, grid| emit(label, pipeline, bind, Some(seq_offset(i)), grid));
-            for d in post {
-                emit(d.label, &d.pipeline, &d.bind, None, self.grid_of(d.step, n));
-            }
-        }
     }
 
     /// The uniform parameters of `step` for a batch of `n` tokens (layouts in the .wgsl headers).
@@ -637,14 +491,6 @@ impl GpuLayers {
     }
 }
 
-fn dispatch(pass: &mut wgpu::ComputePass<'_>, pipeline: &wgpu::ComputePipeline, bind: &wgpu::BindGroup, offset: Option<u32>, grid: (u32, u32)) {
-    pass.set_pipeline(pipeline);
-    match offset {
-        Some(o) => pass.set_bind_group(0, bind, &[o]),
-        None => pass.set_bind_group(0, bind, &[]),
-    }
-    pass.dispatch_workgroups(grid.0, grid.1, 1);
-}
 
 /// Layers `[a, b)` of a model on the GPU for one sequence: [`GpuLayers`], its activations and
 /// one KV cache, with the cached length tracked here.
@@ -713,22 +559,29 @@ impl WgpuLayers {
     /// for tokens at `positions`, which must continue the sequence: `len(), len()+1, ...`.
     /// Their keys and values are appended to the GPU KV cache.
     pub fn forward(&mut self, hidden: &mut [f32], positions: &[u32]) -> Result<(), WgpuError> {
-        self.step(hidden, positions, false).map(|_| ())
+        self.step(hidden, positions, Prof::Off).map(|_| ())
     }
 
     /// [`forward`](Self::forward) with GPU timestamps per kind of dispatch (see
     /// [`GpuLayers::forward_profiled`]).
     pub fn forward_profiled(&mut self, hidden: &mut [f32], positions: &[u32]) -> Result<Option<Vec<(&'static str, f64)>>, WgpuError> {
-        self.step(hidden, positions, true)
+        self.step(hidden, positions, Prof::Dispatches)
     }
 
-    fn step(&mut self, hidden: &mut [f32], positions: &[u32], profile: bool) -> Result<Option<Vec<(&'static str, f64)>>, WgpuError> {
+    /// [`forward`](Self::forward) timed as a whole (see [`GpuLayers::forward_timed`]).
+    pub fn forward_timed(&mut self, hidden: &mut [f32], positions: &[u32]) -> Result<Option<Vec<(&'static str, f64)>>, WgpuError> {
+        self.step(hidden, positions, Prof::Span)
+    }
+
+    fn step(&mut self, hidden: &mut [f32], positions: &[u32], prof: Prof) -> Result<Option<Vec<(&'static str, f64)>>, WgpuError> {
         let mut seqs = [SeqSpan { kv: &mut self.kv, start: self.len, n_tok: positions.len() }];
-        let r = if profile {
-            self.stack.forward_profiled(&mut self.act, hidden, positions, &mut seqs)?
-        } else {
-            self.stack.forward(&mut self.act, hidden, positions, &mut seqs)?;
-            None
+        let r = match prof {
+            Prof::Off => {
+                self.stack.forward(&mut self.act, hidden, positions, &mut seqs)?;
+                None
+            }
+            Prof::Dispatches => self.stack.forward_profiled(&mut self.act, hidden, positions, &mut seqs)?,
+            Prof::Span => self.stack.forward_timed(&mut self.act, hidden, positions, &mut seqs)?,
         };
         self.len += positions.len();
         Ok(r)
