@@ -91,6 +91,7 @@ pub(crate) enum DecodePlan {
 }
 
 /// A compute pipeline and the layout of its one bind group.
+#[derive(Clone)]
 pub(crate) struct Kernel {
     pub pipeline: wgpu::ComputePipeline,
     pub layout: wgpu::BindGroupLayout,
@@ -106,6 +107,9 @@ pub(crate) struct Kernels {
     /// decode matmuls of interleaved gate|up rows with the SiLU·mul epilogue (mv_y_silu.wgsl),
     /// x sources plain and norm; empty when the plan is `Off` or a workgroup holds an odd number of rows
     pub matvec_silu: HashMap<(GgmlType, XSrc), Kernel>,
+    /// decode matmuls of the fused q|k|v matrix (staged Q8 input) with RoPE + KV store as the
+    /// epilogue (mv_y_rope.wgsl); empty when the plan is `Off` or a workgroup holds an odd number of rows
+    pub matvec_rope: HashMap<GgmlType, Kernel>,
     /// batch matmuls of the repacked types against Q8 activations (matmul.wgsl after mm_x_q8.wgsl)
     pub matmul_q8: HashMap<GgmlType, Kernel>,
     pub embed: HashMap<GgmlType, Kernel>,
@@ -159,6 +163,10 @@ pub struct WgpuContext {
     /// How long a read-back polls the device in a loop before it sleeps until the GPU is done:
     /// [`SPIN_US`] µs unless `$FORGE_WGPU_SPIN_US` says otherwise (0: sleep at once).
     pub(crate) spin: std::time::Duration,
+    /// Whether a one-token step's q|k|v matmul does RoPE + KV store in its epilogue
+    /// (mv_y_rope.wgsl; no rope_store dispatch) where it can; on unless `$FORGE_WGPU_QKV_ROPE` is
+    /// `0`. Same bits either way.
+    pub(crate) qkv_rope: bool,
     /// The first error wgpu reported outside an error scope (validation, device loss).
     uncaptured: Arc<Mutex<Option<String>>>,
 }
@@ -351,6 +359,7 @@ impl WgpuContext {
             stage: std::env::var("FORGE_WGPU_STAGE").map_or(true, |v| v != "0"),
             attention_one: opts.attention_one.unwrap_or_else(|| std::env::var("FORGE_WGPU_ATTN_ONE").is_ok_and(|v| v == "1")),
             submit_layers: std::env::var("FORGE_WGPU_SUBMIT_LAYERS").ok().and_then(|v| v.parse().ok()).unwrap_or(SUBMIT_LAYERS),
+            qkv_rope: std::env::var("FORGE_WGPU_QKV_ROPE").map_or(true, |v| v != "0"),
             spin: std::time::Duration::from_micros(std::env::var("FORGE_WGPU_SPIN_US").ok().and_then(|v| v.parse().ok()).unwrap_or(SPIN_US)),
             uncaptured,
         }))
@@ -601,6 +610,7 @@ fn build_kernels(device: &wgpu::Device, lanes: u32, decode: DecodePlan, subgroup
     let mut matmul = HashMap::new();
     let mut matvec = HashMap::new();
     let mut matvec_silu = HashMap::new();
+    let mut matvec_rope = HashMap::new();
     let (y_store, y_silu) = (include_str!("../../../kernels/wgsl/mv_y_store.wgsl"), include_str!("../../../kernels/wgsl/mv_y_silu.wgsl"));
     let mut embed = HashMap::new();
     let mut matmul_q8 = HashMap::new();
@@ -620,6 +630,11 @@ fn build_kernels(device: &wgpu::Device, lanes: u32, decode: DecodePlan, subgroup
                 matvec.insert((ty, xs), k(&format!("matvec_q8_{name}_{xs:?}"), format!("{src}\n{y_store}"), binds)?);
                 if xs == XSrc::Q8 && (WG / lanes).is_multiple_of(2) {
                     matvec_silu.insert((ty, xs), k(&format!("matvec_q8_silu_{name}_{xs:?}"), format!("{src}\n{y_silu}"), binds)?);
+                }
+                if xs == XSrc::Q8Stage && (WG / lanes).is_multiple_of(2) {
+                    let y_rope = include_str!("../../../kernels/wgsl/mv_y_rope.wgsl");
+                    let rb = [B::Uniform, B::Read, B::Read, B::Rw, B::Read, B::Rw, B::Rw, B::Read, B::Read, B::UniformDyn];
+                    matvec_rope.insert(ty, k(&format!("matvec_q8_rope_{name}"), format!("{src}\n{ROPE_PAIR}\n{y_rope}"), &rb)?);
                 }
             }
         }
@@ -643,6 +658,7 @@ fn build_kernels(device: &wgpu::Device, lanes: u32, decode: DecodePlan, subgroup
         matmul,
         matvec,
         matvec_silu,
+        matvec_rope,
         matmul_q8,
         embed,
         rmsnorm: k("rmsnorm", format!("{RMS_BIND}\n{RMS_SCALE}\n{}", include_str!("../../../kernels/wgsl/rmsnorm.wgsl")), &[B::Uniform, B::Read, B::Read, B::Rw])?,

@@ -33,8 +33,9 @@ pub struct GpuKv {
     /// per layer of the stack: [n_kv_head, capacity, head_dim]
     k: Vec<wgpu::Buffer>,
     v: Vec<wgpu::Buffer>,
-    /// (activations id, per layer [rope_store, attention, attention_one] bind groups)
-    binds: Option<(u64, Vec<[wgpu::BindGroup; 3]>)>,
+    /// (activations id, per layer [rope_store, attention, attention_one] bind groups and the
+    /// one-token q|k|v + RoPE matmul's, where the plan has it)
+    binds: Option<(u64, Vec<([wgpu::BindGroup; 3], Option<wgpu::BindGroup>)>)>,
 }
 
 impl GpuKv {
@@ -106,15 +107,23 @@ impl GpuKv {
             .k
             .iter()
             .zip(&self.v)
-            .map(|(kc, vc)| {
-                [
+            .enumerate()
+            .map(|(li, (kc, vc))| {
+                let qkv_rope = act.qkv_rope(li).map(|q| {
+                    let w = (params, q.param_offset, Some(PARAM_WINDOW));
+                    let [b1, b2, b3, b4] = &q.bufs;
+                    let bufs = [w, (b1, 0, None), (b2, 0, None), (b3, 0, None), (b4, 0, None), (kc, 0, None), (vc, 0, None), (rope, 0, None), (pos, 0, None), p];
+                    self.ctx.bind(&q.kernel, &bufs)
+                });
+                let groups = [
                     self.ctx.bind(&k.rope_store, &[p, (qkv, 0, None), (rope, 0, None), (pos, 0, None), (kc, 0, None), (vc, 0, None)]),
                     self.ctx.bind(&k.attention, &[p, (qkv, 0, None), (kc, 0, None), (vc, 0, None), (pos, 0, None), (att, 0, None), (xq, 0, None)]),
                     self.ctx.bind(
                         &k.attention_one,
                         &[p, (qkv, 0, None), (kc, 0, None), (vc, 0, None), (pos, 0, None), (att, 0, None), (rope, 0, None), (xq, 0, None)],
                     ),
-                ]
+                ];
+                (groups, qkv_rope)
             })
             .collect();
         self.binds = Some((act.id, binds));
@@ -125,9 +134,14 @@ impl GpuKv {
     /// stack; only after [`bind_for`](Self::bind_for).
     fn bind(&self, li: usize, which: usize) -> &wgpu::BindGroup {
         match &self.binds {
-            Some((_, b)) => &b[li][which],
+            Some((_, b)) => &b[li].0[which],
             None => unreachable!("GpuKv::bind before bind_for"),
         }
+    }
+
+    /// The bind group of layer `li`'s one-token q|k|v + RoPE matmul (see [`bind_for`](Self::bind_for)).
+    pub(crate) fn qkv_rope_bind(&self, li: usize) -> Option<&wgpu::BindGroup> {
+        self.binds.as_ref().and_then(|(_, b)| b.get(li)).and_then(|l| l.1.as_ref())
     }
 }
 
@@ -138,10 +152,12 @@ pub(crate) fn seq_dispatches(seqs: &[SeqSpan<'_>], one: bool) -> usize {
 
 /// Hands the per-sequence dispatches of layer `li` of a step to `emit` in order: (label, pipeline,
 /// bind group, the sequence's index = its parameter slot, grid). First rope_store for each
-/// sequence of several tokens, then each sequence's attention: attention_one for a sequence of
-/// one token when `one` (`WgpuContext::attention_one`), which does what rope_store would.
+/// sequence of several tokens (none when `roped`: the q|k|v matmul did it), then each sequence's
+/// attention: attention_one for a sequence of one token when `one` (`WgpuContext::attention_one`),
+/// which does what rope_store would.
 pub(crate) fn record_seqs<'a>(
     one: bool,
+    roped: bool,
     k: &'a Kernels,
     c: &LlamaConfig,
     seqs: &'a [SeqSpan<'_>],
@@ -149,7 +165,7 @@ pub(crate) fn record_seqs<'a>(
     mut emit: impl FnMut(&'static str, &'a wgpu::ComputePipeline, &'a wgpu::BindGroup, usize, (u32, u32)),
 ) {
     let single = |s: &SeqSpan<'_>| one && s.n_tok == 1;
-    for (i, s) in seqs.iter().enumerate().filter(|(_, s)| !single(s)) {
+    for (i, s) in seqs.iter().enumerate().filter(|(_, s)| !roped && !single(s)) {
         let grid = grid_1d(s.n_tok * (c.n_head + 2 * c.n_head_kv) * c.head_dim / 2);
         emit("rope + kv store", &k.rope_store.pipeline, s.kv.bind(li, 0), i, grid);
     }

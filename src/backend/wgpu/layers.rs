@@ -21,7 +21,7 @@ use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use super::context::{grid_1d, WgpuContext, MAX_HEAD_DIM};
+use super::context::{grid_1d, Kernel, WgpuContext, MAX_HEAD_DIM};
 use super::kv::{attention_q8, record_seqs, seq_dispatches, seq_params, GpuKv};
 use super::plan::{batch_plan, one_token_plan, q8_bytes, Acts, PlanCtx, PlanItem};
 pub(super) use super::upload::GpuMatrix;
@@ -95,12 +95,27 @@ struct LayerDispatches {
     post: Vec<Dispatch>,
     pre1: Vec<Dispatch>,
     post1: Vec<Dispatch>,
+    /// whether `pre1` / `post1` exist (the one-token plan is not `Off`)
+    one: bool,
+    /// steps of one token: the q|k|v matmul with RoPE + KV store, recorded per sequence
+    qkv_rope: Option<QkvRope>,
+}
+
+/// The one-token q|k|v matmul with RoPE + KV store as its epilogue (mv_y_rope.wgsl; plan.rs): its
+/// bind group also holds the sequence's caches, so kv.rs builds it (`GpuKv::bind_for`).
+pub(super) struct QkvRope {
+    pub kernel: Kernel,
+    pub step: Step,
+    /// byte offset of `step`'s parameter slot
+    pub param_offset: u64,
+    /// bindings 1-4: weights, residual stream, q|k|v rows, norm weight
+    pub bufs: [wgpu::Buffer; 4],
 }
 
 impl LayerDispatches {
     /// The lists for a step of `n` tokens.
     fn lists(&self, n: usize) -> (&[Dispatch], &[Dispatch]) {
-        if n == 1 && !self.pre1.is_empty() {
+        if n == 1 && self.one {
             (&self.pre1, &self.post1)
         } else {
             (&self.pre, &self.post)
@@ -179,6 +194,13 @@ pub struct GpuActivations {
     head: Option<HeadActs>,
     /// the next step, recorded while the GPU ran this one (step.rs)
     ahead: Option<Ahead>,
+}
+
+impl GpuActivations {
+    /// Layer `li`'s one-token q|k|v matmul with RoPE + KV store, where the plan has one.
+    pub(super) fn qkv_rope(&self, li: usize) -> Option<&QkvRope> {
+        self.layers.get(li).and_then(|l| l.qkv_rope.as_ref())
+    }
 }
 
 /// One sequence's part of a step: its KV cache and its tokens, which are `n_tok` consecutive rows
@@ -281,14 +303,17 @@ impl GpuLayers {
         let kern = &ctx.kernels;
         let mut plan: Vec<Vec<PlanItem<'_>>> = Vec::new();
         let mut plan1: Vec<Vec<PlanItem<'_>>> = Vec::new();
-        let pc = PlanCtx { kern, q8: ctx.q8, att_q8: attention_q8(ctx.q8, c), stage: ctx.stage, n_embd: e, norm: Step::RmsNorm { dim: e, eps: c.rms_eps }, qkv_width: qkvd, gu_width: 2 * ff };
+        let pc = PlanCtx { kern, q8: ctx.q8, att_q8: attention_q8(ctx.q8, c), stage: ctx.stage, qkv_rope: ctx.qkv_rope && !ctx.attention_one, n_embd: e, norm: Step::RmsNorm { dim: e, eps: c.rms_eps }, qkv_width: qkvd, gu_width: 2 * ff };
         let acts = Acts { x: &x, xn: &xn, xq: &xq, qkv: &qkv, att: &att, gu: &gu, act: &act };
+        let mut ropes: Vec<Option<PlanItem<'_>>> = Vec::new();
         for g in &self.gpu {
-            plan1.push(one_token_plan(&pc, ctx.decode, g, &acts)?);
+            let (one, rope) = one_token_plan(&pc, ctx.decode, g, &acts)?;
+            plan1.push(one);
+            ropes.push(rope);
             plan.push(batch_plan(&pc, g, &acts)?);
         }
         let mut slots: Vec<Step> = Vec::new();
-        for (_, _, s, _, _) in plan.iter().flatten().chain(plan1.iter().flatten()) {
+        for (_, _, s, _, _) in plan.iter().flatten().chain(plan1.iter().flatten()).chain(ropes.iter().flatten()) {
             if !slots.contains(s) {
                 slots.push(*s);
             }
@@ -310,8 +335,20 @@ impl GpuLayers {
             binds.extend(bufs.iter().map(|b| (*b, 0, None)));
             (*pre, Dispatch { pipeline: kernel.pipeline.clone(), bind: ctx.bind(kernel, &binds), step: *step, label })
         };
-        for (chunk, one) in plan.iter().zip(&plan1) {
-            let mut ld = LayerDispatches { pre: Vec::new(), post: Vec::new(), pre1: Vec::new(), post1: Vec::new() };
+        for ((chunk, one), rope) in plan.iter().zip(&plan1).zip(&ropes) {
+            let qkv_rope = match rope {
+                Some((_, kernel, step, _, bufs)) => match bufs.as_slice() {
+                    [w, x, y, g] => Some(QkvRope {
+                        kernel: (*kernel).clone(),
+                        step: *step,
+                        param_offset: slots.iter().position(|s| s == step).unwrap_or(0) as u64 * slot_stride,
+                        bufs: [(*w).clone(), (*x).clone(), (*y).clone(), (*g).clone()],
+                    }),
+                    _ => return Err(WgpuError::Unsupported("q|k|v + rope plan item".into())),
+                },
+                None => None,
+            };
+            let mut ld = LayerDispatches { pre: Vec::new(), post: Vec::new(), pre1: Vec::new(), post1: Vec::new(), one: !one.is_empty(), qkv_rope };
             for (pre, d) in chunk.iter().map(dispatch_of) {
                 if pre { ld.pre.push(d) } else { ld.post.push(d) }
             }

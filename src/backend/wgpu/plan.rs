@@ -55,6 +55,8 @@ pub(super) struct PlanCtx<'a> {
     pub att_q8: bool,
     /// one-token matmuls stage their own Q8 input where they can (mvq_x_stage.wgsl)
     pub stage: bool,
+    /// the one-token q|k|v matmul does RoPE + KV store where it can (mv_y_rope.wgsl)
+    pub qkv_rope: bool,
     pub n_embd: usize,
     /// [n_embd] RMSNorm of the layer's inputs
     pub norm: Step,
@@ -129,8 +131,11 @@ pub(super) fn batch_plan<'a>(pc: &PlanCtx<'a>, g: &'a GpuLayer, a: &Acts<'a>) ->
     Ok(p)
 }
 
-/// The one-token dispatches of layer `g` (empty for `DecodePlan::Off`: the batch plan runs).
-pub(super) fn one_token_plan<'a>(pc: &PlanCtx<'a>, plan: DecodePlan, g: &'a GpuLayer, a: &Acts<'a>) -> Result<Vec<PlanItem<'a>>, WgpuError> {
+/// The one-token dispatches of layer `g` (empty for `DecodePlan::Off`: the batch plan runs), and
+/// the q|k|v matmul with RoPE + KV store as its epilogue when it replaces the list's q|k|v matmul
+/// and rope_store (a staged, fused q|k|v matrix; buffers of bindings 1-4, kv.rs adds the
+/// sequence's: it is recorded per sequence).
+pub(super) fn one_token_plan<'a>(pc: &PlanCtx<'a>, plan: DecodePlan, g: &'a GpuLayer, a: &Acts<'a>) -> Result<(Vec<PlanItem<'a>>, Option<PlanItem<'a>>), WgpuError> {
     let kern = pc.kern;
     let eps = match pc.norm {
         Step::RmsNorm { eps, .. } => eps,
@@ -173,6 +178,7 @@ pub(super) fn one_token_plan<'a>(pc: &PlanCtx<'a>, plan: DecodePlan, g: &'a GpuL
         Ok(Some((k, step_of(w, xs, false), vec![&w.buf, x])))
     };
     let mut p: Vec<PlanItem<'a>> = Vec::new();
+    let mut rope = None;
     let with = |mut b: Vec<&'a wgpu::Buffer>, more: &[&'a wgpu::Buffer]| {
         b.extend_from_slice(more);
         b
@@ -192,7 +198,14 @@ pub(super) fn one_token_plan<'a>(pc: &PlanCtx<'a>, plan: DecodePlan, g: &'a GpuL
             if !qkv_st {
                 pc.norm(&mut p, true, &g.qkv, a.x, &g.attn_norm, a);
             }
-            for w in &g.qkv {
+            let roped = match (&g.qkv[..], pc.qkv_rope && qkv_st) {
+                ([w], true) if w.y_off == 0 => pc.kern.matvec_rope.get(&w.ty).map(|k| (w, k)),
+                _ => None,
+            };
+            if let Some((w, k)) = roped {
+                rope = Some((true, k, step_of(w, XSrc::Q8Stage, false), "norm + matvec qkv + rope + kv store", vec![&w.buf, a.x, a.qkv, &g.attn_norm]));
+            }
+            for w in g.qkv.iter().filter(|_| rope.is_none()) {
                 let (k, s, b) = mv(w, XSrc::Plain, if qkv_st { a.x } else { a.xn }, false, qkv_st)?;
                 p.push((true, k, s, if qkv_st { "norm + matvec qkv" } else { "matvec qkv" }, out(b, a.qkv, qkv_st, &g.attn_norm)));
             }
@@ -234,5 +247,5 @@ pub(super) fn one_token_plan<'a>(pc: &PlanCtx<'a>, plan: DecodePlan, g: &'a GpuL
             }
         }
     }
-    Ok(p)
+    Ok((p, rope))
 }

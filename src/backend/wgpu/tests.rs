@@ -54,14 +54,17 @@ fn contexts() -> &'static [Arc<WgpuContext>] {
         Ok(c) => {
             eprintln!("wgpu tests run on {:?}, {} matmul lanes, decode: {}", c.adapter(), c.matmul_lanes(), c.decode_kernels());
             let mut v = vec![c.clone()];
-            let other = WgpuContext::new(WgpuOptions { allow_software: true, matmul_lanes: Some(32), decode_kernels: Some(true), attention_one: Some(true) });
-            match other {
-                Ok(o) => {
-                    eprintln!("and on 32 matmul lanes, decode: {}", o.decode_kernels());
-                    v.push(o);
+            // 32 lanes with the one-token kernels: the GPUs' default plan (one-token q|k|v with
+            // RoPE + KV store), and with attention_one instead
+            for one in [false, true] {
+                match WgpuContext::new(WgpuOptions { allow_software: true, matmul_lanes: Some(32), decode_kernels: Some(true), attention_one: Some(one) }) {
+                    Ok(o) => {
+                        eprintln!("and on 32 matmul lanes, decode: {}, attention_one: {one}", o.decode_kernels());
+                        v.push(o);
+                    }
+                    Err(e) if e.is_unavailable() => eprintln!("no 32-lane context: {e}"),
+                    Err(e) => panic!("wgpu context with 32 lanes: {e}"),
                 }
-                Err(e) if e.is_unavailable() => eprintln!("no 32-lane context: {e}"),
-                Err(e) => panic!("wgpu context with 32 lanes: {e}"),
             }
             v
         }

@@ -322,7 +322,15 @@ impl GpuLayers {
             for d in pre {
                 emit(d.label, &d.pipeline, &d.bind, None, self.grid_of(d.step, n));
             }
-            record_seqs(self.ctx.attention_one, &self.ctx.kernels, &self.config, seqs, li, |label, pipeline, bind, i, grid| emit(label, pipeline, bind, Some(seq_offset(i)), grid));
+            // one token: its sequence's q|k|v matmul does RoPE + KV store (plan.rs, kv.rs)
+            let roped = match (n, &ld.qkv_rope) {
+                (1, Some(q)) => seqs.iter().position(|s| s.n_tok == 1).and_then(|i| seqs[i].kv.qkv_rope_bind(li).map(|b| (i, b))).map(|(i, b)| {
+                    emit("norm + matvec qkv + rope + kv store", &q.kernel.pipeline, b, Some(seq_offset(i)), self.grid_of(q.step, 1));
+                }),
+                _ => None,
+            }
+            .is_some();
+            record_seqs(self.ctx.attention_one, roped, &self.ctx.kernels, &self.config, seqs, li, |label, pipeline, bind, i, grid| emit(label, pipeline, bind, Some(seq_offset(i)), grid));
             for d in post {
                 emit(d.label, &d.pipeline, &d.bind, None, self.grid_of(d.step, n));
             }
