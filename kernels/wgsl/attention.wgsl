@@ -116,12 +116,25 @@ fn dot8f(acc: f32, w0: vec4<u32>, w1: vec4<u32>, d: u32) -> f32 {
 }
 
 // q · the key whose elements start at element kb of KC (kb a multiple of 8): one fused
-// multiply-add chain over the elements in order. 32 elements' loads are issued together (the
-// chain's order is unchanged: the same bits as one element at a time).
+// multiply-add chain over the elements in order. 64 (f16) or 32 (f32) elements' loads are issued
+// together (the chain's order is unchanged: the same bits as one element at a time).
 fn cache_dot(kb: u32) -> f32 {
     var dot = 0.0;
     var d = 0u;
     if (p.kv_f16 != 0u) {
+        for (; d + 64u <= p.head_dim; d += 64u) {
+            let e = (kb + d) >> 3u;
+            let w0 = KC[e];
+            let w1 = KC[e + 1u];
+            let w2 = KC[e + 2u];
+            let w3 = KC[e + 3u];
+            let w4 = KC[e + 4u];
+            let w5 = KC[e + 5u];
+            let w6 = KC[e + 6u];
+            let w7 = KC[e + 7u];
+            dot = dot8h(dot8h(dot8h(dot8h(dot, w0, d), w1, d + 8u), w2, d + 16u), w3, d + 24u);
+            dot = dot8h(dot8h(dot8h(dot8h(dot, w4, d + 32u), w5, d + 40u), w6, d + 48u), w7, d + 56u);
+        }
         for (; d + 32u <= p.head_dim; d += 32u) {
             let e = (kb + d) >> 3u;
             let w0 = KC[e];
@@ -154,8 +167,44 @@ fn cache_dot(kb: u32) -> f32 {
     return dot;
 }
 
-// o + the value pairs at r, r + hd, ..., r + 7 hd weighted by ea, eb (keys in order, one fused
-// multiply-add each; the 8 loads issue together).
+// o + the value pairs at r, r + hd, ..., r + 15 hd weighted by ea .. ed (keys in order, one fused
+// multiply-add each; the 16 loads issue together).
+fn acc16(o: vec2<f32>, r: u32, hd: u32, ea: vec4<f32>, eb: vec4<f32>, ec: vec4<f32>, ed: vec4<f32>) -> vec2<f32> {
+    let a0 = value(r);
+    let a1 = value(r + hd);
+    let a2 = value(r + 2u * hd);
+    let a3 = value(r + 3u * hd);
+    let a4 = value(r + 4u * hd);
+    let a5 = value(r + 5u * hd);
+    let a6 = value(r + 6u * hd);
+    let a7 = value(r + 7u * hd);
+    let a8 = value(r + 8u * hd);
+    let a9 = value(r + 9u * hd);
+    let a10 = value(r + 10u * hd);
+    let a11 = value(r + 11u * hd);
+    let a12 = value(r + 12u * hd);
+    let a13 = value(r + 13u * hd);
+    let a14 = value(r + 14u * hd);
+    let a15 = value(r + 15u * hd);
+    var x = fma(vec2<f32>(ea.x), a0, o);
+    x = fma(vec2<f32>(ea.y), a1, x);
+    x = fma(vec2<f32>(ea.z), a2, x);
+    x = fma(vec2<f32>(ea.w), a3, x);
+    x = fma(vec2<f32>(eb.x), a4, x);
+    x = fma(vec2<f32>(eb.y), a5, x);
+    x = fma(vec2<f32>(eb.z), a6, x);
+    x = fma(vec2<f32>(eb.w), a7, x);
+    x = fma(vec2<f32>(ec.x), a8, x);
+    x = fma(vec2<f32>(ec.y), a9, x);
+    x = fma(vec2<f32>(ec.z), a10, x);
+    x = fma(vec2<f32>(ec.w), a11, x);
+    x = fma(vec2<f32>(ed.x), a12, x);
+    x = fma(vec2<f32>(ed.y), a13, x);
+    x = fma(vec2<f32>(ed.z), a14, x);
+    return fma(vec2<f32>(ed.w), a15, x);
+}
+
+// o + the value pairs at r, r + hd, ..., r + 7 hd weighted by ea, eb (as acc16).
 fn acc8(o: vec2<f32>, r: u32, hd: u32, ea: vec4<f32>, eb: vec4<f32>) -> vec2<f32> {
     let a0 = value(r);
     let a1 = value(r + hd);
@@ -222,9 +271,15 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec
         if (start < n_keys) {
             let nk = min(L, n_keys - start);
             let sb = g * L;
-            var tm = NEG;
-            for (var jj = 0u; jj < nk; jj++) {
-                tm = max(tm, sc[sb + jj]);
+            // the tile's max: four chains, then combined (max is exact in any order)
+            var t4 = vec4<f32>(NEG);
+            var jm = 0u;
+            for (; jm + 4u <= nk; jm += 4u) {
+                t4 = max(t4, vec4<f32>(sc[sb + jm], sc[sb + jm + 1u], sc[sb + jm + 2u], sc[sb + jm + 3u]));
+            }
+            var tm = max(max(t4.x, t4.y), max(t4.z, t4.w));
+            for (; jm < nk; jm++) {
+                tm = max(tm, sc[sb + jm]);
             }
             let m_new = max(m, tm);
             let corr = exp(m - m_new);
@@ -234,9 +289,43 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec
             o2 = o2 * corr;
             o3 = o3 * corr;
             let vb = (kv0 + start) * hd + 2u * lane;
-            // Eight (then four) keys at a time so that their loads issue together; the additions
-            // keep key order.
+            // Sixteen (then eight, four) keys at a time so that their loads issue together; the
+            // additions keep key order.
+            let mv = vec4<f32>(m_new);
             var jj = 0u;
+            for (; jj + 16u <= nk; jj += 16u) {
+                let ea = exp(vec4<f32>(sc[sb + jj], sc[sb + jj + 1u], sc[sb + jj + 2u], sc[sb + jj + 3u]) - mv);
+                let eb = exp(vec4<f32>(sc[sb + jj + 4u], sc[sb + jj + 5u], sc[sb + jj + 6u], sc[sb + jj + 7u]) - mv);
+                let ec = exp(vec4<f32>(sc[sb + jj + 8u], sc[sb + jj + 9u], sc[sb + jj + 10u], sc[sb + jj + 11u]) - mv);
+                let ed = exp(vec4<f32>(sc[sb + jj + 12u], sc[sb + jj + 13u], sc[sb + jj + 14u], sc[sb + jj + 15u]) - mv);
+                l = l + ea.x;
+                l = l + ea.y;
+                l = l + ea.z;
+                l = l + ea.w;
+                l = l + eb.x;
+                l = l + eb.y;
+                l = l + eb.z;
+                l = l + eb.w;
+                l = l + ec.x;
+                l = l + ec.y;
+                l = l + ec.z;
+                l = l + ec.w;
+                l = l + ed.x;
+                l = l + ed.y;
+                l = l + ed.z;
+                l = l + ed.w;
+                let r = vb + jj * hd;
+                o0 = acc16(o0, r, hd, ea, eb, ec, ed);
+                if (has1) {
+                    o1 = acc16(o1, r + 64u, hd, ea, eb, ec, ed);
+                }
+                if (has2) {
+                    o2 = acc16(o2, r + 128u, hd, ea, eb, ec, ed);
+                }
+                if (has3) {
+                    o3 = acc16(o3, r + 192u, hd, ea, eb, ec, ed);
+                }
+            }
             for (; jj + 8u <= nk; jj += 8u) {
                 let ea = exp(vec4<f32>(sc[sb + jj], sc[sb + jj + 1u], sc[sb + jj + 2u], sc[sb + jj + 3u]) - vec4<f32>(m_new));
                 let eb = exp(vec4<f32>(sc[sb + jj + 4u], sc[sb + jj + 5u], sc[sb + jj + 6u], sc[sb + jj + 7u]) - vec4<f32>(m_new));
