@@ -5,7 +5,8 @@
 //   3 storage rw    Y: array<vec4<f32>>  [n_tok, dim / 4]; swizzle = 1 (the layer runner, dim a
 //                                        multiple of 32): each row in the f32 matmul input's (mm_x_f32.wgsl) chunk-major
 //                                        layout (vec4 k of chunk c at k * dim / 32 + c), else as X
-// Dispatch: (n_tok, 1, 1) workgroups of 256, one per token.
+// Dispatch: (n_tok, ceil(dim / 1024), 1) workgroups of 256: workgroup (t, y) computes token t's
+// scale and writes its vec4s 256 y .. 256 y + 255 (every workgroup of a token the same scale).
 
 @group(0) @binding(3) var<storage, read_write> Y: array<vec4<f32>>;
 
@@ -14,7 +15,8 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec
     let d4 = p.dim / 4u;
     let base = wg.x * d4;
     let scale = rms_scale(li, base, p.dim, p.eps);
-    for (var j = li; j < d4; j += 256u) {
+    let end = min(d4, (wg.y + 1u) * 256u);
+    for (var j = wg.y * 256u + li; j < end; j += 256u) {
         var o = j;
         if (p.swizzle != 0u) {
             o = (j % 8u) * (p.dim / 32u) + j / 8u;

@@ -4,8 +4,8 @@
 //
 // Bindings (group 0): 0-2 see rms_bind.wgsl (P.swizzle ignored; dim a multiple of 32);
 //   3 storage rw    Y: array<vec4<u32>>  [n_tok] Q8 rows (3 * dim / 32 words each, q8_act.wgsl)
-// Dispatch: (n_tok, 1, 1) workgroups of 256, one per token; thread li quantizes the row's vec4s
-// li, li + 256, ... (32 blocks per round).
+// Dispatch: (n_tok, ceil(dim / 1024), 1) workgroups of 256: workgroup (t, y) computes token t's
+// scale and quantizes its vec4s 256 y + li (blocks 32 y .. 32 y + 31), one round of q8_coop.
 
 @group(0) @binding(3) var<storage, read_write> Y: array<vec4<u32>>;
 
@@ -15,7 +15,8 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec
     let scale = rms_scale(li, base, p.dim, p.eps);
     let nc = p.dim / 32u;
     let yb = wg.x * 3u * nc;
-    for (var j0 = 0u; j0 < nc * 8u; j0 += 256u) {
+    let end = min(nc * 8u, (wg.y + 1u) * 256u);
+    for (var j0 = wg.y * 256u; j0 < end; j0 += 256u) {
         let j = j0 + li;
         let live = j < nc * 8u;
         var v = vec4<f32>(0.0);

@@ -156,7 +156,7 @@ impl WgpuBackend {
         let n = x.len() / d;
         let params = [d as u32, n as u32, eps.to_bits(), 0];
         let args = [Arg::Bytes(bytemuck::cast_slice(x)), Arg::Bytes(bytemuck::cast_slice(weight)), Arg::Zeroed((x.len() * 4) as u64)];
-        self.run(&self.ctx.kernels.rmsnorm, &params, &args, (n as u32, 1), 2, out)
+        self.run(&self.ctx.kernels.rmsnorm, &params, &args, (n as u32, d.div_ceil(1024) as u32), 2, out)
     }
 
     pub fn try_rope(&self, x: &mut [f32], positions: &[u32], n_head: usize, head_dim: usize, cos_sin: &[f32]) -> Result<(), WgpuError> {

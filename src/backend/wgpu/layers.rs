@@ -516,7 +516,8 @@ impl GpuLayers {
         match step {
             Step::MatMul { rows, .. } => self.ctx.matmul_grid(rows, n),
             Step::MatVec { rows, .. } => self.ctx.matmul_grid(rows, 1),
-            Step::RmsNorm { .. } => (n as u32, 1),
+            // a workgroup per 256 vec4s of a token (rmsnorm.wgsl, rmsnorm_q8.wgsl)
+            Step::RmsNorm { dim, .. } => (n as u32, dim.div_ceil(1024) as u32),
             Step::Quantize { cols, .. } => grid_1d(n * cols / 4),
             Step::SiluMul { .. } => grid_1d(n * self.config.n_ff),
         }

@@ -208,16 +208,18 @@ fn matmul_every_type_on_every_backend() {
 fn rmsnorm_on_every_backend() {
     let _gpu = gpu_lock();
     let all = backends();
-    let (dim, n) = (576, 5);
-    let x: Vec<f32> = uniform(2, n * dim).iter().map(|v| v * 3.0).collect();
-    let g: Vec<f32> = uniform(3, dim).iter().map(|v| 1.0 + 0.1 * v).collect();
-    let mut reference = vec![0f32; n * dim];
-    all[0].backend.rmsnorm(&x, &g, 1e-5, &mut reference);
-    for p in &all {
-        let mut out = vec![f32::NAN; n * dim];
-        p.backend.rmsnorm(&x, &g, 1e-5, &mut out);
-        for (i, (a, r)) in out.iter().zip(&reference).enumerate() {
-            assert!((a - r).abs() <= 2e-5 * r.abs() + 1e-7, "{} [{i}]: {a} vs {r}", p.name);
+    // 2600: several workgroups per row (256 vec4s each), the last one partial
+    for (dim, n) in [(576, 5), (2600, 3)] {
+        let x: Vec<f32> = uniform(2, n * dim).iter().map(|v| v * 3.0).collect();
+        let g: Vec<f32> = uniform(3, dim).iter().map(|v| 1.0 + 0.1 * v).collect();
+        let mut reference = vec![0f32; n * dim];
+        all[0].backend.rmsnorm(&x, &g, 1e-5, &mut reference);
+        for p in &all {
+            let mut out = vec![f32::NAN; n * dim];
+            p.backend.rmsnorm(&x, &g, 1e-5, &mut out);
+            for (i, (a, r)) in out.iter().zip(&reference).enumerate() {
+                assert!((a - r).abs() <= 2e-5 * r.abs() + 1e-7, "{} dim {dim} [{i}]: {a} vs {r}", p.name);
+            }
         }
     }
     no_gpu_errors(&all);
@@ -615,18 +617,28 @@ fn wgpu_layers_match_the_cpu_engine_on_q8_weights() {
     for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0] {
         layers_match_the_cpu_engine(ty, 1e-2);
     }
+    // Rows of 1280: the norms take two workgroups per token (256 vec4s each, the second
+    // partial). Not bitwise equal to the scalar CPU engine on lavapipe even before that split
+    // (2.9e-2 of the scale, measured; the tiny shape's logits are equal): looser, still far
+    // below what a wrong or missing part of a row gives.
+    let wide = crate::gguf::synth::SynthShape { n_embd: 1280, n_layer: 1, n_head: 20, n_head_kv: 4, n_ff: 512, ..tiny_shape() };
+    layers_match_the_cpu_engine_of(&wide, GgmlType::Q4_0, 5e-2);
 }
 
 /// Logits of a synthetic `ty` model through the layer runner (prefill and decode, every test
 /// context) against the scalar CPU engine, within `tol` of the logits' scale.
 fn layers_match_the_cpu_engine(ty: GgmlType, tol: f32) {
+    layers_match_the_cpu_engine_of(&tiny_shape(), ty, tol)
+}
+
+fn layers_match_the_cpu_engine_of(shape: &crate::gguf::synth::SynthShape, ty: GgmlType, tol: f32) {
     let _gpu = gpu_lock();
     if contexts().is_empty() {
         return eprintln!("skipped: no wgpu adapter");
     }
     let dir = tempfile::tempdir().expect("tmp");
     let (path, mixed_path) = (dir.path().join("model.gguf"), dir.path().join("mixed.gguf"));
-    write_synth_model(&tiny_shape(), ty, 5, None, &path, |_| {}).expect("synth");
+    write_synth_model(shape, ty, 5, None, &path, |_| {}).expect("synth");
     with_f16_v_and_up(&path, &mixed_path);
     let tokens: Vec<u32> = (0..11).map(|i| (i * 37 + 5) % 320).collect();
     for path in [&path, &mixed_path] {
