@@ -19,8 +19,8 @@ pub const WEIGHT_TYPES: [GgmlType; 8] = GgmlType::ALL;
 pub const WG: u32 = 256;
 /// Tokens per matmul workgroup (see matmul.wgsl).
 pub const MM_TOKENS: u32 = 8;
-/// Layers per submission of a layer step: the GPU runs the first parts while the CPU records the
-/// rest. H100, 1.1B model, tg128 in tokens/s, with the Q8 matmuls (two rounds, one call):
+/// Layers per submission of a layer step recorded as it goes (a step recorded ahead, layers/step.rs,
+/// is one command buffer): the GPU runs the first parts while the CPU records the rest. H100, 1.1B model, tg128 in tokens/s, with the Q8 matmuls (two rounds, one call):
 /// 1: 549 / 568, 2: 612 / 587, 3: 633 / 630, 4: 617 / 612, 5: 581 / 572, 6: 605 / 588 (with the
 /// slower kernels of docs/perf.md part 3, 6 was best: the faster the GPU, the more the CPU's
 /// recording of the dispatches shows).
