@@ -12,8 +12,7 @@
 //   stores them into the cache (replacing rope_store.wgsl: one dispatch instead of two).
 //
 // Bindings (group 0):
-//   0 uniform P (dynamic offset: one slot per sequence of a step) { n_tok, t0, n_head, n_kv_head,
-//       head_dim, capacity, kv_f16, q_stride, scale (f32), swizzle, q8_out, zero (always 0) }
+//   0 uniform SeqP (seq_params.wgsl, prepended; dynamic offset: one slot per sequence of a step)
 //   1 storage read  Q / X: array<f32>    [t0 + n_tok, q_stride]; the first n_head * head_dim values
 //                                         of a row are the token's query heads (RoPE applied:
 //                                         `attention`); attention_one: the raw fused q|k|v row
@@ -50,22 +49,7 @@
 // rounded as the cache holds them, and never read back from the cache: the other workgroups of
 // the KV group would race with the one that stores them.
 
-struct P {
-    n_tok: u32,
-    t0: u32,
-    n_head: u32,
-    n_kv_head: u32,
-    head_dim: u32,
-    capacity: u32,
-    kv_f16: u32,
-    q_stride: u32,
-    scale: f32,
-    swizzle: u32,
-    q8_out: u32,
-    _c: u32,
-}
-
-@group(0) @binding(0) var<uniform> p: P;
+@group(0) @binding(0) var<uniform> p: SeqP;
 @group(0) @binding(4) var<storage, read> POS: array<u32>;
 @group(0) @binding(5) var<storage, read_write> O: array<f32>;
 
@@ -115,49 +99,48 @@ fn dot8f(acc: f32, w0: vec4<u32>, w1: vec4<u32>, d: u32) -> f32 {
     return fma(qv[d + 7u], b.w, s);
 }
 
+// q · 32 key values from word e of KC on, for elements d .. d + 31 of q, continuing `acc`
+// (dot8h / dot8f in element order; the loads come first).
+fn dot32h(acc: f32, e: u32, d: u32) -> f32 {
+    let w0 = KC[e];
+    let w1 = KC[e + 1u];
+    let w2 = KC[e + 2u];
+    let w3 = KC[e + 3u];
+    return dot8h(dot8h(dot8h(dot8h(acc, w0, d), w1, d + 8u), w2, d + 16u), w3, d + 24u);
+}
+
+fn dot32f(acc: f32, e: u32, d: u32) -> f32 {
+    let w0 = KC[e];
+    let w1 = KC[e + 1u];
+    let w2 = KC[e + 2u];
+    let w3 = KC[e + 3u];
+    let w4 = KC[e + 4u];
+    let w5 = KC[e + 5u];
+    let w6 = KC[e + 6u];
+    let w7 = KC[e + 7u];
+    return dot8f(dot8f(dot8f(dot8f(acc, w0, w1, d), w2, w3, d + 8u), w4, w5, d + 16u), w6, w7, d + 24u);
+}
+
 // q · the key whose elements start at element kb of KC (kb a multiple of 8): one fused
 // multiply-add chain over the elements in order. 64 (f16) or 32 (f32) elements' loads are issued
-// together (the chain's order is unchanged: the same bits as one element at a time).
+// together (they do not depend on the chain; the order is that of one element at a time).
 fn cache_dot(kb: u32) -> f32 {
     var dot = 0.0;
     var d = 0u;
     if (p.kv_f16 != 0u) {
         for (; d + 64u <= p.head_dim; d += 64u) {
             let e = (kb + d) >> 3u;
-            let w0 = KC[e];
-            let w1 = KC[e + 1u];
-            let w2 = KC[e + 2u];
-            let w3 = KC[e + 3u];
-            let w4 = KC[e + 4u];
-            let w5 = KC[e + 5u];
-            let w6 = KC[e + 6u];
-            let w7 = KC[e + 7u];
-            dot = dot8h(dot8h(dot8h(dot8h(dot, w0, d), w1, d + 8u), w2, d + 16u), w3, d + 24u);
-            dot = dot8h(dot8h(dot8h(dot8h(dot, w4, d + 32u), w5, d + 40u), w6, d + 48u), w7, d + 56u);
+            dot = dot32h(dot32h(dot, e, d), e + 4u, d + 32u);
         }
         for (; d + 32u <= p.head_dim; d += 32u) {
-            let e = (kb + d) >> 3u;
-            let w0 = KC[e];
-            let w1 = KC[e + 1u];
-            let w2 = KC[e + 2u];
-            let w3 = KC[e + 3u];
-            dot = dot8h(dot8h(dot8h(dot8h(dot, w0, d), w1, d + 8u), w2, d + 16u), w3, d + 24u);
+            dot = dot32h(dot, (kb + d) >> 3u, d);
         }
         for (; d < p.head_dim; d += 8u) {
             dot = dot8h(dot, KC[(kb + d) >> 3u], d);
         }
     } else {
         for (; d + 32u <= p.head_dim; d += 32u) {
-            let e = (kb + d) >> 2u;
-            let w0 = KC[e];
-            let w1 = KC[e + 1u];
-            let w2 = KC[e + 2u];
-            let w3 = KC[e + 3u];
-            let w4 = KC[e + 4u];
-            let w5 = KC[e + 5u];
-            let w6 = KC[e + 6u];
-            let w7 = KC[e + 7u];
-            dot = dot8f(dot8f(dot8f(dot8f(dot, w0, w1, d), w2, w3, d + 8u), w4, w5, d + 16u), w6, w7, d + 24u);
+            dot = dot32f(dot, (kb + d) >> 2u, d);
         }
         for (; d < p.head_dim; d += 8u) {
             let e = (kb + d) >> 2u;
@@ -167,61 +150,30 @@ fn cache_dot(kb: u32) -> f32 {
     return dot;
 }
 
-// o + the value pairs at r, r + hd, ..., r + 15 hd weighted by ea .. ed (keys in order, one fused
-// multiply-add each; the 16 loads issue together).
-fn acc16(o: vec2<f32>, r: u32, hd: u32, ea: vec4<f32>, eb: vec4<f32>, ec: vec4<f32>, ed: vec4<f32>) -> vec2<f32> {
-    let a0 = value(r);
-    let a1 = value(r + hd);
-    let a2 = value(r + 2u * hd);
-    let a3 = value(r + 3u * hd);
-    let a4 = value(r + 4u * hd);
-    let a5 = value(r + 5u * hd);
-    let a6 = value(r + 6u * hd);
-    let a7 = value(r + 7u * hd);
-    let a8 = value(r + 8u * hd);
-    let a9 = value(r + 9u * hd);
-    let a10 = value(r + 10u * hd);
-    let a11 = value(r + 11u * hd);
-    let a12 = value(r + 12u * hd);
-    let a13 = value(r + 13u * hd);
-    let a14 = value(r + 14u * hd);
-    let a15 = value(r + 15u * hd);
-    var x = fma(vec2<f32>(ea.x), a0, o);
-    x = fma(vec2<f32>(ea.y), a1, x);
-    x = fma(vec2<f32>(ea.z), a2, x);
-    x = fma(vec2<f32>(ea.w), a3, x);
-    x = fma(vec2<f32>(eb.x), a4, x);
-    x = fma(vec2<f32>(eb.y), a5, x);
-    x = fma(vec2<f32>(eb.z), a6, x);
-    x = fma(vec2<f32>(eb.w), a7, x);
-    x = fma(vec2<f32>(ec.x), a8, x);
-    x = fma(vec2<f32>(ec.y), a9, x);
-    x = fma(vec2<f32>(ec.z), a10, x);
-    x = fma(vec2<f32>(ec.w), a11, x);
-    x = fma(vec2<f32>(ed.x), a12, x);
-    x = fma(vec2<f32>(ed.y), a13, x);
-    x = fma(vec2<f32>(ed.z), a14, x);
-    return fma(vec2<f32>(ed.w), a15, x);
+// exp(sc[i .. i + 3] - m)
+fn exp4(i: u32, m: f32) -> vec4<f32> {
+    return exp(vec4<f32>(sc[i], sc[i + 1u], sc[i + 2u], sc[i + 3u]) - vec4<f32>(m));
 }
 
-// o + the value pairs at r, r + hd, ..., r + 7 hd weighted by ea, eb (as acc16).
-fn acc8(o: vec2<f32>, r: u32, hd: u32, ea: vec4<f32>, eb: vec4<f32>) -> vec2<f32> {
+// l + e.x + e.y + e.z + e.w, added in that order
+fn sum4(l: f32, e: vec4<f32>) -> f32 {
+    return l + e.x + e.y + e.z + e.w;
+}
+
+// o + the value pairs at r, r + hd, r + 2 hd, r + 3 hd weighted by e (keys in order, one fused
+// multiply-add each).
+fn acc4(o: vec2<f32>, r: u32, hd: u32, e: vec4<f32>) -> vec2<f32> {
     let a0 = value(r);
     let a1 = value(r + hd);
     let a2 = value(r + 2u * hd);
     let a3 = value(r + 3u * hd);
-    let a4 = value(r + 4u * hd);
-    let a5 = value(r + 5u * hd);
-    let a6 = value(r + 6u * hd);
-    let a7 = value(r + 7u * hd);
-    var x = fma(vec2<f32>(ea.x), a0, o);
-    x = fma(vec2<f32>(ea.y), a1, x);
-    x = fma(vec2<f32>(ea.z), a2, x);
-    x = fma(vec2<f32>(ea.w), a3, x);
-    x = fma(vec2<f32>(eb.x), a4, x);
-    x = fma(vec2<f32>(eb.y), a5, x);
-    x = fma(vec2<f32>(eb.z), a6, x);
-    return fma(vec2<f32>(eb.w), a7, x);
+    return fma(vec2<f32>(e.w), a3, fma(vec2<f32>(e.z), a2, fma(vec2<f32>(e.y), a1, fma(vec2<f32>(e.x), a0, o))));
+}
+
+// Sixteen keys (acc4 four times, in key order): their loads do not depend on the additions, so
+// they issue together.
+fn acc16(o: vec2<f32>, r: u32, hd: u32, ea: vec4<f32>, eb: vec4<f32>, ec: vec4<f32>, ed: vec4<f32>) -> vec2<f32> {
+    return acc4(acc4(acc4(acc4(o, r, hd, ea), r + 4u * hd, hd, eb), r + 8u * hd, hd, ec), r + 12u * hd, hd, ed);
 }
 
 // Values (e, e + 1) of VC, e even.
@@ -289,31 +241,15 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec
             o2 = o2 * corr;
             o3 = o3 * corr;
             let vb = (kv0 + start) * hd + 2u * lane;
-            // Sixteen (then eight, four) keys at a time so that their loads issue together; the
-            // additions keep key order.
-            let mv = vec4<f32>(m_new);
+            // Sixteen (then four, then one) keys at a time so that their loads issue together;
+            // the additions keep key order.
             var jj = 0u;
             for (; jj + 16u <= nk; jj += 16u) {
-                let ea = exp(vec4<f32>(sc[sb + jj], sc[sb + jj + 1u], sc[sb + jj + 2u], sc[sb + jj + 3u]) - mv);
-                let eb = exp(vec4<f32>(sc[sb + jj + 4u], sc[sb + jj + 5u], sc[sb + jj + 6u], sc[sb + jj + 7u]) - mv);
-                let ec = exp(vec4<f32>(sc[sb + jj + 8u], sc[sb + jj + 9u], sc[sb + jj + 10u], sc[sb + jj + 11u]) - mv);
-                let ed = exp(vec4<f32>(sc[sb + jj + 12u], sc[sb + jj + 13u], sc[sb + jj + 14u], sc[sb + jj + 15u]) - mv);
-                l = l + ea.x;
-                l = l + ea.y;
-                l = l + ea.z;
-                l = l + ea.w;
-                l = l + eb.x;
-                l = l + eb.y;
-                l = l + eb.z;
-                l = l + eb.w;
-                l = l + ec.x;
-                l = l + ec.y;
-                l = l + ec.z;
-                l = l + ec.w;
-                l = l + ed.x;
-                l = l + ed.y;
-                l = l + ed.z;
-                l = l + ed.w;
+                let ea = exp4(sb + jj, m_new);
+                let eb = exp4(sb + jj + 4u, m_new);
+                let ec = exp4(sb + jj + 8u, m_new);
+                let ed = exp4(sb + jj + 12u, m_new);
+                l = sum4(sum4(sum4(sum4(l, ea), eb), ec), ed);
                 let r = vb + jj * hd;
                 o0 = acc16(o0, r, hd, ea, eb, ec, ed);
                 if (has1) {
@@ -326,64 +262,19 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec
                     o3 = acc16(o3, r + 192u, hd, ea, eb, ec, ed);
                 }
             }
-            for (; jj + 8u <= nk; jj += 8u) {
-                let ea = exp(vec4<f32>(sc[sb + jj], sc[sb + jj + 1u], sc[sb + jj + 2u], sc[sb + jj + 3u]) - vec4<f32>(m_new));
-                let eb = exp(vec4<f32>(sc[sb + jj + 4u], sc[sb + jj + 5u], sc[sb + jj + 6u], sc[sb + jj + 7u]) - vec4<f32>(m_new));
-                l = l + ea.x;
-                l = l + ea.y;
-                l = l + ea.z;
-                l = l + ea.w;
-                l = l + eb.x;
-                l = l + eb.y;
-                l = l + eb.z;
-                l = l + eb.w;
-                let r = vb + jj * hd;
-                o0 = acc8(o0, r, hd, ea, eb);
-                if (has1) {
-                    o1 = acc8(o1, r + 64u, hd, ea, eb);
-                }
-                if (has2) {
-                    o2 = acc8(o2, r + 128u, hd, ea, eb);
-                }
-                if (has3) {
-                    o3 = acc8(o3, r + 192u, hd, ea, eb);
-                }
-            }
             for (; jj + 4u <= nk; jj += 4u) {
-                let e0 = exp(sc[sb + jj] - m_new);
-                let e1 = exp(sc[sb + jj + 1u] - m_new);
-                let e2 = exp(sc[sb + jj + 2u] - m_new);
-                let e3 = exp(sc[sb + jj + 3u] - m_new);
-                l = l + e0;
-                l = l + e1;
-                l = l + e2;
-                l = l + e3;
+                let e = exp4(sb + jj, m_new);
+                l = sum4(l, e);
                 let r = vb + jj * hd;
-                let a0 = value(r);
-                let a1 = value(r + hd);
-                let a2 = value(r + 2u * hd);
-                let a3 = value(r + 3u * hd);
-                o0 = fma(vec2<f32>(e3), a3, fma(vec2<f32>(e2), a2, fma(vec2<f32>(e1), a1, fma(vec2<f32>(e0), a0, o0))));
+                o0 = acc4(o0, r, hd, e);
                 if (has1) {
-                    let b0 = value(r + 64u);
-                    let b1 = value(r + hd + 64u);
-                    let b2 = value(r + 2u * hd + 64u);
-                    let b3 = value(r + 3u * hd + 64u);
-                    o1 = fma(vec2<f32>(e3), b3, fma(vec2<f32>(e2), b2, fma(vec2<f32>(e1), b1, fma(vec2<f32>(e0), b0, o1))));
+                    o1 = acc4(o1, r + 64u, hd, e);
                 }
                 if (has2) {
-                    let c0 = value(r + 128u);
-                    let c1 = value(r + hd + 128u);
-                    let c2 = value(r + 2u * hd + 128u);
-                    let c3 = value(r + 3u * hd + 128u);
-                    o2 = fma(vec2<f32>(e3), c3, fma(vec2<f32>(e2), c2, fma(vec2<f32>(e1), c1, fma(vec2<f32>(e0), c0, o2))));
+                    o2 = acc4(o2, r + 128u, hd, e);
                 }
                 if (has3) {
-                    let d0 = value(r + 192u);
-                    let d1 = value(r + hd + 192u);
-                    let d2 = value(r + 2u * hd + 192u);
-                    let d3 = value(r + 3u * hd + 192u);
-                    o3 = fma(vec2<f32>(e3), d3, fma(vec2<f32>(e2), d2, fma(vec2<f32>(e1), d1, fma(vec2<f32>(e0), d0, o3))));
+                    o3 = acc4(o3, r + 192u, hd, e);
                 }
             }
             for (; jj < nk; jj++) {

@@ -6,57 +6,23 @@
 // workgroup memory and lane 0 of row 2k rotates and stores them with rope_store.wgsl's
 // expressions on the very bits the plain store would have written: the same bits as
 // matvec + rope_store. Query rows go to Y[y_off + r] (rotated, where attention.wgsl reads them);
-// key and value rows only to the cache. Composed after rope_pair.wgsl; called by every
-// invocation (it holds a workgroup barrier).
+// key and value rows only to the cache (kv_put.wgsl). Composed after rope_pair.wgsl,
+// seq_params.wgsl and kv_put.wgsl; called by every invocation (it holds a workgroup barrier).
 //
 // Bindings of its own (group 0; 0-4 as matmul_vec.wgsl with mvq_x_stage.wgsl):
 //   5 storage rw    KC: array<u32>   [n_kv_head, capacity, head_dim] f16 pairs or f32 bits
 //   6 storage rw    VC: array<u32>   same layout
 //   7 storage read  CS: array<f32>   [n_pos, head_dim / 2, 2] (cos, sin)
 //   8 storage read  POS: array<u32>  [t0 + 1] the token's position at POS[t0]
-//   9 uniform SP (dynamic offset: the sequence's slot, attention.wgsl's P) { n_tok (1), t0,
-//       n_head, n_kv_head, head_dim, capacity, kv_f16, q_stride, ... }
-
-struct SP {
-    n_tok: u32,
-    t0: u32,
-    n_head: u32,
-    n_kv_head: u32,
-    head_dim: u32,
-    capacity: u32,
-    kv_f16: u32,
-    q_stride: u32,
-    scale: f32,
-    _a: u32,
-    _b: u32,
-    _c: u32,
-}
+//   9 uniform SeqP (seq_params.wgsl; dynamic offset: the sequence's slot; n_tok = 1)
 
 @group(0) @binding(5) var<storage, read_write> KC: array<u32>;
 @group(0) @binding(6) var<storage, read_write> VC: array<u32>;
 @group(0) @binding(7) var<storage, read> CS: array<f32>;
 @group(0) @binding(8) var<storage, read> POS: array<u32>;
-@group(0) @binding(9) var<uniform> sp: SP;
+@group(0) @binding(9) var<uniform> sp: SeqP;
 
 var<workgroup> pair_sum: array<f32, ROWS>;
-
-// rope_store.wgsl's `store`: (a, b) at element dst of the key (or value) cache.
-fn kv_put(is_v: bool, dst: u32, a: f32, b: f32) {
-    if (sp.kv_f16 != 0u) {
-        let w = pack2x16float(vec2<f32>(a, b));
-        if (is_v) {
-            VC[dst / 2u] = w;
-        } else {
-            KC[dst / 2u] = w;
-        }
-    } else if (is_v) {
-        VC[dst] = bitcast<u32>(a);
-        VC[dst + 1u] = bitcast<u32>(b);
-    } else {
-        KC[dst] = bitcast<u32>(a);
-        KC[dst + 1u] = bitcast<u32>(b);
-    }
-}
 
 fn finish(r: u32, j: u32, lane: u32, v: f32) {
     if (lane == 0u) {
@@ -75,7 +41,7 @@ fn finish(r: u32, j: u32, lane: u32, v: f32) {
     let pos = POS[sp.t0];
     if (head >= sp.n_head + sp.n_kv_head) {
         let vh = head - sp.n_head - sp.n_kv_head;
-        kv_put(true, (vh * sp.capacity + pos) * sp.head_dim + 2u * pr, x0, x1);
+        kv_put(sp.kv_f16 != 0u, true, (vh * sp.capacity + pos) * sp.head_dim + 2u * pr, x0, x1);
         return;
     }
     let cs = pos * sp.head_dim + 2u * pr;
@@ -84,6 +50,6 @@ fn finish(r: u32, j: u32, lane: u32, v: f32) {
         Y[p.y_off + r] = rot.x;
         Y[p.y_off + r + 1u] = rot.y;
     } else {
-        kv_put(false, ((head - sp.n_head) * sp.capacity + pos) * sp.head_dim + 2u * pr, rot.x, rot.y);
+        kv_put(sp.kv_f16 != 0u, false, ((head - sp.n_head) * sp.capacity + pos) * sp.head_dim + 2u * pr, rot.x, rot.y);
     }
 }

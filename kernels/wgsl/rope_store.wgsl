@@ -6,8 +6,7 @@
 // sequence of one token (decode), so that a token's bits do not depend on the path.
 //
 // Bindings (group 0):
-//   0 uniform P (dynamic offset, the sequence's slot; layout as attention.wgsl) { n_tok, t0,
-//       n_head, n_kv_head, head_dim, capacity, kv_f16, q_stride, scale, _, _, _ }
+//   0 uniform SeqP (seq_params.wgsl, prepended with kv_put.wgsl; dynamic offset: the sequence's slot)
 //   1 storage rw    X: array<f32>    [t0 + n_tok, q_stride] fused q|k|v rows: query heads at 0,
 //                                    key heads at n_head * head_dim, value heads after them
 //   2 storage read  CS: array<f32>   [n_pos, head_dim / 2, 2] (cos, sin), as ops::rope_table
@@ -18,44 +17,12 @@
 // Dispatch: one thread per (token, pair of a q, k or v head), 256 per workgroup, workgroups
 // (x, y) with linear index y * num_workgroups.x + x.
 
-struct P {
-    n_tok: u32,
-    t0: u32,
-    n_head: u32,
-    n_kv_head: u32,
-    head_dim: u32,
-    capacity: u32,
-    kv_f16: u32,
-    q_stride: u32,
-    scale: f32,
-    _a: u32,
-    _b: u32,
-    _c: u32,
-}
-
-@group(0) @binding(0) var<uniform> p: P;
+@group(0) @binding(0) var<uniform> p: SeqP;
 @group(0) @binding(1) var<storage, read_write> X: array<f32>;
 @group(0) @binding(2) var<storage, read> CS: array<f32>;
 @group(0) @binding(3) var<storage, read> POS: array<u32>;
 @group(0) @binding(4) var<storage, read_write> KC: array<u32>;
 @group(0) @binding(5) var<storage, read_write> VC: array<u32>;
-
-fn store(f16: bool, is_v: bool, dst: u32, a: f32, b: f32) {
-    if (f16) {
-        let w = pack2x16float(vec2<f32>(a, b));
-        if (is_v) {
-            VC[dst / 2u] = w;
-        } else {
-            KC[dst / 2u] = w;
-        }
-    } else if (is_v) {
-        VC[dst] = bitcast<u32>(a);
-        VC[dst + 1u] = bitcast<u32>(b);
-    } else {
-        KC[dst] = bitcast<u32>(a);
-        KC[dst + 1u] = bitcast<u32>(b);
-    }
-}
 
 @compute @workgroup_size(256)
 fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
@@ -75,7 +42,7 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec
     let x1 = X[x + 1u];
     if (head >= p.n_head + p.n_kv_head) {
         let vh = head - p.n_head - p.n_kv_head;
-        store(p.kv_f16 != 0u, true, (vh * p.capacity + pos) * p.head_dim + 2u * pr, x0, x1);
+        kv_put(p.kv_f16 != 0u, true, (vh * p.capacity + pos) * p.head_dim + 2u * pr, x0, x1);
         return;
     }
     let cs = pos * p.head_dim + 2u * pr;
@@ -87,6 +54,6 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec
         X[x + 1u] = r.y;
     } else {
         let kh = head - p.n_head;
-        store(p.kv_f16 != 0u, false, (kh * p.capacity + pos) * p.head_dim + 2u * pr, r.x, r.y);
+        kv_put(p.kv_f16 != 0u, false, (kh * p.capacity + pos) * p.head_dim + 2u * pr, r.x, r.y);
     }
 }

@@ -231,7 +231,9 @@ fn q8dot_source(ty: GgmlType) -> Option<String> {
 }
 const PACKED: &str = include_str!("../../../kernels/wgsl/packed.wgsl");
 const ROPE_PAIR: &str = include_str!("../../../kernels/wgsl/rope_pair.wgsl");
-const ATTENTION: &str = include_str!("../../../kernels/wgsl/attention.wgsl");
+const ATTENTION: &str = concat!(include_str!("../../../kernels/wgsl/seq_params.wgsl"), "\n", include_str!("../../../kernels/wgsl/attention.wgsl"));
+/// The sequence parameters and `kv_put` (rope_store.wgsl, mv_y_rope.wgsl).
+const SEQ_KV_PUT: &str = concat!(include_str!("../../../kernels/wgsl/seq_params.wgsl"), "\n", include_str!("../../../kernels/wgsl/kv_put.wgsl"));
 
 /// The `chunk_at` source of the decode matmul (matmul_vec.wgsl) for `ty`: lazy decoding from the
 /// packed words for the packed types, else the whole chunk decoded first.
@@ -634,7 +636,7 @@ fn build_kernels(device: &wgpu::Device, lanes: u32, decode: DecodePlan, subgroup
                 if xs == XSrc::Q8Stage && (WG / lanes).is_multiple_of(2) {
                     let y_rope = include_str!("../../../kernels/wgsl/mv_y_rope.wgsl");
                     let rb = [B::Uniform, B::Read, B::Read, B::Rw, B::Read, B::Rw, B::Rw, B::Read, B::Read, B::UniformDyn];
-                    matvec_rope.insert(ty, k(&format!("matvec_q8_rope_{name}"), format!("{src}\n{ROPE_PAIR}\n{y_rope}"), &rb)?);
+                    matvec_rope.insert(ty, k(&format!("matvec_q8_rope_{name}"), format!("{src}\n{ROPE_PAIR}\n{SEQ_KV_PUT}\n{y_rope}"), &rb)?);
                 }
             }
         }
@@ -686,7 +688,7 @@ fn build_kernels(device: &wgpu::Device, lanes: u32, decode: DecodePlan, subgroup
         )?,
         rope_store: k(
             "rope_store",
-            format!("{ROPE_PAIR}\n{}", include_str!("../../../kernels/wgsl/rope_store.wgsl")),
+            format!("{ROPE_PAIR}\n{SEQ_KV_PUT}\n{}", include_str!("../../../kernels/wgsl/rope_store.wgsl")),
             &[B::UniformDyn, B::Rw, B::Read, B::Read, B::Rw, B::Rw],
         )?,
         silu_mul: k("silu_mul", include_str!("../../../kernels/wgsl/silu_mul.wgsl").into(), &[B::Uniform, B::Read, B::Read, B::Rw])?,

@@ -435,31 +435,21 @@ impl GpuLayers {
         self.step(act, hidden, positions, seqs, Prof::Off, Some((rows, logits))).map(|_| ())
     }
 
-    /// [`forward`](Self::forward) with each dispatch in its own compute pass between GPU
-    /// timestamps: milliseconds of GPU time per kind of dispatch, in order of first appearance.
-    /// `None` (after a plain forward) when the adapter has no timestamp queries.
-    pub fn forward_profiled(
+    /// [`forward`](Self::forward) measured (`prof`): with `Prof::Dispatches` each dispatch runs in
+    /// its own compute pass between GPU timestamps (milliseconds of GPU time per kind of dispatch,
+    /// in order of first appearance); with `Prof::Span` the step is recorded and submitted as
+    /// usual and timed as a whole (the GPU time from the start of its first pass to the end of
+    /// its last, the CPU's set-up, recording and waiting, the wall time), in ms. `None` (after a
+    /// plain forward) when the adapter has no timestamp queries.
+    fn forward_measured(
         &self,
         act: &mut GpuActivations,
         hidden: &mut [f32],
         positions: &[u32],
         seqs: &mut [SeqSpan<'_>],
+        prof: Prof,
     ) -> Result<Option<Vec<(&'static str, f64)>>, WgpuError> {
-        self.step(act, hidden, positions, seqs, if self.ctx.timestamps { Prof::Dispatches } else { Prof::Off }, None)
-    }
-
-    /// [`forward`](Self::forward) recorded and submitted as usual, timed as a whole: the GPU time
-    /// from the start of the step's first pass to the end of its last (timestamps), the CPU time
-    /// spent recording and submitting, and the wall time until the result is read back, in ms.
-    /// `None` (after a plain forward) when the adapter has no timestamp queries.
-    pub fn forward_timed(
-        &self,
-        act: &mut GpuActivations,
-        hidden: &mut [f32],
-        positions: &[u32],
-        seqs: &mut [SeqSpan<'_>],
-    ) -> Result<Option<Vec<(&'static str, f64)>>, WgpuError> {
-        self.step(act, hidden, positions, seqs, if self.ctx.timestamps { Prof::Span } else { Prof::Off }, None)
+        self.step(act, hidden, positions, seqs, if self.ctx.timestamps { prof } else { Prof::Off }, None)
     }
 
     fn check_step(&self, act: &GpuActivations, hidden: &[f32], positions: &[u32], seqs: &mut [SeqSpan<'_>]) -> Result<(), WgpuError> {
@@ -601,12 +591,12 @@ impl WgpuLayers {
     }
 
     /// [`forward`](Self::forward) with GPU timestamps per kind of dispatch (see
-    /// [`GpuLayers::forward_profiled`]).
+    /// [`GpuLayers::forward_measured`]).
     pub fn forward_profiled(&mut self, hidden: &mut [f32], positions: &[u32]) -> Result<Option<Vec<(&'static str, f64)>>, WgpuError> {
         self.step(hidden, positions, Prof::Dispatches)
     }
 
-    /// [`forward`](Self::forward) timed as a whole (see [`GpuLayers::forward_timed`]).
+    /// [`forward`](Self::forward) timed as a whole (see [`GpuLayers::forward_measured`]).
     pub fn forward_timed(&mut self, hidden: &mut [f32], positions: &[u32]) -> Result<Option<Vec<(&'static str, f64)>>, WgpuError> {
         self.step(hidden, positions, Prof::Span)
     }
@@ -618,8 +608,7 @@ impl WgpuLayers {
                 self.stack.forward(&mut self.act, hidden, positions, &mut seqs)?;
                 None
             }
-            Prof::Dispatches => self.stack.forward_profiled(&mut self.act, hidden, positions, &mut seqs)?,
-            Prof::Span => self.stack.forward_timed(&mut self.act, hidden, positions, &mut seqs)?,
+            _ => self.stack.forward_measured(&mut self.act, hidden, positions, &mut seqs, prof)?,
         };
         self.len += positions.len();
         Ok(r)
