@@ -334,14 +334,14 @@ impl GpuLayers {
                 emit(d.label, &d.pipeline, &d.bind, None, self.grid_of(d.step, n));
             }
             // one token: its sequence's q|k|v matmul does RoPE + KV store (plan.rs, kv.rs)
-            let roped = match (n, &ld.qkv_rope) {
-                (1, Some(q)) => seqs.iter().position(|s| s.n_tok == 1).and_then(|i| seqs[i].kv.qkv_rope_bind(li).map(|b| (i, b))).map(|(i, b)| {
-                    emit("norm + matvec qkv + rope + kv store", &q.kernel.pipeline, b, Some(seq_offset(i)), self.grid_of(q.step, 1));
-                }),
+            let rope = match (n, &ld.qkv_rope) {
+                (1, Some(q)) => seqs.iter().enumerate().find(|(_, s)| s.n_tok == 1).and_then(|(i, s)| s.kv.qkv_rope_bind(li).map(|b| (i, q, b))),
                 _ => None,
+            };
+            if let Some((i, q, bind)) = rope {
+                emit("norm + matvec qkv + rope + kv store", &q.kernel.pipeline, bind, Some(seq_offset(i)), self.grid_of(q.step, 1));
             }
-            .is_some();
-            record_seqs(self.ctx.attention_one, roped, &self.ctx.kernels, &self.config, seqs, li, |label, pipeline, bind, i, grid| emit(label, pipeline, bind, Some(seq_offset(i)), grid));
+            record_seqs(self.ctx.attention_one, rope.is_some(), &self.ctx.kernels, &self.config, seqs, li, |label, pipeline, bind, i, grid| emit(label, pipeline, bind, Some(seq_offset(i)), grid));
             for d in post {
                 emit(d.label, &d.pipeline, &d.bind, None, self.grid_of(d.step, n));
             }
