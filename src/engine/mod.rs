@@ -9,6 +9,7 @@
 //! * `sampler` — greedy / temperature / top-k / top-p sampling, seeded
 //! * `generate` — prefill + decode loop on token ids, with timings
 //! * `scheduler` — continuous batching: one engine thread, a bounded queue, shared forward passes
+//! * `fair` — the scheduler's policy: slots per tenant, step budget in time, prompt chunks shared per tenant
 //! * `eval` — perplexity (llama.cpp's method)
 //! * `placement` — which layers run on the CPU and which on the GPU (`--backend`, `--tensor-split`)
 //! * `bench` — llama-bench-style speed tests (ppN, tgN, tgN@dD)
@@ -17,6 +18,7 @@ pub mod chat;
 pub mod bench;
 pub mod config;
 pub mod eval;
+pub mod fair;
 pub mod generate;
 pub mod kv;
 pub mod model;

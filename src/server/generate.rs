@@ -523,6 +523,7 @@ pub(crate) async fn generate(state: Arc<ForgeState>, tenant: String, req: Genera
         events: events_tx,
         drafts,
         kv,
+        tenant: plan.tenant.clone(),
     };
     state.scheduler.submit(job)?;
     let (out, rx) = mpsc::channel(STREAM_BUFFER);
