@@ -57,7 +57,16 @@ pub enum Command {
 }
 
 /// Runs the parsed command.
+/// When the command started (the first thing `run` does).
+static LAUNCH: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+
+/// Time since the command started.
+pub(crate) fn since_launch() -> std::time::Duration {
+    LAUNCH.get_or_init(std::time::Instant::now).elapsed()
+}
+
 pub fn run(cli: Cli) -> anyhow::Result<()> {
+    LAUNCH.get_or_init(std::time::Instant::now);
     match cli.command {
         Command::Serve(args) => serve::run(&args),
         Command::Generate(args) => generate::run(&args),

@@ -79,6 +79,10 @@ pub struct ServeArgs {
     /// Turn KV-block reuse off.
     #[arg(long)]
     pub no_kv_reuse: bool,
+    /// How an existing database is checked at start: auto (integrity_check up to 64 MiB,
+    /// quick_check above), quick, full, or off (huge stores); a damaged one is refused untouched.
+    #[arg(long, default_value = "auto", value_parser = ["auto", "quick", "full", "off"])]
+    pub db_check: String,
 }
 
 impl ServeArgs {
@@ -133,10 +137,13 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
     config.tenants = a.tenants.clone();
     config.placement = a.backend.options()?;
     config.kv = a.kv_config()?;
+    config.db_check = forge_cache::store::DbCheck::parse(&a.db_check).unwrap_or_default();
     config.scheduler = SchedulerConfig { queue_depth: a.queue_depth, max_active: a.max_batch, ..SchedulerConfig::default() };
     let config_kv = config.kv.clone();
     super::runtime()?.block_on(async {
         let server = start_with_shutdown(config, &a.addr, shutdown_signal()).await.context("starting the service")?;
+        let phases: Vec<String> = server.startup.iter().map(|(what, t)| format!("{what} {:.1} ms", t.as_secs_f64() * 1e3)).collect();
+        eprintln!("forge-cache: start-up {:.1} ms since launch: {}", super::since_launch().as_secs_f64() * 1e3, phases.join(", "));
         eprintln!(
             "forge-cache: serving {} (sha256 {}) on {} | database {} | cache {} | KV reuse {} | tenants {}",
             server.model_name,

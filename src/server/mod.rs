@@ -46,7 +46,7 @@ use crate::engine::scheduler::{Scheduler, SchedulerConfig};
 use crate::engine::tokenizer::{Tokenizer, TokenizerError};
 use crate::engine::placement::{place, PlacementOptions};
 use crate::engine::{Model, ModelError};
-use crate::store::{sha256_file, Store, StoreError};
+use crate::store::{DbCheck, Store, StoreError};
 use crate::workload::{KvConfig, KvWorkload, WorkloadError};
 
 /// How to run the service.
@@ -75,6 +75,8 @@ pub struct ServerConfig {
     pub placement: PlacementOptions,
     /// KV-block reuse (`None`: off).
     pub kv: Option<KvConfig>,
+    /// How an existing database is checked before it is used (`--db-check`).
+    pub db_check: DbCheck,
 }
 
 impl ServerConfig {
@@ -93,9 +95,13 @@ impl ServerConfig {
             semantic: SemanticConfig::default(),
             placement: PlacementOptions::default(),
             kv: Some(KvConfig::default()),
+            db_check: DbCheck::default(),
         }
     }
 }
+
+/// Where start-up time went: (phase, time), in order (`serve` prints it).
+pub type StartupPhases = Vec<(&'static str, std::time::Duration)>;
 
 /// Why the service could not start.
 #[derive(Debug, thiserror::Error)]
@@ -166,17 +172,36 @@ pub struct ForgeState {
     pub(crate) in_flight: Arc<AtomicUsize>,
     /// Embeds new facts while no request runs (with the semantic tier).
     pub(crate) fact_indexer: Option<FactIndexer>,
+    /// Where [`ForgeState::load`] spent its time.
+    pub(crate) startup: StartupPhases,
+}
+
+/// Times the phases of [`ForgeState::load`].
+struct Phases(StartupPhases, std::time::Instant);
+
+impl Default for Phases {
+    fn default() -> Phases {
+        Phases(Vec::new(), std::time::Instant::now())
+    }
+}
+
+impl Phases {
+    fn done(&mut self, phase: &'static str) {
+        let now = std::time::Instant::now();
+        self.0.push((phase, now - self.1));
+        self.1 = now;
+    }
 }
 
 impl ForgeState {
-    /// Opens the store (first: a bad database fails fast), loads the model, starts the engine.
-    /// Blocking.
+    /// Loads the model and the configuration, then opens (or creates) the store: no file is
+    /// created before everything it depends on has loaded. Starts the engine. Blocking.
     pub fn load(config: &ServerConfig) -> Result<ForgeState, ServerError> {
+        let mut phases = Phases::default();
         let auth = match &config.tenants {
             Some(path) => TenantAuth::load(path)?,
             None => TenantAuth::Open,
         };
-        let store = Arc::new(Store::open(&config.db)?);
         if !config.model.is_file() {
             return Err(ServerError::MissingModel(config.model.clone()));
         }
@@ -185,9 +210,15 @@ impl ForgeState {
         let mut model = Model::load(&config.model, backend).map_err(|source| ServerError::Model { path: config.model.clone(), source })?;
         let placement = place(&mut model, &config.placement).map_err(|e| ServerError::Backend(e.to_string()))?;
         eprintln!("forge-cache: layers {placement}: {}", model.placement());
-        let model_id = sha256_file(&config.model).map_err(|source| ServerError::ModelFile { path: config.model.clone(), source })?;
+        phases.done("model (map, check, place)");
         let tokenizer = Arc::new(Tokenizer::from_gguf(&model.gguf)?);
         let template = ChatTemplate::from_gguf(&model.gguf)?;
+        phases.done("tokenizer and chat template");
+        let store = Arc::new(Store::open_with(&config.db, config.db_check)?);
+        phases.done("database (open, check, migrate)");
+        let identity = store.model_identity(&config.model)?;
+        let model_id = identity.sha256;
+        phases.done(if identity.hashed_now { "model id (full SHA-256, first start)" } else { "model id (remembered)" });
         let model_name = config.model.file_stem().map_or_else(|| "model".into(), |s| s.to_string_lossy().into_owned());
         let context = model.config.n_ctx_train;
         let backend = model.placement();
@@ -195,8 +226,10 @@ impl ForgeState {
             Some(c) => Some(Arc::new(KvWorkload::open(c, store.clone(), &model.config, &model_id)?)),
             None => None,
         };
+        phases.done("KV-block tier");
         let in_flight = Arc::new(AtomicUsize::new(0));
         let scheduler = Scheduler::start(Arc::new(model), tokenizer.clone(), config.scheduler).map_err(ServerError::Engine)?;
+        phases.done("engine thread");
         let semantic = match &config.embedder {
             Some(dir) if config.cache && dir.join("tokenizer.json").is_file() => {
                 // One thread: embedding runs beside the engine's own thread team. A question
@@ -235,7 +268,9 @@ impl ForgeState {
             }
             None => None,
         };
+        phases.done("semantic tier (embedder, fact indexer)");
         Ok(ForgeState {
+            startup: phases.0,
             in_flight,
             fact_indexer,
             model_name,
@@ -283,6 +318,8 @@ pub struct RunningServer {
     pub addr: SocketAddr,
     pub model_name: String,
     pub model_id: String,
+    /// Where loading spent its time, in order.
+    pub startup: StartupPhases,
     shutdown: Option<oneshot::Sender<()>>,
     task: JoinHandle<Result<(), ServerError>>,
 }
@@ -322,7 +359,7 @@ pub async fn start_with_shutdown(
     let listener = TcpListener::bind(addr).await.map_err(|source| ServerError::Bind { addr: addr.to_string(), source })?;
     let local = listener.local_addr().map_err(|source| ServerError::Bind { addr: addr.to_string(), source })?;
     let (tx, rx) = oneshot::channel::<()>();
-    let (model_name, model_id) = (state.model_name.clone(), state.model_id.clone());
+    let (model_name, model_id, startup) = (state.model_name.clone(), state.model_id.clone(), state.startup.clone());
     let state = Arc::new(state);
     let task = tokio::spawn(async move {
         let stop = async move {
@@ -336,5 +373,5 @@ pub async fn start_with_shutdown(
         let _ = tokio::task::spawn_blocking(move || drop(state)).await;
         result
     });
-    Ok(RunningServer { addr: local, model_name, model_id, shutdown: Some(tx), task })
+    Ok(RunningServer { addr: local, model_name, model_id, startup, shutdown: Some(tx), task })
 }

@@ -30,7 +30,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 pub use codec::{Codec, CodecError};
-pub use disk::{DiskTier, Storage};
+pub use disk::{side_file_path, DiskTier, Storage};
 pub use index::{Block, Geometry, MemoryIndex};
 pub use keys::{BlockKey, ChainSeed};
 pub use plan::{KvPlan, KvReport, ReportData};
@@ -48,6 +48,12 @@ pub enum WorkloadError {
     Codec(#[from] CodecError),
     #[error("KV store: {0}")]
     Invalid(String),
+    #[error(
+        "the index of the KV side file {} is damaged ({what}); nothing was changed. Start with --no-kv-reuse to serve \
+         without stored KV blocks, or once with --kv-disk-mb 0 to drop them all (they are recomputed)",
+        side.display()
+    )]
+    DamagedIndex { what: String, side: std::path::PathBuf },
 }
 
 /// How the service reuses KV blocks.
