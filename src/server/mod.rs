@@ -211,9 +211,24 @@ impl ForgeState {
         let placement = place(&mut model, &config.placement).map_err(|e| ServerError::Backend(e.to_string()))?;
         eprintln!("forge-cache: layers {placement}: {}", model.placement());
         phases.done("model (map, check, place)");
-        let tokenizer = Arc::new(Tokenizer::from_gguf(&model.gguf)?);
-        let template = ChatTemplate::from_gguf(&model.gguf)?;
-        phases.done("tokenizer and chat template");
+        // The sentence embedder loads on a second thread while the tokenizer is built (both
+        // take tens of milliseconds of one core).
+        let wants_embedder = config.embedder.as_ref().filter(|dir| config.cache && dir.join("tokenizer.json").is_file());
+        let (tokenizer, template, embedder) = std::thread::scope(|s| {
+            let embedder = wants_embedder.map(|dir| {
+                s.spawn(move || -> Result<Embedder, ServerError> {
+                    // One thread: embedding runs beside the engine's own thread team.
+                    let backend = Arc::new(CpuBackend::new(1).map_err(|e| ServerError::Backend(e.to_string()))?);
+                    Embedder::load_with(dir, backend, config.embed_weights).map_err(ServerError::Embedder)
+                })
+            });
+            let tokenizer = Tokenizer::from_gguf(&model.gguf);
+            let template = ChatTemplate::from_gguf(&model.gguf);
+            let embedder = embedder.map(|h| h.join().unwrap_or_else(|_| Err(ServerError::Join("the embedder's loader panicked".into()))));
+            (tokenizer, template, embedder)
+        });
+        let (tokenizer, template, embedder) = (Arc::new(tokenizer?), template?, embedder.transpose()?);
+        phases.done("tokenizer, chat template, embedder (in parallel)");
         let store = Arc::new(Store::open_with(&config.db, config.db_check)?);
         phases.done("database (open, check, migrate)");
         let identity = store.model_identity(&config.model)?;
@@ -230,13 +245,10 @@ impl ForgeState {
         let in_flight = Arc::new(AtomicUsize::new(0));
         let scheduler = Scheduler::start(Arc::new(model), tokenizer.clone(), config.scheduler).map_err(ServerError::Engine)?;
         phases.done("engine thread");
-        let semantic = match &config.embedder {
-            Some(dir) if config.cache && dir.join("tokenizer.json").is_file() => {
-                // One thread: embedding runs beside the engine's own thread team. A question
-                // arriving while no other request is in flight (the engine is idle) borrows the
-                // engine's team instead: the hit path is mostly this embedding.
-                let backend = Arc::new(CpuBackend::new(1).map_err(|e| ServerError::Backend(e.to_string()))?);
-                let embedder = Embedder::load_with(dir, backend, config.embed_weights).map_err(ServerError::Embedder)?;
+        let semantic = match (&config.embedder, embedder) {
+            (Some(_), Some(embedder)) => {
+                // A question arriving while no other request is in flight (the engine is idle)
+                // borrows the engine's team: the hit path is mostly this embedding.
                 let mut sem = SemanticCache::new(Arc::new(embedder), store.clone(), config.semantic);
                 if engine_cpu.threads() > 1 {
                     let busy = in_flight.clone();
@@ -245,7 +257,7 @@ impl ForgeState {
                 }
                 Some(Arc::new(sem))
             }
-            Some(dir) if config.cache => {
+            (Some(dir), None) if config.cache => {
                 eprintln!(
                     "forge-cache: semantic cache off: no embedder in {} (scripts/fetch-models.sh fetches it)",
                     dir.display()
@@ -268,7 +280,7 @@ impl ForgeState {
             }
             None => None,
         };
-        phases.done("semantic tier (embedder, fact indexer)");
+        phases.done("semantic tier, fact indexer");
         Ok(ForgeState {
             startup: phases.0,
             in_flight,
