@@ -95,6 +95,8 @@ pub enum StoreError {
     Invalid(String),
     #[error("refused: {0}")]
     Refused(String),
+    #[error("the query ran longer than {0:?} and was stopped (a longer limit: --timeout SECONDS, 0 for none)")]
+    TimedOut(Duration),
 }
 
 /// Registers sqlite-vec as an auto-extension (once per process): every connection opened
