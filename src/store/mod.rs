@@ -262,6 +262,17 @@ impl Store {
         self.conn.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
+    /// The connection, with `synchronous = FULL` until the guard drops: a transaction committed
+    /// through it is on disk when the commit returns (WAL fsynced), so a power loss cannot take
+    /// back what a user was told was written (PutFact, InvalidateFacts). The store's own writes
+    /// (request records, learned facts, KV rows) stay at `NORMAL`: durable across a crash of the
+    /// process, possibly not the last ones across a power loss (docs/schema.md).
+    pub(crate) fn durable_conn(&self) -> Result<DurableConn<'_>, StoreError> {
+        let conn = self.conn();
+        conn.pragma_update(None, "synchronous", "FULL")?;
+        Ok(DurableConn(conn))
+    }
+
     /// The database file.
     pub fn path(&self) -> &Path {
         &self.path
@@ -270,6 +281,29 @@ impl Store {
     /// The schema version (`PRAGMA user_version`).
     pub fn schema_version(&self) -> Result<i64, StoreError> {
         Ok(self.conn().query_row("PRAGMA user_version", [], |r| r.get(0))?)
+    }
+}
+
+/// The store's connection at `synchronous = FULL`, back to `NORMAL` when dropped.
+pub(crate) struct DurableConn<'a>(MutexGuard<'a, Connection>);
+
+impl std::ops::Deref for DurableConn<'_> {
+    type Target = Connection;
+    fn deref(&self) -> &Connection {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for DurableConn<'_> {
+    fn deref_mut(&mut self) -> &mut Connection {
+        &mut self.0
+    }
+}
+
+impl Drop for DurableConn<'_> {
+    fn drop(&mut self) {
+        // Only fails inside a transaction, and every transaction ended before the guard drops.
+        let _ = self.0.pragma_update(None, "synchronous", "NORMAL");
     }
 }
 
