@@ -24,40 +24,9 @@ use forge_cache::server::proto::{self, CacheMode};
 const LONG_TOKENS: usize = 8_000;
 const MEDIUM_TOKENS: usize = 700;
 
-/// A raw prompt of exactly `n` tokens: numbered records that read like a ledger.
+/// A raw prompt of exactly `n` tokens.
 fn long_prompt(tok: &Tokenizer, n: usize) -> String {
-    let names = ["Ada", "Bruno", "Chen", "Dana", "Emil", "Farah", "Goran", "Hana"];
-    let cities = ["Lyon", "Porto", "Oslo", "Quito", "Accra", "Hanoi", "Perth", "Riga"];
-    let mut text = String::from("Ledger of deliveries.\n");
-    let mut seed = 12345u64;
-    let mut next = || {
-        seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-        (seed >> 33) as usize
-    };
-    let mut i = 0;
-    loop {
-        i += 1;
-        let line = format!(
-            "Record {i}: {} moved {} boxes from {} to {} on day {}.\n",
-            names[next() % 8],
-            next() % 90 + 10,
-            cities[next() % 8],
-            cities[next() % 8],
-            next() % 28 + 1
-        );
-        let len = tok.encode_prompt(&(text.clone() + &line)).expect("encode").len();
-        if len > n {
-            break;
-        }
-        text.push_str(&line);
-        if len == n {
-            return text;
-        }
-    }
-    // Pad with single-token words up to exactly n tokens.
-    while tok.encode_prompt(&text).expect("encode").len() < n {
-        text.push_str(" ok");
-    }
+    let text = forge_cache::engine::bench::ledger_text(tok, n, 7).expect("prompt");
     assert_eq!(tok.encode_prompt(&text).expect("encode").len(), n, "the prompt has exactly {n} tokens");
     text
 }

@@ -4,6 +4,7 @@
 mod ab;
 mod bench;
 mod bench_kv;
+mod bench_serve;
 mod embed;
 mod generate;
 mod hardware;
@@ -48,6 +49,10 @@ pub enum Command {
     Bench(bench::BenchArgs),
     /// Time to first token with KV-block reuse: cold, warm (memory), after a restart (disk), on SQuAD documents.
     BenchKv(bench_kv::BenchKvArgs),
+    /// Time to first token of short requests while long prompts are being prefilled (0, 1, 4 at once).
+    BenchTtft(bench_serve::BenchTtftArgs),
+    /// Launch to the EXACT answer of a restarted `serve` on an existing store.
+    BenchRestart(bench_serve::BenchRestartArgs),
     /// Show the detected CPU, SIMD level, memory, GPUs and execution tier.
     Hardware(hardware::HardwareArgs),
     /// Write a GGUF model with random weights in a real model's shape (for speed measurements).
@@ -76,6 +81,8 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Embed(args) => embed::run(&args),
         Command::Bench(args) => bench::run(&args),
         Command::BenchKv(args) => bench_kv::run(&args),
+        Command::BenchTtft(args) => bench_serve::run_ttft(&args),
+        Command::BenchRestart(args) => bench_serve::run_restart(&args),
         Command::Hardware(args) => hardware::run(&args),
         Command::SynthModel(args) => synth_model::run(&args),
         Command::Ab(args) => ab::run(&args),
