@@ -35,7 +35,8 @@ pub struct BenchTtftArgs {
     /// Numbers of concurrent long prefills to measure under.
     #[arg(long, value_delimiter = ',', default_value = "0,1,4")]
     pub concurrent: Vec<usize>,
-    /// Short requests per case (fewer when the long prefills end first).
+    /// Short requests without long prefills; beside them, short requests go on until the long
+    /// requests end (so the late, slowest part of a long prefill is measured too).
     #[arg(long, default_value_t = 20)]
     pub shorts: usize,
     /// Pause between short requests, in milliseconds.
@@ -118,8 +119,9 @@ pub fn run_ttft(a: &BenchTtftArgs) -> anyhow::Result<()> {
             }
             let mut ttft = Vec::new();
             let t0 = Instant::now();
-            for i in 0..a.shorts {
-                if k > 0 && tasks.iter().all(|t| t.is_finished()) {
+            for i in 0.. {
+                let done = if k > 0 { tasks.iter().all(|t| t.is_finished()) } else { i >= a.shorts };
+                if done {
                     break;
                 }
                 let (first, tokens) = timed(&mut short_client, request(shorts[i % shorts.len()].into(), false, 8)).await?;

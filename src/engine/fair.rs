@@ -31,6 +31,12 @@ const MIN_PREFILL_SHARE: f64 = 0.25;
 /// The part of a tenant's share its oldest waiting prompt always gets.
 const OLDEST_FLOOR: f64 = 0.25;
 
+/// A tenant needing at most this many units gets them even when its equal share is smaller
+/// (many tenants with long prompts): a short chat prompt goes in one step, so its first token
+/// comes a step later however many long prompts of other tenants are in flight. Bounded, so a
+/// tenant sending only short requests still cannot take more than this from the others.
+const SHORT_FLOOR: f64 = 48.0;
+
 /// Cost in units of feeding `n` tokens at positions `pos..pos + n` (each attends to itself and
 /// every earlier position).
 pub fn cost(pos: usize, n: usize) -> f64 {
@@ -107,13 +113,15 @@ pub fn split(wants: &[Want<'_>], budget: f64, max_tokens: usize) -> Vec<usize> {
             None => tenants.push((w.tenant, c)),
         }
     }
-    // Water-filling: equal shares; a tenant needing less than its share leaves the rest to the others.
+    // Water-filling: equal shares, smallest demand first (a demand up to SHORT_FLOOR is met
+    // whole while the pool lasts); a tenant needing less than its share leaves the rest.
     let mut by_demand: Vec<usize> = (0..tenants.len()).collect();
     by_demand.sort_by(|&a, &b| tenants[a].1.total_cmp(&tenants[b].1));
     let mut allowance = vec![0.0; tenants.len()];
     let mut left = pool;
     for (k, &t) in by_demand.iter().enumerate() {
-        let share = left / (by_demand.len() - k) as f64;
+        let equal = left / (by_demand.len() - k) as f64;
+        let share = if tenants[t].1 <= SHORT_FLOOR { tenants[t].1.min(left) } else { equal };
         allowance[t] = tenants[t].1.min(share);
         left -= allowance[t];
     }
@@ -235,6 +243,14 @@ mod tests {
             assert!(parts[0] >= 1, "the long one keeps moving: {parts:?}");
             assert!(wants.iter().zip(&parts).map(|(w, &n)| cost(w.pos, n)).sum::<f64>() <= 128.0 + 1e-9);
         }
+    }
+
+    #[test]
+    fn a_short_prompt_is_fed_whole_beside_many_long_ones_of_other_tenants() {
+        let wants = [prefill("a", 7_000, 1_000), prefill("b", 7_000, 1_000), prefill("c", 7_000, 1_000), prefill("d", 7_000, 1_000), prefill("e", 0, 40)];
+        let parts = split(&wants, 120.0, 128);
+        assert_eq!(parts[4], 40, "{parts:?}");
+        assert!(parts[..4].iter().all(|&n| n >= 1), "every long one keeps moving: {parts:?}");
     }
 
     #[test]

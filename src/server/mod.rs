@@ -16,6 +16,7 @@
 //! ([`crate::cache::indexer`]); the async runtime itself needs only a couple of workers.
 
 pub mod client;
+pub mod codec;
 mod error;
 mod generate;
 pub mod proto;
