@@ -39,7 +39,7 @@ pub use tenants::{TenantAuth, TenantsError};
 
 use crate::backend::cpu::CpuBackend;
 use crate::cache::indexer::{FactIndexer, IdleFn, IndexFn, IndexerConfig};
-use crate::cache::semantic::{SemanticCache, SemanticConfig};
+use crate::cache::semantic::{LazyEmbedder, SemanticCache, SemanticConfig};
 use crate::cache::ExactCache;
 use crate::embed::{Embedder, MatrixFormat};
 use crate::engine::chat::{ChatError, ChatTemplate};
@@ -212,24 +212,23 @@ impl ForgeState {
         let placement = place(&mut model, &config.placement).map_err(|e| ServerError::Backend(e.to_string()))?;
         eprintln!("forge-cache: layers {placement}: {}", model.placement());
         phases.done("model (map, check, place)");
-        // The sentence embedder loads on a second thread while the tokenizer is built (both
-        // take tens of milliseconds of one core).
-        let wants_embedder = config.embedder.as_ref().filter(|dir| config.cache && dir.join("tokenizer.json").is_file());
-        let (tokenizer, template, embedder) = std::thread::scope(|s| {
-            let embedder = wants_embedder.map(|dir| {
-                s.spawn(move || -> Result<Embedder, ServerError> {
+        let tokenizer = Arc::new(Tokenizer::from_gguf(&model.gguf)?);
+        let template = ChatTemplate::from_gguf(&model.gguf)?;
+        phases.done("tokenizer and chat template");
+        // The sentence embedder loads on its own thread while the service starts: exact hits
+        // and facts do not need it; the first question that does waits for it.
+        let embedder = match config.embedder.as_ref().filter(|dir| config.cache && dir.join("tokenizer.json").is_file()) {
+            Some(dir) => {
+                let (dir, weights) = (dir.clone(), config.embed_weights);
+                let load = move || {
                     // One thread: embedding runs beside the engine's own thread team.
-                    let backend = Arc::new(CpuBackend::new(1).map_err(|e| ServerError::Backend(e.to_string()))?);
-                    Embedder::load_with(dir, backend, config.embed_weights).map_err(ServerError::Embedder)
-                })
-            });
-            let tokenizer = Tokenizer::from_gguf(&model.gguf);
-            let template = ChatTemplate::from_gguf(&model.gguf);
-            let embedder = embedder.map(|h| h.join().unwrap_or_else(|_| Err(ServerError::Join("the embedder's loader panicked".into()))));
-            (tokenizer, template, embedder)
-        });
-        let (tokenizer, template, embedder) = (Arc::new(tokenizer?), template?, embedder.transpose()?);
-        phases.done("tokenizer, chat template, embedder (in parallel)");
+                    let backend = Arc::new(CpuBackend::new(1).map_err(|e| e.to_string())?);
+                    Embedder::load_with(&dir, backend, weights).map_err(|e| format!("{}: {e}", dir.display()))
+                };
+                Some(LazyEmbedder::load_in_background(load).map_err(ServerError::Engine)?)
+            }
+            None => None,
+        };
         let store = Arc::new(Store::open_with(&config.db, config.db_check)?);
         phases.done("database (open, check, migrate)");
         let identity = store.model_identity(&config.model)?;
@@ -250,7 +249,7 @@ impl ForgeState {
             (Some(_), Some(embedder)) => {
                 // A question arriving while no other request is in flight (the engine is idle)
                 // borrows the engine's team: the hit path is mostly this embedding.
-                let mut sem = SemanticCache::new(Arc::new(embedder), store.clone(), config.semantic);
+                let mut sem = SemanticCache::new(embedder, store.clone(), config.semantic);
                 if engine_cpu.threads() > 1 {
                     let busy = in_flight.clone();
                     let alone: Arc<IdleFn> = Arc::new(move || busy.load(Ordering::Relaxed) <= 1);
@@ -281,7 +280,7 @@ impl ForgeState {
             }
             None => None,
         };
-        phases.done("semantic tier, fact indexer");
+        phases.done("semantic tier, fact indexer (embedder loading in the background)");
         Ok(ForgeState {
             startup: phases.0,
             in_flight,
