@@ -6,6 +6,7 @@
 //! * `cpu` — scalar reference kernels (kept forever, the ground truth for every other kernel)
 //!   plus SIMD variants chosen at run time.
 //! * `hardware` — detection of CPU features and GPUs, and the execution tier derived from them.
+//! * `simd` — the CPU instruction-set levels (`SimdLevel`), shared by `hardware` and `cpu`.
 //!
 //! Batch invariance: every kernel computes a token's output with the same reduction order
 //! whether it is alone or in a batch, so logits and KV are bitwise identical across decode,
@@ -13,6 +14,7 @@
 
 pub mod cpu;
 pub mod hardware;
+pub mod simd;
 pub mod wgpu;
 
 use crate::gguf::GgmlType;
