@@ -14,6 +14,7 @@
 
 pub mod cpu;
 pub mod hardware;
+pub mod offload;
 pub mod simd;
 pub mod wgpu;
 

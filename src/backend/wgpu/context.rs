@@ -7,6 +7,7 @@
 //! [`WgpuContext::detect`] answers `None` when there is no usable adapter.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use super::WgpuError;
@@ -29,6 +30,16 @@ pub const SUBMIT_LAYERS: usize = 3;
 pub const SPIN_US: u64 = 2000;
 /// Largest head_dim the attention kernel takes.
 pub const MAX_HEAD_DIM: usize = 256;
+/// Bytes of one parameter window (16 words) of the layer runner's parameter buffer; its slots are
+/// `slot_stride` bytes apart (layers.rs).
+pub(crate) const PARAM_WINDOW: u64 = 64;
+
+/// A fresh id for a layer stack, an activation set or a KV cache (what a bind group or a step
+/// recorded ahead was made for).
+pub(crate) fn next_id() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
 
 #[derive(Debug, Clone, Copy, Default)]
 pub struct WgpuOptions {

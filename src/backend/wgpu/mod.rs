@@ -19,10 +19,11 @@
 
 mod backend;
 mod context;
-mod plan;
 mod kv;
 mod layers;
 mod pack;
+mod plan;
+mod segment;
 mod upload;
 
 #[cfg(test)]
@@ -32,10 +33,13 @@ mod stress;
 #[cfg(test)]
 mod tests;
 
+use super::offload::OffloadError;
+
 pub use backend::WgpuBackend;
 pub use context::{AdapterSummary, WgpuContext, WgpuOptions, WEIGHT_TYPES};
-pub use kv::GpuKv;
-pub use layers::{GpuActivations, GpuLayers, KvPrecision, SeqSpan, WgpuLayers};
+pub use kv::KvPrecision;
+pub use layers::GpuLayers;
+pub use segment::WgpuLayers;
 
 #[derive(Debug, thiserror::Error)]
 pub enum WgpuError {
@@ -59,6 +63,12 @@ pub enum WgpuError {
     ContextFull { needed: usize, capacity: usize },
     #[error("hidden state has {got} values, expected {expected}")]
     BadShape { got: usize, expected: usize },
+}
+
+impl From<WgpuError> for OffloadError {
+    fn from(e: WgpuError) -> OffloadError {
+        OffloadError { backend: "wgpu", source: Box::new(e) }
+    }
 }
 
 impl WgpuError {
