@@ -187,7 +187,9 @@ pub fn place(model: &mut Model, opts: &PlacementOptions) -> Result<Placement, Pl
         model.offload_none();
         return Ok(cpu_only("--tensor-split".into()));
     }
-    let ctx = match WgpuContext::new(WgpuOptions { allow_software: opts.allow_software, matmul_lanes: None, decode_kernels: None, attention_one: None }) {
+    // The wgpu knobs come from FORGE_WGPU_* (the command line's; defaults when unset).
+    let wgpu_opts = WgpuOptions { allow_software: opts.allow_software, ..WgpuOptions::from_env()? };
+    let ctx = match WgpuContext::new(wgpu_opts) {
         Ok(c) => c,
         Err(e) if opts.backend == BackendChoice::Split && explicit.is_none() => {
             model.offload_none();

@@ -21,6 +21,7 @@ mod backend;
 mod context;
 mod kv;
 mod layers;
+mod options;
 mod pack;
 mod plan;
 mod segment;
@@ -36,7 +37,8 @@ mod tests;
 use super::offload::OffloadError;
 
 pub use backend::WgpuBackend;
-pub use context::{AdapterSummary, WgpuContext, WgpuOptions, WEIGHT_TYPES};
+pub use context::{AdapterSummary, WgpuContext, WEIGHT_TYPES};
+pub use options::{DecodePlan, WgpuOptions};
 pub use kv::KvPrecision;
 pub use layers::GpuLayers;
 pub use segment::WgpuLayers;
