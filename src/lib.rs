@@ -23,6 +23,8 @@ pub mod embed;
 pub mod engine;
 pub mod gguf;
 pub mod models;
+pub mod pipeline;
 pub mod server;
 pub mod store;
+pub mod vocab;
 pub mod workload;

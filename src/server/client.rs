@@ -44,6 +44,12 @@ impl Generated {
     pub fn served_from(&self) -> proto::ServedFrom {
         proto::ServedFrom::try_from(self.outcome.served_from).unwrap_or(proto::ServedFrom::Unspecified)
     }
+
+    /// The tier's name as the store and the stats print it (`MODEL`, `EXACT`, ...), or
+    /// `UNSPECIFIED` when the server sent none.
+    pub fn served_from_name(&self) -> &'static str {
+        crate::vocab::ServedFrom::try_from(self.served_from()).map_or("UNSPECIFIED", |s| s.as_str())
+    }
 }
 
 #[derive(Clone)]

@@ -219,7 +219,7 @@ async fn shoot(client: &Client, l: &workload::Line, mode: CacheMode, tenant: &dy
     let shot = match c.generate(req).await {
         Ok(g) => Shot {
             text: g.text.clone(),
-            served_from: g.served_from().as_str_name().to_string(),
+            served_from: g.served_from_name().to_string(),
             latency_ms: g.client_latency.as_secs_f64() * 1e3,
             tokens_computed: g.outcome.tokens_computed,
             draft_tokens: g.outcome.draft_tokens,
