@@ -146,3 +146,32 @@ fn readme_grpcurl_lines_work() {
     assert!(generate.contains("SERVED_FROM_"), "{generate}");
     assert!(find("Health/Check").contains("SERVING"));
 }
+
+/// The CLI against the same kind of server: `--server HOST:PORT` without a scheme (generate,
+/// health, ab), `ab --make-workload` finding shared/data from another folder, ab's report with
+/// its plotters charts; `hardware` without XDG_RUNTIME_DIR prints no `error:` lines.
+#[test]
+fn cli_server_without_scheme_ab_and_hardware() {
+    let bin = env!("CARGO_BIN_EXE_forge-cache");
+    let elsewhere = tempfile::tempdir().expect("tempdir");
+    let work = elsewhere.path().join("w.jsonl");
+    run_ok(Command::new(bin).current_dir(elsewhere.path()).args(["ab", "--make-workload", "zipf", "--requests", "4", "--distinct", "2", "--max-tokens", "6", "-o"]).arg(&work));
+    assert_eq!(std::fs::read_to_string(&work).expect("workload").lines().count(), 4);
+    let missing = Command::new(bin).args(["ab", "--make-workload", "zipf", "--data", "/nonexistent/data", "-o"]).arg(&work).output().expect("run");
+    assert!(!missing.status.success() && String::from_utf8_lossy(&missing.stderr).contains("/nonexistent/data"));
+
+    let s = Serve::spawn(&["--no-semantic"]).ready();
+    run_ok(Command::new(bin).args(["health", "--server", &s.grpc]));
+    let out = run_ok(Command::new(bin).args(["generate", "--server", &s.grpc, "--system", common::SYSTEM, "--prompt", common::FRANCE, "--max-tokens", "8", "--json"]));
+    let g: Value = serde_json::from_str(out.trim()).expect("JSON");
+    assert_eq!(g["served_from"], "MODEL", "{g}");
+    let report = elsewhere.path().join("report");
+    run_ok(Command::new(bin).args(["ab", "--server", &s.grpc, "--mode", "exact", "--workload"]).arg(&work).arg("--out").arg(&report));
+    let svg = std::fs::read_to_string(report.join("latency_cdf.svg")).expect("chart");
+    assert!(svg.starts_with("<svg") && svg.contains("polyline"), "{svg}");
+    assert!(std::fs::read_to_string(report.join("report.md")).expect("report").contains("EXACT"));
+
+    let hw = Command::new(bin).arg("hardware").env_remove("XDG_RUNTIME_DIR").output().expect("hardware");
+    let err = String::from_utf8_lossy(&hw.stderr);
+    assert!(hw.status.success() && !err.lines().any(|l| l.starts_with("error")), "{err}");
+}
