@@ -187,6 +187,7 @@ async fn complete(kind: Kind, slot: AppState, headers: HeaderMap, body: Body) ->
         Err((p, e)) => {
             if let Some(p) = p {
                 p.metrics.rejected_code(e.metric_code());
+                tracing::info!(status = e.status.as_u16(), error = %e.message, "HTTP request refused");
             }
             return e.into_response();
         }
