@@ -9,7 +9,7 @@ mod common;
 use std::path::Path;
 
 use common::{ask, client, scratch, server_config, start, FRANCE};
-use forge_cache::server::{self, ServerError};
+use forge_cache::server::{self, LoadError, ServerError};
 use rusqlite::{Connection, OpenFlags};
 
 /// `PRAGMA integrity_check` of `db` through an immutable read-only connection (writes nothing,
@@ -59,7 +59,7 @@ async fn a_database_with_a_damaged_page_is_refused_and_left_byte_identical() {
 
     let err = server::start(server_config(&s.db), "127.0.0.1:0").await.err().expect("a damaged database must be refused");
     let msg = err.to_string();
-    assert!(matches!(err, ServerError::Store(_)), "{msg}");
+    assert!(matches!(err, ServerError::Load(LoadError::Store(_))), "{msg}");
     assert!(msg.contains("damaged") && msg.contains("nothing was changed"), "{msg}");
     assert_eq!(std::fs::read(&s.db).expect("read"), bytes, "the database must be left byte for byte");
     assert_eq!(integrity(&s.db), report);
@@ -85,7 +85,7 @@ async fn a_kv_side_file_with_a_damaged_index_is_refused_and_left_byte_identical(
 
     let err = server::start(server_config(&s.db), "127.0.0.1:0").await.err().expect("a damaged KV index must be refused");
     let msg = err.to_string();
-    assert!(matches!(err, ServerError::Kv(_)), "{msg}");
+    assert!(matches!(err, ServerError::Load(LoadError::Kv(_))), "{msg}");
     assert!(msg.contains("negative slot") && msg.contains("nothing was changed"), "{msg}");
     assert_eq!(std::fs::read(&s.db).expect("db"), db_bytes, "the database must be left byte for byte");
     assert_eq!(std::fs::read(&side).expect("side"), side_bytes, "the side file must be left byte for byte");

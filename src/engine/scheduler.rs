@@ -31,6 +31,7 @@
 //! same order.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -38,7 +39,8 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc::UnboundedSender;
 
 use super::fair::{self, StepClock, Want};
-use super::generate::{GenerateError, GenerateParams, StopReason};
+use super::generate::{GenerateError, GenerateParams};
+use crate::vocab::StopReason;
 use super::model::{Logits, Model, RunState, SeqBatch};
 use super::sampler::Sampler;
 use super::tokenizer::{StreamDecoder, Tokenizer, TokenizerError};
@@ -170,6 +172,8 @@ struct Queue {
     waiting: Mutex<Waiting>,
     /// Signalled when a request arrives or the engine is to stop.
     arrived: Condvar,
+    /// Sequences in the engine (prefilling or decoding), for metrics.
+    active: AtomicUsize,
 }
 
 struct Waiting {
@@ -218,6 +222,7 @@ impl Scheduler {
         let queue = Arc::new(Queue {
             waiting: Mutex::new(Waiting { jobs: VecDeque::new(), stop: false, ended: false }),
             arrived: Condvar::new(),
+            active: AtomicUsize::new(0),
         });
         let q = queue.clone();
         let thread = std::thread::Builder::new().name("forge-engine".into()).spawn(move || {
@@ -239,6 +244,16 @@ impl Scheduler {
         w.jobs.push_back(Queued { job, at: Instant::now() });
         self.queue.arrived.notify_one();
         Ok(())
+    }
+
+    /// Jobs waiting for a slot.
+    pub fn queued(&self) -> usize {
+        self.queue.lock().jobs.len()
+    }
+
+    /// Sequences in the engine (prefilling or decoding).
+    pub fn active(&self) -> usize {
+        self.queue.active.load(Ordering::Relaxed)
     }
 }
 
@@ -414,9 +429,11 @@ impl Engine<'_> {
                 self.admit(q, &mut active);
             }
             active.retain(|s| !s.job.events.is_closed());
+            queue.active.store(active.len(), Ordering::Relaxed);
             if !active.is_empty() {
                 self.step(&mut state, &mut active);
             }
+            queue.active.store(active.len(), Ordering::Relaxed);
         }
     }
 

@@ -11,7 +11,7 @@
 //! * `plan` — [`KvPlan`], what the engine thread does with it (load the prefix at admission,
 //!   publish computed blocks), and the per-request [`KvReport`]
 //!
-//! Request path: `server::generate` computes the prompt's block keys per tenant, asks
+//! Request path: `pipeline::validation` computes the prompt's block keys per tenant, asks
 //! [`KvWorkload::prepare`] for the longest reusable prefix (memory first, then disk, promoting
 //! disk blocks into memory) and sends the plan with the job; the scheduler starts the sequence's
 //! prefill after the loaded prefix; after the answer is recorded, [`KvWorkload::finish`] stores
@@ -119,7 +119,7 @@ impl KvWorkload {
                     hits.extend(blocks);
                     corrupt = bad;
                 }
-                Err(e) => eprintln!("forge-cache: reading stored KV blocks failed ({e}); computing them"),
+                Err(e) => tracing::warn!(error = %e, "reading stored KV blocks failed; computing them"),
             }
         }
         let report = Arc::new(KvReport::default());
