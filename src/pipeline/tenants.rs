@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 use sha2::{Digest, Sha256};
 use tonic::metadata::MetadataMap;
 
-use super::error::ServiceError;
+use super::error::{quoted, ServiceError};
 
 pub const TENANT_HEADER: &str = "x-forge-tenant";
 pub const API_KEY_HEADER: &str = "x-forge-api-key";
@@ -177,7 +177,7 @@ impl TenantAuth {
             TenantAuth::Open => {
                 let tenant = named.first().cloned().unwrap_or_else(|| DEFAULT_TENANT.to_string());
                 if let Some(other) = named.iter().find(|n| **n != tenant) {
-                    return Err(ServiceError::InvalidArgument(format!("the {TENANT_HEADER} header says {tenant:?} but the request says {other:?}")));
+                    return Err(ServiceError::InvalidArgument(format!("the {TENANT_HEADER} header says {} but the request says {}", quoted(&tenant), quoted(other))));
                 }
                 tenant
             }
@@ -188,13 +188,13 @@ impl TenantAuth {
                 })?;
                 let tenant = keys.tenant(&key).map(str::to_string).ok_or_else(|| ServiceError::Unauthenticated("unknown API key".into()))?;
                 if let Some(other) = named.iter().find(|n| **n != tenant) {
-                    return Err(ServiceError::PermissionDenied(format!("this API key belongs to tenant {tenant:?}, not {other:?}")));
+                    return Err(ServiceError::PermissionDenied(format!("this API key belongs to tenant {tenant:?}, not {}", quoted(other))));
                 }
                 tenant
             }
         };
         if !valid_tenant_name(&tenant) {
-            return Err(ServiceError::InvalidArgument(format!("tenant name {tenant:?} must be 1-64 characters of A-Z a-z 0-9 . _ -")));
+            return Err(ServiceError::InvalidArgument(format!("tenant name {} must be 1-64 characters of A-Z a-z 0-9 . _ -", quoted(&tenant))));
         }
         Ok(tenant)
     }
