@@ -203,7 +203,8 @@ pub fn run_restart(a: &BenchRestartArgs) -> anyhow::Result<()> {
         let url = format!("http://127.0.0.1:{port}");
         let t0 = Instant::now();
         let child = Command::new(&exe)
-            .args(["serve", "--addr", &format!("127.0.0.1:{port}"), "--db"])
+            // The HTTP API on any free port: it is part of a default start, and 8080 may be taken.
+            .args(["serve", "--addr", &format!("127.0.0.1:{port}"), "--http-addr", "127.0.0.1:0", "--db"])
             .arg(&db)
             .arg("--model")
             .arg(&model)
