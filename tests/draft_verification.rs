@@ -25,7 +25,7 @@ fn engine(max_active: usize) -> Engine {
     let tok = Arc::new(Tokenizer::from_gguf(&model.gguf).expect("tokenizer"));
     let template = ChatTemplate::from_gguf(&model.gguf).expect("template").expect("chat template");
     let sched =
-        Scheduler::start(Arc::new(model), tok.clone(), SchedulerConfig { queue_depth: 16, max_active, step_tokens: 64 }).expect("start");
+        Scheduler::start(Arc::new(model), tok.clone(), SchedulerConfig { queue_depth: 16, max_active, step_tokens: 64, ..SchedulerConfig::default() }).expect("start");
     Engine { sched, tok, template }
 }
 
@@ -38,7 +38,7 @@ impl Engine {
     fn submit(&self, prompt: Vec<u32>, max_tokens: usize, drafts: Vec<Draft>) -> mpsc::UnboundedReceiver<Event> {
         let (tx, rx) = mpsc::unbounded_channel();
         let params = GenerateParams { max_tokens, sampling: SamplingParams::greedy(), stop_ids: self.tok.stop_ids().to_vec() };
-        self.sched.submit(Job { prompt, params, stop_strings: Vec::new(), events: tx, drafts, kv: None }).expect("submit");
+        self.sched.submit(Job { prompt, params, stop_strings: Vec::new(), events: tx, drafts, kv: None, tenant: String::new() }).expect("submit");
         rx
     }
 }

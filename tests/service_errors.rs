@@ -122,7 +122,7 @@ async fn api_keys_decide_the_tenant() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_queue_is_refused_at_once_and_a_closed_stream_cancels() {
-    let (scratch, server, mut c) = service_with(|config, _| config.scheduler = SchedulerConfig { queue_depth: 1, max_active: 1, step_tokens: 64 }).await;
+    let (scratch, server, mut c) = service_with(|config, _| config.scheduler = SchedulerConfig { queue_depth: 1, max_active: 1, ..SchedulerConfig::default() }).await;
     let db = &scratch.db;
 
     // A runs (the one active slot), B waits (the one queue slot), C finds the queue full.

@@ -29,6 +29,10 @@ pub struct ServeArgs {
     /// /health, /metrics); it answers /health with 503 while the model loads.
     #[arg(long, default_value = DEFAULT_HTTP_ADDR)]
     pub http_addr: String,
+    /// The largest gRPC request message accepted, in MiB; a longer one is refused with
+    /// RESOURCE_EXHAUSTED before it is read.
+    #[arg(long, default_value_t = (forge_cache::server::codec::DEFAULT_MAX_MESSAGE_BYTES >> 20) as u64, value_parser = clap::value_parser!(u64).range(1..=1024))]
+    pub max_message_mb: u64,
     /// No HTTP API (gRPC only).
     #[arg(long)]
     pub no_http: bool,
@@ -87,6 +91,10 @@ pub struct ServeArgs {
     /// Turn KV-block reuse off.
     #[arg(long)]
     pub no_kv_reuse: bool,
+    /// How an existing database is checked at start: auto (integrity_check up to 64 MiB,
+    /// quick_check above), quick, full, or off (huge stores); a damaged one is refused untouched.
+    #[arg(long, default_value = "auto", value_parser = ["auto", "quick", "full", "off"])]
+    pub db_check: String,
 }
 
 impl ServeArgs {
@@ -141,11 +149,18 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
     config.tenants = a.tenants.clone();
     config.placement = a.backend.options()?;
     config.kv = a.kv_config()?;
+    config.db_check = forge_cache::store::DbCheck::parse(&a.db_check).unwrap_or_default();
     config.scheduler = SchedulerConfig { queue_depth: a.queue_depth, max_active: a.max_batch, ..SchedulerConfig::default() };
     let config_kv = config.kv.clone();
-    let listen = Listen { grpc: a.addr.clone(), http: (!a.no_http).then(|| a.http_addr.clone()) };
+    let listen = Listen {
+        grpc: a.addr.clone(),
+        http: (!a.no_http).then(|| a.http_addr.clone()),
+        max_message_bytes: (a.max_message_mb << 20) as usize,
+    };
     super::runtime()?.block_on(async {
         let server = start_listening(config, listen, shutdown_signal()).await.context("starting the service")?;
+        let phases: Vec<String> = server.startup.iter().map(|(what, t)| format!("{what} {:.1} ms", t.as_secs_f64() * 1e3)).collect();
+        tracing::info!(since_launch_ms = format!("{:.1}", super::since_launch().as_secs_f64() * 1e3), phases = %phases.join(", "), "start-up");
         tracing::info!(
             model = %server.model_name,
             sha256 = &server.model_id[..12],

@@ -113,6 +113,7 @@ impl Pipeline {
             events: events_tx,
             drafts,
             kv,
+            tenant: plan.tenant.clone(),
         };
         if let Err(e) = self.scheduler.submit(job) {
             let e = ServiceError::from(e);

@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::error::{invalid, ServiceError};
+use super::error::{invalid, quoted, ServiceError};
 use super::request::Request;
 use super::Pipeline;
 use crate::cache::semantic;
@@ -161,7 +161,7 @@ impl Pipeline {
             }
             for m in &req.messages {
                 if !matches!(m.role.as_str(), "system" | "user" | "assistant") {
-                    return Err(invalid(format!("message role {:?} is not system, user or assistant", m.role)));
+                    return Err(invalid(format!("message role {} is not system, user or assistant", quoted(&m.role))));
                 }
             }
             if req.messages.iter().all(|m| m.content.trim().is_empty()) {
