@@ -77,6 +77,8 @@ pub struct PipelineConfig {
     pub placement: PlacementOptions,
     /// KV-block reuse (`None`: off).
     pub kv: Option<KvConfig>,
+    /// Per tenant: the cache mode of requests that leave it unset (or say AUTO).
+    pub tenant_modes: std::collections::HashMap<String, crate::vocab::CacheMode>,
 }
 
 impl PipelineConfig {
@@ -95,6 +97,7 @@ impl PipelineConfig {
             semantic: SemanticConfig::default(),
             placement: PlacementOptions::default(),
             kv: Some(KvConfig::default()),
+            tenant_modes: Default::default(),
         }
     }
 }
@@ -157,6 +160,8 @@ pub struct Pipeline {
     /// Embeds new facts while no request runs (with the semantic tier).
     pub(crate) fact_indexer: Option<FactIndexer>,
     pub(crate) metrics: Metrics,
+    /// Per tenant: the cache mode of requests that leave it unset.
+    pub(crate) tenant_modes: std::collections::HashMap<String, crate::vocab::CacheMode>,
     /// The next request id (logs and traces).
     next_request: AtomicU64,
 }
@@ -243,6 +248,7 @@ impl Pipeline {
             semantic,
             kv,
             metrics: Metrics::new(),
+            tenant_modes: config.tenant_modes.clone(),
             next_request: AtomicU64::new(1),
         })
     }

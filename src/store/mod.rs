@@ -50,6 +50,7 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
     ("0002_reuse.sql", include_str!("../../migrations/0002_reuse.sql")),
     ("0003_semantic.sql", include_str!("../../migrations/0003_semantic.sql")),
     ("0004_kv_blocks.sql", include_str!("../../migrations/0004_kv_blocks.sql")),
+    ("0005_equivalent.sql", include_str!("../../migrations/0005_equivalent.sql")),
 ];
 
 #[derive(Debug, thiserror::Error)]
