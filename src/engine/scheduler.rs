@@ -22,6 +22,13 @@
 //! model produces without drafts; an accepted draft token costs a prefill row instead of a
 //! decode step.
 //!
+//! Scoring (EQUIVALENT's check): a job with [`Job::score`] feeds prompt + a given continuation
+//! like a prompt (chunked with everyone else's work), reads the log-probability of each
+//! continuation token from its row and ends with [`Event::Scored`]; no sampling, no decoding.
+//! With [`Job::logprobs`] a generation records the same quantity for every token it chooses, so a
+//! stored answer's log-probabilities under its own prompt and a later score are comparable bit
+//! for bit.
+//!
 //! The forward pass is bitwise batch invariant (see `docs/architecture.md`), so a greedy
 //! request produces the same tokens alone, in any company, and with any prefill chunking —
 //! the same tokens as [`super::generate::generate`]: the same sampling and stop checks in the
