@@ -39,7 +39,7 @@ async fn bad_inputs_get_clear_statuses_and_the_server_stays_up() {
         ("top_p 0", r(&|r| r.top_p = Some(0.0)), Code::InvalidArgument, "top_p must be in (0, 1]"),
         ("top_p > 1", r(&|r| r.top_p = Some(1.5)), Code::InvalidArgument, "top_p must be in (0, 1]"),
         ("unknown model", r(&|r| r.model = "gpt-9".into()), Code::NotFound, "unknown model \"gpt-9\""),
-        ("unknown cache mode", r(&|r| r.cache_mode = 7), Code::InvalidArgument, "cache_mode"),
+        ("unknown cache mode", r(&|r| r.cache_mode = 99), Code::InvalidArgument, "cache_mode"),
         ("prompt and messages", r(&|r| r.messages = vec![ChatMessage { role: "user".into(), content: "hi".into() }]), Code::InvalidArgument, "not both"),
         ("bad role", r(&|r| {
             r.prompt.clear();

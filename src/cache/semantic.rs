@@ -20,6 +20,8 @@ use crate::engine::scheduler::Draft;
 use crate::store::semantic::{Neighbour, Outcome};
 use crate::store::{Store, StoreError};
 
+use super::equivalent::{EquivalentModel, EquivalentParams};
+use super::skip::{DraftGate, SkipParams};
 use super::trust::{fit_threshold, TrustParams};
 
 #[derive(Debug, Clone, Copy)]
@@ -31,11 +33,22 @@ pub struct SemanticConfig {
     /// Candidate answers handed to the engine as drafts.
     pub max_drafts: usize,
     pub trust: TrustParams,
+    /// The EQUIVALENT mode's knobs.
+    pub equivalent: EquivalentParams,
+    /// VERIFIED's draft skipping (see [`DraftGate`]).
+    pub skip: SkipParams,
 }
 
 impl Default for SemanticConfig {
     fn default() -> Self {
-        SemanticConfig { k: 4, min_similarity: 0.5, max_drafts: 3, trust: TrustParams::default() }
+        SemanticConfig {
+            k: 4,
+            min_similarity: 0.5,
+            max_drafts: 3,
+            trust: TrustParams::default(),
+            equivalent: EquivalentParams::default(),
+            skip: SkipParams::default(),
+        }
     }
 }
 
@@ -143,11 +156,21 @@ pub struct SemanticCache {
     store: Arc<Store>,
     pub config: SemanticConfig,
     pub trust: TrustModel,
+    pub equivalent: EquivalentModel,
+    pub drafts: DraftGate,
 }
 
 impl SemanticCache {
     pub fn new(embedder: impl Into<LazyEmbedder>, store: Arc<Store>, config: SemanticConfig) -> SemanticCache {
-        SemanticCache { embedder: embedder.into(), idle_backend: None, store, config, trust: TrustModel::new(config.trust) }
+        SemanticCache {
+            embedder: embedder.into(),
+            idle_backend: None,
+            store,
+            config,
+            trust: TrustModel::new(config.trust),
+            equivalent: EquivalentModel::new(config.equivalent),
+            drafts: DraftGate::new(config.skip),
+        }
     }
 
     /// Questions are embedded on `backend` whenever `idle()` holds (the vectors are bitwise the

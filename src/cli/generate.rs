@@ -91,6 +91,7 @@ pub enum CacheModeArg {
     Verified,
     Trust,
     Exact,
+    Equivalent,
 }
 
 impl CacheModeArg {
@@ -102,6 +103,7 @@ impl CacheModeArg {
             CacheModeArg::Verified => proto::CacheMode::Verified,
             CacheModeArg::Trust => proto::CacheMode::Trust,
             CacheModeArg::Exact => proto::CacheMode::Exact,
+            CacheModeArg::Equivalent => proto::CacheMode::Equivalent,
         }
     }
 }

@@ -25,6 +25,13 @@
 //! model produces without drafts; an accepted draft token costs a prefill row instead of a
 //! decode step.
 //!
+//! Scoring (EQUIVALENT's check): a job with [`Job::score`] feeds prompt + a given continuation
+//! like a prompt (chunked with everyone else's work), reads the log-probability of each
+//! continuation token from its row and ends with [`Event::Scored`]; no sampling, no decoding.
+//! With [`Job::logprobs`] a generation records the same quantity for every token it chooses, so a
+//! stored answer's log-probabilities under its own prompt and a later score are comparable bit
+//! for bit.
+//!
 //! The forward pass is bitwise batch invariant (see `docs/architecture.md`), so a greedy
 //! request produces the same tokens alone, in any company, and with any prefill chunking —
 //! the same tokens as [`super::generate::generate`]: the same sampling and stop checks in the
@@ -42,7 +49,7 @@ use super::fair::{self, StepClock, Want};
 use super::generate::{GenerateError, GenerateParams};
 use crate::vocab::StopReason;
 use super::model::{Logits, Model, RunState, SeqBatch};
-use super::sampler::Sampler;
+use super::sampler::{log_prob, Sampler};
 use super::tokenizer::{StreamDecoder, Tokenizer, TokenizerError};
 use super::KvCache;
 use crate::workload::KvPlan;
@@ -83,6 +90,35 @@ pub struct Job {
     /// Whose request this is (the tenant): slots and each step's work are shared equally
     /// between the keys of the waiting and running requests.
     pub tenant: String,
+    /// Record the log-probability of every generated token (and the stop) under this prompt:
+    /// [`Finished::logprobs`].
+    pub logprobs: bool,
+    /// Score instead of generate: the log-probability of each of these tokens given the prompt
+    /// and the tokens before it, in one teacher-forced pass (no sampling, no decoding); the job
+    /// ends with [`Event::Scored`]. The rows are the same bits a decode would compute (the
+    /// forward pass is batch invariant).
+    pub score: Option<Vec<u32>>,
+}
+
+impl Job {
+    /// A scoring job: the per-token log-probabilities of `continuation` after `prompt` (for a
+    /// token of `stop_ids`: of any stop token, as generation records it).
+    pub fn score(prompt: Vec<u32>, continuation: Vec<u32>, stop_ids: Vec<u32>, tenant: String, events: UnboundedSender<Event>) -> Job {
+        let params = GenerateParams { max_tokens: continuation.len().max(1), sampling: Default::default(), stop_ids };
+        Job { prompt, params, stop_strings: Vec::new(), events, drafts: Vec::new(), kv: None, tenant, logprobs: false, score: Some(continuation) }
+    }
+}
+
+/// What a scoring job found.
+#[derive(Debug, Clone)]
+pub struct Scored {
+    /// log p(continuation[i] | prompt, continuation[..i]), natural log.
+    pub logprobs: Vec<f32>,
+    /// Positions the model computed.
+    pub computed: usize,
+    /// Submit to admission, and admission to the end.
+    pub queue_time: Duration,
+    pub run_time: Duration,
 }
 
 /// A candidate answer: the tokens the model is expected to generate, ending with a stop token
@@ -108,6 +144,8 @@ pub enum Event {
     /// character, or text that could be the start of a stop string, is held back).
     Token { id: u32, text: String },
     Done(Finished),
+    /// The end of a scoring job.
+    Scored(Scored),
     Failed(JobError),
 }
 
@@ -152,6 +190,9 @@ pub struct Finished {
     pub partial_source: Option<Draft>,
     /// Prompt positions whose KV was loaded from stored blocks instead of computed.
     pub kv_reused: usize,
+    /// With [`Job::logprobs`]: the natural-log probability of each generated token under the
+    /// model's raw distribution, then of any stop token when the answer ended on one.
+    pub logprobs: Vec<f32>,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -309,6 +350,9 @@ struct Seq {
     part: usize,
     /// Prompt positions loaded from stored KV blocks.
     kv_reused: usize,
+    /// Log-probabilities of the chosen tokens (generation with `logprobs`) or of the
+    /// continuation's tokens (scoring).
+    logprobs: Vec<f32>,
 }
 
 impl Seq {
@@ -453,10 +497,21 @@ impl Engine<'_> {
             Ok(s) => s,
             Err(e) => return fail(GenerateError::Sampling(e)),
         };
+        if let Some(c) = &job.score {
+            if c.is_empty() || job.prompt.len() + c.len() > context {
+                return fail(GenerateError::PromptTooLong { prompt: job.prompt.len() + c.len(), context });
+            }
+        }
         let mut kv = self.model.new_kv(job.prompt.len() + job.params.max_tokens);
         let kv_reused = job.kv.as_mut().map_or(0, |p| p.load(&mut kv, &job.prompt));
         let mut feed = Vec::with_capacity(job.prompt.len() + job.params.max_tokens + 1);
         feed.extend_from_slice(&job.prompt);
+        // Scoring feeds the continuation but its last token (whose own row predicts nothing asked).
+        let score_len = job.score.as_ref().map_or(0, |c| c.len());
+        if let Some(c) = &job.score {
+            feed.extend_from_slice(&c[..c.len() - 1]);
+        }
+        let logprobs = Vec::with_capacity(if job.logprobs { job.params.max_tokens + 1 } else { score_len });
         let mut seq = Seq {
             job,
             kv,
@@ -467,7 +522,8 @@ impl Engine<'_> {
             draft: None,
             align: (0, 0),
             used: 0,
-            window: FIRST_DRAFT_WINDOW,
+            // A scoring job feeds its whole continuation like a prompt.
+            window: if score_len > 0 { score_len } else { FIRST_DRAFT_WINDOW },
             draft_tokens: 0,
             draft_accepted: 0,
             candidates_tried: 0,
@@ -484,6 +540,7 @@ impl Engine<'_> {
             decode_steps: 0,
             peak_batch: 0,
             part: 0,
+            logprobs,
         };
         if !seq.job.drafts.is_empty() {
             seq.use_draft(0, 0, 0, false);
@@ -561,7 +618,8 @@ impl Engine<'_> {
                 if s.first_token_at.is_none() {
                     s.first_token_at = Some(Instant::now());
                 }
-                let next = self.on_row(s, self.model.logits(state, row + (p - first_row)), p);
+                let logits = self.model.logits(state, row + (p - first_row));
+                let next = if s.job.score.is_some() { on_score_row(s, logits, p) } else { self.on_row(s, logits, p) };
                 if let Some(n) = next {
                     outcome = Some(n);
                     break;
@@ -593,6 +651,9 @@ impl Engine<'_> {
             Some(t) => s.sampler.verify(logits, t),
             None => s.sampler.sample(logits),
         };
+        if s.job.logprobs {
+            s.logprobs.push(log_prob(logits, chosen, &s.job.params.stop_ids));
+        }
         // Any stop token ends the answer the same way.
         let agreed = target.is_some_and(|t| t == chosen || (stops.contains(&t) && stops.contains(&chosen)));
         if agreed {
@@ -675,6 +736,16 @@ impl Engine<'_> {
     }
 
     fn finish(&self, mut s: Seq, stop: StopReason) {
+        if s.job.score.is_some() {
+            let scored = Scored {
+                logprobs: std::mem::take(&mut s.logprobs),
+                computed: s.computed,
+                queue_time: s.admitted_at.duration_since(s.queued_at),
+                run_time: s.admitted_at.elapsed(),
+            };
+            let _ = s.send(Event::Scored(scored));
+            return;
+        }
         if !s.cut {
             // An unfinished character at the end becomes U+FFFD.
             s.text.push_str(&s.decoder.finish());
@@ -705,9 +776,19 @@ impl Engine<'_> {
                 .filter(|_| s.own_tokens > 0 && s.draft_accepted > 0)
                 .map(|d| s.job.drafts[d].clone()),
             kv_reused: s.kv_reused,
+            logprobs: std::mem::take(&mut s.logprobs),
         };
         let _ = s.send(Event::Done(done));
     }
+}
+
+/// A scoring sequence's row `p`: the log-probability of the continuation's token after it.
+/// Finishes after the last one.
+fn on_score_row(s: &mut Seq, logits: &[f32], p: usize) -> Option<Next> {
+    let cont = s.job.score.as_ref()?;
+    let i = p + 1 - s.prompt_len();
+    s.logprobs.push(log_prob(logits, cont[i], &s.job.params.stop_ids));
+    (s.logprobs.len() == cont.len()).then_some(Next::Finish(StopReason::Length))
 }
 
 /// Byte offset of the earliest stop string in `text`.

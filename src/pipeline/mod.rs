@@ -79,6 +79,8 @@ pub struct PipelineConfig {
     pub kv: Option<KvConfig>,
     /// How an existing database is checked before it is used (`--db-check`).
     pub db_check: DbCheck,
+    /// Per tenant: the cache mode of requests that leave it unset (or say AUTO).
+    pub tenant_modes: std::collections::HashMap<String, crate::vocab::CacheMode>,
 }
 
 impl PipelineConfig {
@@ -98,6 +100,7 @@ impl PipelineConfig {
             placement: PlacementOptions::default(),
             kv: Some(KvConfig::default()),
             db_check: DbCheck::default(),
+            tenant_modes: Default::default(),
         }
     }
 }
@@ -180,6 +183,8 @@ pub struct Pipeline {
     /// Embeds new facts while no request runs (with the semantic tier).
     pub(crate) fact_indexer: Option<FactIndexer>,
     pub(crate) metrics: Metrics,
+    /// Per tenant: the cache mode of requests that leave it unset.
+    pub(crate) tenant_modes: std::collections::HashMap<String, crate::vocab::CacheMode>,
     /// The next request id (logs and traces).
     next_request: AtomicU64,
     /// Where [`Pipeline::load`] spent its time.
@@ -288,6 +293,7 @@ impl Pipeline {
             semantic,
             kv,
             metrics: Metrics::new(),
+            tenant_modes: config.tenant_modes.clone(),
             next_request: AtomicU64::new(1),
             startup: phases.0,
         })
