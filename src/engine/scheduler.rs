@@ -44,8 +44,8 @@ use crate::vocab::StopReason;
 use super::model::{Logits, Model, RunState, SeqBatch};
 use super::sampler::Sampler;
 use super::tokenizer::{StreamDecoder, Tokenizer, TokenizerError};
+use super::prefix::PrefixCache;
 use super::KvCache;
-use crate::workload::KvPlan;
 
 #[derive(Debug, Clone, Copy)]
 pub struct SchedulerConfig {
@@ -78,8 +78,9 @@ pub struct Job {
     pub events: UnboundedSender<Event>,
     /// Candidate answers to check, best first (may be empty).
     pub drafts: Vec<Draft>,
-    /// KV reuse: the stored prefix to load at admission, where computed blocks are published.
-    pub kv: Option<KvPlan>,
+    /// KV reuse: loads the stored prefix at admission, is told what the sequence computed, and
+    /// comes back in [`Finished::prefix`].
+    pub kv: Option<Box<dyn PrefixCache>>,
     /// Whose request this is (the tenant): slots and each step's work are shared equally
     /// between the keys of the waiting and running requests.
     pub tenant: String,
@@ -121,7 +122,7 @@ pub enum JobError {
     Forward(String),
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Finished {
     pub prompt_tokens: usize,
     /// Generated ids, without the stop token.
@@ -152,6 +153,8 @@ pub struct Finished {
     pub partial_source: Option<Draft>,
     /// Prompt positions whose KV was loaded from stored blocks instead of computed.
     pub kv_reused: usize,
+    /// The job's prefix cache, back by value (it has seen everything the sequence computed).
+    pub prefix: Option<Box<dyn PrefixCache>>,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -705,6 +708,7 @@ impl Engine<'_> {
                 .filter(|_| s.own_tokens > 0 && s.draft_accepted > 0)
                 .map(|d| s.job.drafts[d].clone()),
             kv_reused: s.kv_reused,
+            prefix: s.job.kv.take(),
         };
         let _ = s.send(Event::Done(done));
     }

@@ -14,6 +14,7 @@ use super::Pipeline;
 use crate::store::semantic::Outcome as SemanticOutcome;
 use crate::store::{CachedAnswer, NewInference};
 use crate::vocab::{CacheMode, ServedFrom, StopReason};
+use crate::workload::ReportData;
 
 /// Where an answer came from and what it cost.
 pub(crate) struct Answer {
@@ -39,6 +40,9 @@ pub(crate) struct Answer {
     pub(crate) candidates_tried: usize,
     /// Similarity of the neighbour the answer came from (semantic tiers).
     pub(crate) similarity: Option<f64>,
+    /// What KV reuse did (the plan the engine gave back; a cancelled request: what was
+    /// planned, no new blocks). `None`: no KV reuse for this request.
+    pub(crate) kv: Option<ReportData>,
 }
 
 impl Answer {
@@ -63,6 +67,7 @@ impl Answer {
             draft_accepted: 0,
             candidates_tried: 0,
             similarity: None,
+            kv: None,
         }
     }
 }
@@ -113,10 +118,10 @@ impl Pipeline {
             draft_accepted: a.draft_accepted,
             candidates_tried: a.candidates_tried,
         })?;
-        if let (Some(kv), Some(report)) = (&self.kv, &p.kv) {
+        if let (Some(kv), Some(report)) = (&self.kv, &a.kv) {
             let decode = |t: &[u32]| self.tokenizer.decode(t, false).ok();
             match kv.finish(&p.tenant, report, id, &p.prompt_ids, decode) {
-                Ok(_) => self.metrics.kv_blocks(&p.tenant, &report.lock()),
+                Ok(_) => self.metrics.kv_blocks(&p.tenant, report),
                 Err(e) => tracing::warn!(inference_id = id, error = %e, "storing the KV blocks failed"),
             }
         }
