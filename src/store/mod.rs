@@ -54,6 +54,7 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
     ("0003_semantic.sql", include_str!("../../migrations/0003_semantic.sql")),
     ("0004_kv_blocks.sql", include_str!("../../migrations/0004_kv_blocks.sql")),
     ("0005_model_files.sql", include_str!("../../migrations/0005_model_files.sql")),
+    ("0006_partial_blocks.sql", include_str!("../../migrations/0006_partial_blocks.sql")),
 ];
 
 #[derive(Debug, thiserror::Error)]

@@ -31,7 +31,7 @@ use std::time::Instant;
 
 pub use codec::{Codec, CodecError};
 pub use disk::{side_file_path, DiskTier, Storage};
-pub use index::{Block, Geometry, MemoryIndex};
+pub use index::{Block, Child, Geometry, MemoryIndex};
 pub use keys::{BlockKey, ChainSeed};
 pub use plan::{KvPlan, ReportData};
 
@@ -110,6 +110,8 @@ impl KvWorkload {
             published: 0,
             keys: Vec::new(),
             hits: Vec::new(),
+            partial: None,
+            tail: None,
             memory: self.memory.clone(),
             report: ReportData::default(),
         };
@@ -124,8 +126,10 @@ impl KvWorkload {
         if hits.len() < usable {
             match self.disk.load(&keys[hits.len()..usable]) {
                 Ok((blocks, bad)) => {
-                    for (key, block) in keys[hits.len()..].iter().zip(&blocks) {
-                        self.memory.insert(*key, block.clone());
+                    for (i, block) in (hits.len()..).zip(&blocks) {
+                        self.memory.insert(keys[i], block.clone());
+                        let parent = i.checked_sub(1).map_or_else(|| plan.seed.root(), |p| keys[p]);
+                        self.memory.add_child(parent, Child { key: keys[i], tokens: prompt[i * b..(i + 1) * b].into() });
                     }
                     hits.extend(blocks);
                     corrupt = bad;
@@ -133,20 +137,56 @@ impl KvWorkload {
                 Err(e) => tracing::warn!(error = %e, "reading stored KV blocks failed; computing them"),
             }
         }
+        let at = hits.len() * b;
+        let limit = prompt.len().saturating_sub(1);
+        if at < limit {
+            let parent = hits.len().checked_sub(1).map(|i| keys[i]);
+            plan.partial = self.partial_match(tenant, &plan.seed, parent, &prompt[at..limit.min(at + b)]);
+        }
         plan.published = hits.len();
-        plan.report = ReportData {
-            prompt_blocks: keys.len(),
-            blocks_memory: from_memory,
-            blocks_disk: hits.len() - from_memory,
-            blocks_corrupt: corrupt,
-            used: keys[..hits.len()].to_vec(),
-            ..ReportData::default()
-        };
+        plan.report = ReportData { prompt_blocks: keys.len(), blocks_memory: from_memory, blocks_disk: hits.len() - from_memory, blocks_corrupt: corrupt, ..ReportData::default() };
         plan.hits = hits;
-        plan.report.reused_tokens = plan.loadable(prompt);
-        plan.report.used.truncate(plan.report.reused_tokens.div_ceil(b));
+        plan.plan_report(prompt);
         plan.report.load_ms = t0.elapsed().as_secs_f64() * 1e3;
         plan
+    }
+
+    /// The stored block after `parent` (`None`: a chain's first) that shares the most leading
+    /// tokens with `next` (the prompt's tokens after the matched whole blocks), memory first,
+    /// then disk; with how many it shares. `None` when none shares a token.
+    fn partial_match(&self, tenant: &str, seed: &ChainSeed, parent: Option<BlockKey>, next: &[u32]) -> Option<(BlockKey, Arc<Block>, usize)> {
+        let shared = |c: &Child| c.tokens.iter().zip(next).take_while(|(a, b)| a == b).count();
+        let root = parent.unwrap_or_else(|| seed.root());
+        let mut found: Vec<(usize, Child)> = self.memory.children(&root).into_iter().map(|c| (shared(&c), c)).filter(|(n, _)| *n > 0).collect();
+        let best = found.iter().map(|(n, _)| *n).max().unwrap_or(0);
+        if best < next.len() {
+            // Disk may hold a longer match (e.g. after a restart).
+            match self.disk.children(tenant, &self.model_id, parent.as_ref()) {
+                Ok(rows) => {
+                    for c in rows {
+                        let n = shared(&c);
+                        if n > best && !found.iter().any(|(_, f)| f.key == c.key) {
+                            found.push((n, c));
+                        }
+                    }
+                }
+                Err(e) => tracing::warn!(error = %e, "looking up stored KV blocks failed"),
+            }
+        }
+        found.sort_by(|a, b| b.0.cmp(&a.0));
+        for (n, c) in found {
+            let block = self.memory.get(&c.key).or_else(|| {
+                let (mut blocks, _) = self.disk.load(&[c.key]).ok()?;
+                let block = blocks.pop()?;
+                self.memory.insert(c.key, block.clone());
+                self.memory.add_child(root, c.clone());
+                Some(block)
+            });
+            if let Some(block) = block {
+                return Some((c.key, block, n));
+            }
+        }
+        None
     }
 
     /// After the request was recorded as `inference_id`: stores the blocks it computed (disk
@@ -178,6 +218,8 @@ impl KvWorkload {
             blocks_disk: r.blocks_disk,
             blocks_corrupt: r.blocks_corrupt,
             kv_tokens_reused: r.reused_tokens,
+            partial_tokens: r.partial_tokens,
+            prompt_tokens: r.prompt_tokens,
             load_ms: r.load_ms,
             memory_bytes: self.memory.usage().0,
             fragment,
