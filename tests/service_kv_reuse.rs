@@ -145,6 +145,14 @@ async fn shared_prefixes_are_reused_block_for_block_with_identical_answers() {
     assert_eq!(sql_i64(db, "SELECT SUM(kv_tokens_reused) FROM kv_requests"), reused);
     assert!(sql_i64(db, "SELECT MAX(reuse_count) FROM semantic_fragments WHERE kind = 'kv_prefix'") >= 2, "the document prefix recurred");
     assert_eq!(sql_i64(db, "SELECT COUNT(*) FROM kv_requests WHERE blocks_disk > 0"), 0, "all from memory");
+    // The view tells partial-block reuse and computed prompt tokens apart.
+    let partial = sql_i64(db, "SELECT partial_tokens_reused FROM v_kv_reuse");
+    assert!(partial > 0, "tokens of partly shared blocks were reused");
+    assert_eq!(partial, sql_i64(db, "SELECT SUM(partial_tokens) FROM kv_requests"));
+    assert_eq!(
+        sql_i64(db, "SELECT prompt_tokens_computed FROM v_kv_reuse"),
+        sql_i64(db, "SELECT SUM(prompt_tokens) - SUM(kv_tokens_reused) FROM inferences WHERE cache_mode != 'bypass'")
+    );
     server.stop().await.expect("stop");
 }
 
