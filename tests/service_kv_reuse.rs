@@ -1,5 +1,6 @@
 //! KV-block reuse over real gRPC with the real model: prompts sharing 0%, ~50%, ~99% and 100%
-//! of their tokens with earlier ones reuse exactly the whole blocks they share and answer token
+//! of their tokens with earlier ones reuse exactly the tokens they share — whole blocks, then the
+//! leading tokens of the block they diverge inside or of a stored tail — and answer token
 //! for token like BYPASS (which reuses and stores nothing); after a restart the blocks come from
 //! disk with the same answers; a damaged block is detected and recomputed; the disk budget holds;
 //! sequences with different reused lengths share forward passes and keep their solo answers.
@@ -38,29 +39,39 @@ fn lcp(a: &[u32], b: &[u32]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 
-/// What KV reuse should load for `ids` after the prompts `earlier`: the whole blocks shared
-/// with one of them, leaving at least the last token to compute.
-fn expected_reuse(ids: &[u32], earlier: &[Vec<u32>]) -> usize {
-    let shared = earlier.iter().map(|e| lcp(ids, e)).max().unwrap_or(0);
-    (shared / BLOCK * BLOCK).min(ids.len() - 1)
+/// A sequence computed earlier: its prompt, and its prompt followed by its answer (the stored
+/// KV covers the prompt and at most the answer).
+struct Seen {
+    prompt: Vec<u32>,
+    all: Vec<u32>,
+}
+
+/// What KV reuse should load for `ids` after the sequences `earlier`: every token shared with
+/// one of them (at least what the prompts share, at most what prompt and answer share), leaving
+/// at least the last token to compute.
+fn expected_reuse(ids: &[u32], earlier: &[Seen]) -> (usize, usize) {
+    let lo = earlier.iter().map(|e| lcp(ids, &e.prompt)).max().unwrap_or(0);
+    let hi = earlier.iter().map(|e| lcp(ids, &e.all)).max().unwrap_or(0);
+    (lo.min(ids.len() - 1), hi.min(ids.len() - 1))
 }
 
 /// The request with KV reuse, checked against its BYPASS answer; returns it.
-async fn check(c: &mut Client, req: GenerateRequest, earlier: &mut Vec<Vec<u32>>, what: &str) -> Generated {
+async fn check(c: &mut Client, req: GenerateRequest, earlier: &mut Vec<Seen>, what: &str) -> Generated {
     let reference = c.generate(with_mode(req.clone(), CacheMode::Bypass)).await.expect("bypass");
     assert_eq!(reference.outcome.kv_tokens_reused, 0, "BYPASS reuses nothing");
     let g = c.generate(req).await.expect("generate");
     assert_eq!(g.served_from(), ServedFrom::Model, "{what}");
     let ids = &g.outcome.prompt_token_ids;
-    let want = expected_reuse(ids, earlier);
-    let shared = earlier.iter().map(|e| lcp(ids, e)).max().unwrap_or(0);
+    let (lo, hi) = expected_reuse(ids, earlier);
+    let shared = earlier.iter().map(|e| lcp(ids, &e.prompt)).max().unwrap_or(0);
     eprintln!("{what}: {} prompt tokens, {:.1}% shared, {} reused, ttft {:.0} ms", ids.len(), 100.0 * shared as f64 / ids.len() as f64, g.outcome.kv_tokens_reused, g.outcome.ttft_ms);
-    assert_eq!(g.outcome.kv_tokens_reused as usize, want, "{what}: reused positions");
+    let reused = g.outcome.kv_tokens_reused as usize;
+    assert!((lo..=hi).contains(&reused), "{what}: {reused} positions reused, {lo}..={hi} shared with earlier sequences");
     assert_eq!(g.outcome.tokens_reused, g.outcome.kv_tokens_reused, "{what}");
     assert_eq!((&g.tokens, &g.text), (&reference.tokens, &reference.text), "{what}: the answer with reuse differs from BYPASS");
-    let fed_back = g.outcome.tokens_computed as usize + want - ids.len();
+    let fed_back = g.outcome.tokens_computed as usize + reused - ids.len();
     assert!(fed_back <= g.tokens.len(), "{what}: computed = prompt - reused + decode steps");
-    earlier.push(ids.clone());
+    earlier.push(Seen { prompt: ids.clone(), all: ids.iter().chain(&g.tokens).copied().collect() });
     g
 }
 
@@ -91,7 +102,10 @@ async fn shared_prefixes_are_reused_block_for_block_with_identical_answers() {
     assert_eq!(first.outcome.kv_tokens_reused, 0);
     let n = first.outcome.prompt_token_ids.len();
     assert!(n > 300, "{n} tokens");
-    assert_eq!(sql_i64(db, "SELECT COUNT(*) FROM kv_lineage"), (n / BLOCK) as i64, "every whole prompt block is stored");
+    assert_eq!(sql_i64(db, &format!("SELECT COUNT(*) FROM kv_lineage WHERE token_count = {BLOCK}")), (n / BLOCK) as i64, "every whole prompt block is stored");
+    if n % BLOCK != 0 {
+        assert!(sql_i64(db, &format!("SELECT COUNT(*) FROM kv_lineage WHERE token_count < {BLOCK}")) >= 1, "the prompt's tail is stored");
+    }
 
     let unrelated = check(&mut c, raw("Once upon a time, in a land far away, there lived a dragon who", 8), &mut earlier, "0% shared").await;
     assert_eq!(unrelated.outcome.kv_tokens_reused, 0);
@@ -109,7 +123,12 @@ async fn shared_prefixes_are_reused_block_for_block_with_identical_answers() {
 
     // 100%: the same prompt (another max_tokens, so the exact cache does not answer it).
     let g = check(&mut c, raw(&p, 6), &mut earlier, "100% shared").await;
-    assert_eq!(g.outcome.kv_tokens_reused as usize, (n / BLOCK * BLOCK).min(n - 1));
+    assert_eq!(g.outcome.kv_tokens_reused as usize, n - 1, "the whole blocks and the stored tail");
+    // Diverging inside a block: the leading tokens of that block are reused, not recomputed.
+    let mid = check(&mut c, raw(&format!("{doc}\n\nQuestion: Which NFL team represented the NFC at Super Bowl 50?\nAnswer:"), 4), &mut earlier, "diverging inside a block").await;
+    let ids = &mid.outcome.prompt_token_ids;
+    let shared = lcp(ids, &first.outcome.prompt_token_ids);
+    assert!(shared % BLOCK == 0 || mid.outcome.kv_tokens_reused as usize > shared / BLOCK * BLOCK, "{shared} shared tokens, {} reused", mid.outcome.kv_tokens_reused);
     // A prompt of whole blocks, all seen before: all but its last token is loaded.
     let tok = Tokenizer::from_gguf(&GgufFile::open(common::smollm2_path()).expect("gguf")).expect("tokenizer");
     let exact_blocks = (0..40)
@@ -126,6 +145,14 @@ async fn shared_prefixes_are_reused_block_for_block_with_identical_answers() {
     assert_eq!(sql_i64(db, "SELECT SUM(kv_tokens_reused) FROM kv_requests"), reused);
     assert!(sql_i64(db, "SELECT MAX(reuse_count) FROM semantic_fragments WHERE kind = 'kv_prefix'") >= 2, "the document prefix recurred");
     assert_eq!(sql_i64(db, "SELECT COUNT(*) FROM kv_requests WHERE blocks_disk > 0"), 0, "all from memory");
+    // The view tells partial-block reuse and computed prompt tokens apart.
+    let partial = sql_i64(db, "SELECT partial_tokens_reused FROM v_kv_reuse");
+    assert!(partial > 0, "tokens of partly shared blocks were reused");
+    assert_eq!(partial, sql_i64(db, "SELECT SUM(partial_tokens) FROM kv_requests"));
+    assert_eq!(
+        sql_i64(db, "SELECT prompt_tokens_computed FROM v_kv_reuse"),
+        sql_i64(db, "SELECT SUM(prompt_tokens) - SUM(kv_tokens_reused) FROM inferences WHERE cache_mode != 'bypass'")
+    );
     server.stop().await.expect("stop");
 }
 
@@ -220,7 +247,8 @@ async fn the_disk_budget_is_never_exceeded() {
     let mut seen = 0;
     for (i, p) in paras.iter().enumerate() {
         let g = c.generate(raw(&format!("{p}\nIn one word, the topic is"), 2)).await.expect("generate");
-        assert_eq!(g.outcome.kv_tokens_reused, 0);
+        // Paragraphs may share a leading token or two (reused), never a whole block.
+        assert!((g.outcome.kv_tokens_reused as usize) < BLOCK);
         seen += g.outcome.prompt_token_ids.len() / BLOCK;
         let rows = sql_i64(db, "SELECT COUNT(*) FROM kv_lineage");
         let bytes = sql_i64(db, "SELECT COALESCE(SUM(size_bytes), 0) FROM kv_lineage");

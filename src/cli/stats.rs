@@ -79,9 +79,11 @@ fn render(all: &[Stats]) -> String {
         let k = &s.kv;
         if k.requests > 0 || k.disk_blocks > 0 {
             out.push_str(&format!(
-                "  KV blocks: {} tokens reused; block hit rate {:.1}% ({} of {} prompt blocks: {} from memory, {} from disk, {} corrupt and recomputed); \
+                "  KV blocks: {} tokens reused ({} from partial blocks), {} prompt tokens computed; block hit rate {:.1}% ({} of {} prompt blocks: {} from memory, {} from disk, {} corrupt and recomputed); \
                  {:.1} MiB in memory, {:.1} MiB on disk ({} blocks)\n",
                 k.kv_tokens_reused,
+                k.partial_tokens_reused,
+                k.prompt_tokens_computed,
                 k.block_hit_rate * 100.0,
                 k.blocks_from_memory + k.blocks_from_disk,
                 k.prompt_blocks,

@@ -8,6 +8,7 @@
 //! * `chat` — the GGUF chat template rendered with minijinja
 //! * `sampler` — greedy / temperature / top-k / top-p sampling, seeded
 //! * `generate` — prefill + decode loop on token ids, with timings
+//! * `prefix` — [`PrefixCache`], what the engine needs from a prefix cache (`workload` implements it)
 //! * `scheduler` — continuous batching: one engine thread, a bounded queue, shared forward passes
 //! * `fair` — the scheduler's policy: slots per tenant, step budget in time, prompt chunks shared per tenant
 //! * `eval` — perplexity (llama.cpp's method)
@@ -26,6 +27,7 @@ pub mod kv;
 pub mod model;
 pub mod offload;
 pub mod placement;
+pub mod prefix;
 pub mod sampler;
 pub mod scheduler;
 pub mod tokenizer;
@@ -33,4 +35,5 @@ pub mod weights;
 
 pub use config::LlamaConfig;
 pub use kv::KvCache;
+pub use prefix::PrefixCache;
 pub use model::{Logits, Model, ModelError, RunState, SeqBatch};

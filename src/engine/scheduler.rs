@@ -51,8 +51,8 @@ use crate::vocab::StopReason;
 use super::model::{Logits, Model, RunState, SeqBatch};
 use super::sampler::{log_prob, Sampler};
 use super::tokenizer::{StreamDecoder, Tokenizer, TokenizerError};
+use super::prefix::PrefixCache;
 use super::KvCache;
-use crate::workload::KvPlan;
 
 #[derive(Debug, Clone, Copy)]
 pub struct SchedulerConfig {
@@ -85,8 +85,9 @@ pub struct Job {
     pub events: UnboundedSender<Event>,
     /// Candidate answers to check, best first (may be empty).
     pub drafts: Vec<Draft>,
-    /// KV reuse: the stored prefix to load at admission, where computed blocks are published.
-    pub kv: Option<KvPlan>,
+    /// KV reuse: loads the stored prefix at admission, is told what the sequence computed, and
+    /// comes back in [`Finished::prefix`].
+    pub kv: Option<Box<dyn PrefixCache>>,
     /// Whose request this is (the tenant): slots and each step's work are shared equally
     /// between the keys of the waiting and running requests.
     pub tenant: String,
@@ -159,7 +160,7 @@ pub enum JobError {
     Forward(String),
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Finished {
     pub prompt_tokens: usize,
     /// Generated ids, without the stop token.
@@ -193,6 +194,8 @@ pub struct Finished {
     /// With [`Job::logprobs`]: the natural-log probability of each generated token under the
     /// model's raw distribution, then of any stop token when the answer ended on one.
     pub logprobs: Vec<f32>,
+    /// The job's prefix cache, back by value (it has seen everything the sequence computed).
+    pub prefix: Option<Box<dyn PrefixCache>>,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -777,6 +780,7 @@ impl Engine<'_> {
                 .map(|d| s.job.drafts[d].clone()),
             kv_reused: s.kv_reused,
             logprobs: std::mem::take(&mut s.logprobs),
+            prefix: s.job.kv.take(),
         };
         let _ = s.send(Event::Done(done));
     }

@@ -15,6 +15,7 @@ use crate::cache::equivalent::{self, Score};
 use crate::store::semantic::{EquivalenceObservation, Outcome as SemanticOutcome};
 use crate::store::{CachedAnswer, NewInference};
 use crate::vocab::{CacheMode, ServedFrom, StopReason};
+use crate::workload::ReportData;
 
 /// Where an answer came from and what it cost.
 pub(crate) struct Answer {
@@ -44,6 +45,9 @@ pub(crate) struct Answer {
     pub(crate) logprobs: Option<Vec<f32>>,
     /// EQUIVALENT: the served candidate's score.
     pub(crate) equivalence: Option<Score>,
+    /// What KV reuse did (the plan the engine gave back; a cancelled request: what was
+    /// planned, no new blocks). `None`: no KV reuse for this request.
+    pub(crate) kv: Option<ReportData>,
 }
 
 impl Answer {
@@ -70,6 +74,7 @@ impl Answer {
             similarity: None,
             logprobs: None,
             equivalence: None,
+            kv: None,
         }
     }
 }
@@ -125,10 +130,10 @@ impl Pipeline {
             equivalence_worst: equivalence.map(|e| e.worst_margin),
             equivalence_checks: p.equivalence_checks,
         })?;
-        if let (Some(kv), Some(report)) = (&self.kv, &p.kv) {
+        if let (Some(kv), Some(report)) = (&self.kv, &a.kv) {
             let decode = |t: &[u32]| self.tokenizer.decode(t, false).ok();
             match kv.finish(&p.tenant, report, id, &p.prompt_ids, decode) {
-                Ok(_) => self.metrics.kv_blocks(&p.tenant, &report.lock()),
+                Ok(_) => self.metrics.kv_blocks(&p.tenant, report),
                 Err(e) => tracing::warn!(inference_id = id, error = %e, "storing the KV blocks failed"),
             }
         }

@@ -19,8 +19,9 @@ use super::tiers::Found;
 use super::validation::Plan;
 use super::Pipeline;
 use crate::engine::scheduler::{Event, Job};
+use crate::engine::PrefixCache;
 use crate::vocab::{CacheMode, ServedFrom, StopReason};
-use crate::workload::KvPlan;
+use crate::workload::{KvPlan, ReportData};
 
 /// Pieces buffered towards a slow client before generation waits for it.
 const STREAM_BUFFER: usize = 64;
@@ -79,7 +80,7 @@ impl Pipeline {
                 Found::Drafts(d) => d,
                 Found::Nothing => Vec::new(),
             };
-            let kv = state.prepare_kv(&mut plan);
+            let kv = state.prepare_kv(&plan);
             Ok(Served::Model(plan, drafts, kv))
         })
         .await?;
@@ -105,6 +106,9 @@ impl Pipeline {
             }
             Served::Model(plan, drafts, kv) => (Arc::new(plan), drafts, kv),
         };
+        // What reuse is planned, kept for a request whose client goes away (its plan stays with
+        // the cancelled sequence).
+        let planned = kv.as_ref().map(|k| ReportData { new_blocks: Vec::new(), ..k.report().clone() });
         let (events_tx, events) = mpsc::unbounded_channel();
         let job = Job {
             prompt: plan.prompt_ids.clone(),
@@ -112,7 +116,7 @@ impl Pipeline {
             stop_strings: plan.stop_strings.clone(),
             events: events_tx,
             drafts,
-            kv,
+            kv: kv.map(|k| Box::new(k) as Box<dyn PrefixCache>),
             tenant: plan.tenant.clone(),
             // The answer's log-probabilities are what EQUIVALENT compares a later paraphrase's
             // scores with (and the fresh answer's likelihood when it explores).
@@ -128,16 +132,15 @@ impl Pipeline {
         }
         let (out, rx) = mpsc::channel(STREAM_BUFFER);
         let mode = plan.mode;
-        tokio::spawn(self.clone().stream_model(plan, events, out, guard).instrument(span));
+        tokio::spawn(self.clone().stream_model(plan, planned, events, out, guard).instrument(span));
         Ok(Generation { request_id, cache_mode: mode, served_from: None, chunks: Box::pin(ReceiverStream::new(rx)) })
     }
 
     /// The KV plan of a request the model will compute: its longest stored prefix (memory, then
     /// disk). Blocking.
-    fn prepare_kv(&self, plan: &mut Plan) -> Option<KvPlan> {
-        let kv = self.kv.as_ref()?.prepare(&plan.tenant, plan.kv_keys.take()?, &plan.prompt_ids);
-        plan.kv = Some(kv.report().clone());
-        Some(kv)
+    fn prepare_kv(&self, plan: &Plan) -> Option<KvPlan> {
+        let kv = self.kv.as_ref().filter(|_| plan.kv_reuse)?;
+        Some(kv.prepare(&plan.tenant, &plan.prompt_ids))
     }
 
     /// Forwards the engine's events to the client; records the answer at the end, or the partial
@@ -145,6 +148,7 @@ impl Pipeline {
     async fn stream_model(
         self: Arc<Self>,
         plan: Arc<Plan>,
+        planned: Option<ReportData>,
         mut events: mpsc::UnboundedReceiver<Event>,
         out: mpsc::Sender<Result<Chunk, ServiceError>>,
         in_flight: InFlight,
@@ -167,7 +171,8 @@ impl Pipeline {
                         break;
                     }
                 }
-                Some(Event::Done(f)) => {
+                Some(Event::Done(mut f)) => {
+                    let kv = f.prefix.take().and_then(|p| p.into_any().downcast::<KvPlan>().ok()).map(|p| p.into_report());
                     let tail = f.text.get(sent_text.len()..).unwrap_or_default().to_string();
                     let (from, source) = match (&f.served_by, &f.partial_source) {
                         (Some(d), _) => (ServedFrom::Verified, Some(d)),
@@ -195,6 +200,7 @@ impl Pipeline {
                         similarity: source.map(|d| d.similarity),
                         logprobs: Some(f.logprobs),
                         equivalence: None,
+                        kv,
                     };
                     let last = self.record(plan, answer).await.map(|outcome| chunk(tail, Vec::new(), Some(outcome)));
                     // Done before the client hears so: its next request finds the service idle.
@@ -218,12 +224,13 @@ impl Pipeline {
         }
         // The client went away.
         drop(events);
-        let reused = plan.kv.as_ref().map_or(0, |r| r.reused_tokens());
+        let reused = planned.as_ref().map_or(0, |r| r.reused_tokens);
         let computed = plan.prompt_ids.len() - reused + sent_ids.len().saturating_sub(1);
         let mut answer = Answer::stored(ServedFrom::Model, sent_text, sent_ids, StopReason::Cancelled, reused);
         answer.tokens_computed = computed;
         answer.kv_tokens_reused = reused;
         answer.ttft = ttft;
+        answer.kv = planned;
         if let Err(e) = self.record(plan, answer).await {
             tracing::warn!(error = %e, "recording a cancelled request failed");
         }

@@ -1,10 +1,9 @@
 //! Validation, the pipeline's first stage: every field of a [`Request`] is checked, the prompt is
 //! rendered with the model's chat template and tokenized, and what the later stages need is
-//! derived once (exact-cache key, semantic scope, KV block keys, the parameters recorded). The
+//! derived once (exact-cache key, semantic scope, whether KV blocks may be reused, the parameters recorded). The
 //! result is a [`Plan`]; nothing after this stage looks at the request again. Errors are
 //! `INVALID_ARGUMENT` (or NOT_FOUND for another model) with a message saying what to change.
 
-use std::sync::Arc;
 use std::time::Instant;
 
 use super::error::{invalid, quoted, ServiceError};
@@ -18,7 +17,6 @@ use crate::engine::sampler::SamplingParams;
 use crate::store::semantic::Neighbour;
 use crate::store::sha256_hex;
 use crate::vocab::CacheMode;
-use crate::workload::{BlockKey, KvReport};
 
 /// Stands for the question when a prompt is rendered to find its semantic scope.
 const QUESTION_PLACEHOLDER: &str = "\u{1}question\u{1}";
@@ -68,10 +66,8 @@ pub struct Plan {
     pub(crate) equivalence: Option<EquivalenceCheck>,
     /// Candidates scored by EQUIVALENT.
     pub(crate) equivalence_checks: usize,
-    /// Keys of the prompt's KV blocks (`None`: no KV reuse, e.g. BYPASS).
-    pub(crate) kv_keys: Option<Vec<BlockKey>>,
-    /// What KV reuse did for this request (set when it goes to the engine).
-    pub(crate) kv: Option<Arc<KvReport>>,
+    /// Whether the request may reuse and store KV blocks (not BYPASS, reuse configured).
+    pub(crate) kv_reuse: bool,
 }
 
 impl Pipeline {
@@ -129,14 +125,10 @@ impl Pipeline {
             "top_p": sampling.top_p, "seed": sampling.seed, "stop": req.stop, "raw": req.raw,
         })
         .to_string();
-        let kv_keys = match (&self.kv, mode) {
-            (Some(kv), m) if m != CacheMode::Bypass => Some(kv.seed(&tenant).keys(&prompt_ids)),
-            _ => None,
-        };
+        let kv_reuse = self.kv.is_some() && mode != CacheMode::Bypass;
         Ok(Plan {
             request_id,
-            kv_keys,
-            kv: None,
+            kv_reuse,
             tenant,
             question,
             prompt_hash: sha256_hex(prompt.as_bytes()),

@@ -55,6 +55,7 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
     ("0004_kv_blocks.sql", include_str!("../../migrations/0004_kv_blocks.sql")),
     ("0005_model_files.sql", include_str!("../../migrations/0005_model_files.sql")),
     ("0006_equivalent.sql", include_str!("../../migrations/0006_equivalent.sql")),
+    ("0007_partial_blocks.sql", include_str!("../../migrations/0007_partial_blocks.sql")),
 ];
 
 #[derive(Debug, thiserror::Error)]

@@ -52,6 +52,10 @@ pub struct Stats {
 pub struct KvStats {
     pub requests: u64,
     pub kv_tokens_reused: u64,
+    /// Of those, leading tokens of a stored block a prompt diverged inside (or of a stored tail).
+    pub partial_tokens_reused: u64,
+    /// Prompt tokens computed (not reused).
+    pub prompt_tokens_computed: u64,
     /// Whole blocks in the prompts; of those, found in memory / on disk; damaged ones found.
     pub prompt_blocks: u64,
     pub blocks_from_memory: u64,
@@ -183,6 +187,8 @@ pub fn compute(conn: &Connection, filter: &StatsFilter) -> Result<Vec<Stats>, St
         for k in kv.values() {
             sum.requests += k.requests;
             sum.kv_tokens_reused += k.kv_tokens_reused;
+            sum.partial_tokens_reused += k.partial_tokens_reused;
+            sum.prompt_tokens_computed += k.prompt_tokens_computed;
             sum.prompt_blocks += k.prompt_blocks;
             sum.blocks_from_memory += k.blocks_from_memory;
             sum.blocks_from_disk += k.blocks_from_disk;
@@ -211,19 +217,21 @@ fn kv_stats(conn: &Connection, filter: &StatsFilter, since: Option<&str>) -> Res
         conn.query_row("SELECT COALESCE((SELECT memory_bytes FROM kv_requests ORDER BY created_at DESC, inference_id DESC LIMIT 1), 0)", [], |r| r.get(0))?;
     let mut out: BTreeMap<String, KvStats> = BTreeMap::new();
     let mut stmt = conn.prepare(
-        "SELECT tenant, COUNT(*), SUM(kv_tokens_reused), SUM(prompt_blocks), SUM(blocks_memory), SUM(blocks_disk), SUM(blocks_corrupt)
+        "SELECT tenant, COUNT(*), SUM(kv_tokens_reused), SUM(prompt_blocks), SUM(blocks_memory), SUM(blocks_disk), SUM(blocks_corrupt),
+                SUM(partial_tokens), SUM(MAX(prompt_tokens - kv_tokens_reused, 0))
          FROM kv_requests
          WHERE (?1 IS NULL OR tenant = ?1) AND (?2 IS NULL OR created_at >= strftime('%Y-%m-%dT%H:%M:%fZ', 'now', ?2))
          GROUP BY tenant",
     )?;
     let u = |v: i64| v.max(0) as u64;
     for row in stmt.query_map(rusqlite::params![filter.tenant, since], |r| {
-        Ok((r.get::<_, String>(0)?, [r.get::<_, i64>(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?, r.get(6)?]))
+        Ok((r.get::<_, String>(0)?, [r.get::<_, i64>(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?, r.get(6)?, r.get(7)?, r.get(8)?]))
     })? {
         let (tenant, v) = row?;
         let k = out.entry(tenant).or_default();
         (k.requests, k.kv_tokens_reused, k.prompt_blocks, k.blocks_from_memory, k.blocks_from_disk, k.blocks_corrupt) =
             (u(v[0]), u(v[1]), u(v[2]), u(v[3]), u(v[4]), u(v[5]));
+        (k.partial_tokens_reused, k.prompt_tokens_computed) = (u(v[6]), u(v[7]));
     }
     let mut stmt = conn.prepare("SELECT tenant, COUNT(*), COALESCE(SUM(size_bytes), 0) FROM kv_lineage WHERE ?1 IS NULL OR tenant = ?1 GROUP BY tenant")?;
     for row in stmt.query_map([&filter.tenant], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?, r.get::<_, i64>(2)?)))? {

@@ -14,8 +14,8 @@ use memmap2::Mmap;
 use rusqlite::{params, Connection, OptionalExtension, Transaction};
 
 use super::codec::{checksum, Codec};
-use super::index::{Block, Geometry};
-use super::keys::{key_hex, BlockKey};
+use super::index::{Block, Child, Geometry};
+use super::keys::{key_from_hex, key_hex, BlockKey};
 use super::WorkloadError;
 use crate::store::{now_sql, Store};
 
@@ -62,6 +62,10 @@ pub struct Record<'a> {
     pub blocks_disk: usize,
     pub blocks_corrupt: usize,
     pub kv_tokens_reused: usize,
+    /// Of those, the leading tokens of a block the prompt diverges inside (or of a stored tail).
+    pub partial_tokens: usize,
+    /// Tokens of the prompt.
+    pub prompt_tokens: usize,
     pub load_ms: f64,
     pub memory_bytes: u64,
     /// The recurring prompt part it reused: (key of its last block, tokens, text).
@@ -220,6 +224,30 @@ impl DiskTier {
         Ok((out, 0))
     }
 
+    /// The stored blocks after `parent` (`None`: the first blocks of `tenant` on `model_id`),
+    /// with their tokens (at most `block_tokens`; fewer for a stored tail).
+    pub fn children(&self, tenant: &str, model_id: &str, parent: Option<&BlockKey>) -> Result<Vec<Child>, WorkloadError> {
+        let d = self.lock();
+        let conn = d.store.conn();
+        let mut st = conn.prepare_cached(
+            "SELECT block_key, tokens FROM kv_lineage
+             WHERE parent_key IS ?1 AND tenant = ?2 AND model_id = ?3 AND token_count <= ?4
+             ORDER BY last_used_at DESC LIMIT 64",
+        )?;
+        let rows = st.query_map(params![parent.map(key_hex), tenant, model_id, self.geom.block_tokens as i64], |r| {
+            Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?))
+        })?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (key, tokens) = row?;
+            // A row that does not parse is skipped (its block is never served).
+            if let (Some(key), Ok(tokens)) = (key_from_hex(&key), serde_json::from_str::<Vec<u32>>(&tokens)) {
+                out.push(Child { key, tokens: tokens.into() });
+            }
+        }
+        Ok(out)
+    }
+
     /// The decoded block of row `id`, or `None` when its bytes are missing or do not match.
     fn read(&self, d: &Disk, id: i64, codec: &str, sum: i64, slot: Option<i64>) -> Result<Option<Block>, WorkloadError> {
         let codec = Codec::parse(codec)?;
@@ -317,8 +345,8 @@ impl DiskTier {
         }
         tx.execute(
             "INSERT INTO kv_requests (inference_id, tenant, prompt_blocks, blocks_memory, blocks_disk, blocks_corrupt, blocks_stored,
-                 kv_tokens_reused, load_ms, store_ms, memory_bytes, disk_bytes)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+                 kv_tokens_reused, load_ms, store_ms, memory_bytes, disk_bytes, partial_tokens, prompt_tokens)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
             params![
                 r.inference_id,
                 r.tenant,
@@ -332,6 +360,8 @@ impl DiskTier {
                 t0.elapsed().as_secs_f64() * 1e3,
                 r.memory_bytes as i64,
                 (resident * self.block_bytes as u64) as i64,
+                r.partial_tokens as i64,
+                r.prompt_tokens as i64,
             ],
         )?;
         if let Some((key, tokens, text)) = &r.fragment {
@@ -506,6 +536,8 @@ mod tests {
             blocks_disk: 0,
             blocks_corrupt: 0,
             kv_tokens_reused: 0,
+            partial_tokens: 0,
+            prompt_tokens: 0,
             load_ms: 0.0,
             memory_bytes: 0,
             fragment: None,

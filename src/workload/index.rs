@@ -3,7 +3,10 @@
 //! blocks by key under a byte budget with LRU eviction (moka, weighed by bytes).
 //!
 //! Keys chain (see [`super::keys`]), so the index needs no tree: the longest resident prefix
-//! of a prompt is its first keys looked up in order until the first miss.
+//! of a prompt is its first keys looked up in order until the first miss. Where a prompt
+//! diverges inside a block, the blocks stored after the same parent ([`MemoryIndex::children`])
+//! give the leading tokens they share with it; a sequence's last, partial block is stored as a
+//! block of fewer tokens (its unused positions zero).
 
 use std::sync::Arc;
 
@@ -52,16 +55,47 @@ impl Block {
         Ok(b)
     }
 
+    /// Positions `start..start + n` of `kv` (`n` < `block_tokens`: a sequence's tail) in a
+    /// block's layout, the positions after `n` zero.
+    pub fn from_cache_part(g: &Geometry, kv: &KvCache, start: usize, n: usize) -> Result<Block, String> {
+        let (b, hd) = (g.block_tokens, g.head_dim);
+        if n >= b {
+            return Block::from_cache(g, kv, start);
+        }
+        let mut k = vec![f16::ZERO; g.rows * n * hd];
+        let mut v = k.clone();
+        kv.read_range(start, n, &mut k, &mut v)?;
+        let mut out = Block { k: vec![f16::ZERO; g.values()], v: vec![f16::ZERO; g.values()] };
+        for r in 0..g.rows {
+            out.k[r * b * hd..(r * b + n) * hd].copy_from_slice(&k[r * n * hd..(r + 1) * n * hd]);
+            out.v[r * b * hd..(r * b + n) * hd].copy_from_slice(&v[r * n * hd..(r + 1) * n * hd]);
+        }
+        Ok(out)
+    }
+
     pub fn bytes(&self) -> usize {
         (self.k.len() + self.v.len()) * 2
     }
 }
 
-/// Resident blocks under a byte budget, least recently used evicted first. Cheap to clone
-/// (shared).
+/// A block stored after a parent: its key and tokens (fewer than a block for a tail).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Child {
+    pub key: BlockKey,
+    pub tokens: Arc<[u32]>,
+}
+
+/// Children remembered per parent (the most recent ones).
+const MAX_CHILDREN: usize = 64;
+
+/// Resident blocks under a byte budget, least recently used evicted first, and which blocks
+/// followed which parent. Cheap to clone (shared).
 #[derive(Clone)]
 pub struct MemoryIndex {
     cache: moka::sync::Cache<BlockKey, Arc<Block>>,
+    /// Parent key (or a chain's root) → blocks published after it. A child may have been
+    /// evicted from `cache` since (then it is looked up on disk).
+    children: moka::sync::Cache<BlockKey, Arc<Vec<Child>>>,
 }
 
 impl MemoryIndex {
@@ -71,7 +105,27 @@ impl MemoryIndex {
             .weigher(|_k: &BlockKey, b: &Arc<Block>| u32::try_from(b.bytes()).unwrap_or(u32::MAX))
             .eviction_policy(moka::policy::EvictionPolicy::lru())
             .build();
-        MemoryIndex { cache }
+        // Entries are small (keys and up to a block of token ids each): bounded by count.
+        let children = moka::sync::Cache::builder().max_capacity(1 << 18).build();
+        MemoryIndex { cache, children }
+    }
+
+    /// Remembers that `child` was published after `parent`.
+    pub fn add_child(&self, parent: BlockKey, child: Child) {
+        let mut list = self.children.get(&parent).map(|l| (*l).clone()).unwrap_or_default();
+        if list.iter().any(|c| c.key == child.key) {
+            return;
+        }
+        if list.len() >= MAX_CHILDREN {
+            list.remove(0);
+        }
+        list.push(child);
+        self.children.insert(parent, Arc::new(list));
+    }
+
+    /// The blocks published after `parent`.
+    pub fn children(&self, parent: &BlockKey) -> Vec<Child> {
+        self.children.get(parent).map(|l| (*l).clone()).unwrap_or_default()
     }
 
     pub fn get(&self, key: &BlockKey) -> Option<Arc<Block>> {
@@ -123,5 +177,18 @@ mod tests {
         let tiny = MemoryIndex::new(per - 1);
         tiny.insert([9; 32], block(1.0, &g));
         assert_eq!(tiny.usage(), (0, 0));
+    }
+
+    #[test]
+    fn children_are_remembered_per_parent_without_duplicates() {
+        let idx = MemoryIndex::new(1 << 20);
+        let child = |i: u8, t: &[u32]| Child { key: [i; 32], tokens: t.into() };
+        idx.add_child([0; 32], child(1, &[1, 2, 3]));
+        idx.add_child([0; 32], child(2, &[1, 2]));
+        idx.add_child([0; 32], child(1, &[1, 2, 3]));
+        idx.add_child([7; 32], child(3, &[9]));
+        assert_eq!(idx.children(&[0; 32]), vec![child(1, &[1, 2, 3]), child(2, &[1, 2])]);
+        assert_eq!(idx.children(&[7; 32]), vec![child(3, &[9])]);
+        assert!(idx.children(&[5; 32]).is_empty());
     }
 }

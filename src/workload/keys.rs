@@ -46,6 +46,12 @@ impl ChainSeed {
         h.finalize().into()
     }
 
+    /// Stands for the parent of a prompt's first block in the children index (no block has zero
+    /// tokens, so no block has this key).
+    pub fn root(&self) -> BlockKey {
+        self.next(None, &[])
+    }
+
     /// Extends `keys` (the keys of the first `keys.len()` blocks of `tokens`) to every whole
     /// block of `tokens`.
     pub fn extend(&self, keys: &mut Vec<BlockKey>, tokens: &[u32]) {
@@ -68,6 +74,18 @@ impl ChainSeed {
 /// Lower-case hex, as stored in `kv_lineage.block_key`.
 pub fn key_hex(key: &BlockKey) -> String {
     key.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The key written by [`key_hex`], or `None` for anything else.
+pub fn key_from_hex(s: &str) -> Option<BlockKey> {
+    if s.len() != 64 {
+        return None;
+    }
+    let mut key = [0u8; 32];
+    for (i, b) in key.iter_mut().enumerate() {
+        *b = u8::from_str_radix(s.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    Some(key)
 }
 
 #[cfg(test)]
@@ -109,5 +127,8 @@ mod tests {
         assert_eq!(key_hex(&k).len(), 64);
         assert_eq!(k, ChainSeed::new("default", "m", 16).next(None, &[1, 2, 3]));
         assert_ne!(k, ChainSeed::new("default", "m", 16).next(None, &[1, 2, 4]));
+        assert_eq!(key_from_hex(&key_hex(&k)), Some(k));
+        assert_eq!(key_from_hex("zz"), None);
+        assert_ne!(ChainSeed::new("default", "m", 16).root(), ChainSeed::new("other", "m", 16).root());
     }
 }

@@ -8,14 +8,14 @@
 //! * `codec` — the on-disk encodings (f16 lossless by default; q8_0 / q4_0 lossy) and checksums
 //! * `disk` — the persistent tier: `kv_lineage` rows, bytes in a memory-mapped side file (or
 //!   BLOBs), a byte budget with LRU eviction, corrupt blocks detected and dropped
-//! * `plan` — [`KvPlan`], what the engine thread does with it (load the prefix at admission,
-//!   publish computed blocks), and the per-request [`KvReport`]
+//! * `plan` — [`KvPlan`], the engine's `PrefixCache` (load the prefix at admission, publish
+//!   computed blocks), the only place block keys are derived, and the per-request [`ReportData`]
 //!
-//! Request path: `pipeline::validation` computes the prompt's block keys per tenant, asks
-//! [`KvWorkload::prepare`] for the longest reusable prefix (memory first, then disk, promoting
-//! disk blocks into memory) and sends the plan with the job; the scheduler starts the sequence's
-//! prefill after the loaded prefix; after the answer is recorded, [`KvWorkload::finish`] stores
-//! the new blocks and the request's reuse numbers (`kv_requests`). Because the forward pass is
+//! Request path: the pipeline asks [`KvWorkload::prepare`] for the longest reusable prefix of
+//! the prompt (memory first, then disk, promoting disk blocks into memory) and sends the plan
+//! with the job; the scheduler starts the sequence's prefill after the loaded prefix and gives
+//! the plan back with the finished result; after the answer is recorded, [`KvWorkload::finish`]
+//! stores the new blocks and the request's reuse numbers (`kv_requests`). Because the forward pass is
 //! bitwise batch invariant and f16 blocks are stored byte for byte, a greedy answer with reuse is
 //! token for token the answer without it.
 
@@ -31,9 +31,9 @@ use std::time::Instant;
 
 pub use codec::{Codec, CodecError};
 pub use disk::{side_file_path, DiskTier, Storage};
-pub use index::{Block, Geometry, MemoryIndex};
+pub use index::{Block, Child, Geometry, MemoryIndex};
 pub use keys::{BlockKey, ChainSeed};
-pub use plan::{KvPlan, KvReport, ReportData};
+pub use plan::{KvPlan, ReportData};
 
 use crate::engine::LlamaConfig;
 use crate::store::Store;
@@ -100,10 +100,23 @@ impl KvWorkload {
         ChainSeed::new(tenant, &self.model_id, self.geom.block_tokens)
     }
 
-    /// The longest reusable prefix of `prompt` (whose whole-block keys are `keys`): resident
-    /// blocks first, then stored ones (read, checked, promoted into memory). Blocking (disk).
-    pub fn prepare(&self, tenant: &str, keys: Vec<BlockKey>, prompt: &[u32]) -> KvPlan {
+    /// The longest reusable prefix of `prompt` for `tenant`: resident blocks first, then stored
+    /// ones (read, checked, promoted into memory). Blocking (disk).
+    pub fn prepare(&self, tenant: &str, prompt: &[u32]) -> KvPlan {
         let t0 = Instant::now();
+        let mut plan = KvPlan {
+            geom: self.geom,
+            seed: self.seed(tenant),
+            published: 0,
+            keys: Vec::new(),
+            hits: Vec::new(),
+            partial: None,
+            tail: None,
+            memory: self.memory.clone(),
+            report: ReportData::default(),
+        };
+        plan.extend_keys(prompt);
+        let keys = &plan.keys;
         let b = self.geom.block_tokens;
         // Only blocks that can be loaded matter: at least the last prompt token is computed.
         let usable = prompt.len().saturating_sub(1).div_ceil(b).min(keys.len());
@@ -113,8 +126,10 @@ impl KvWorkload {
         if hits.len() < usable {
             match self.disk.load(&keys[hits.len()..usable]) {
                 Ok((blocks, bad)) => {
-                    for (key, block) in keys[hits.len()..].iter().zip(&blocks) {
-                        self.memory.insert(*key, block.clone());
+                    for (i, block) in (hits.len()..).zip(&blocks) {
+                        self.memory.insert(keys[i], block.clone());
+                        let parent = i.checked_sub(1).map_or_else(|| plan.seed.root(), |p| keys[p]);
+                        self.memory.add_child(parent, Child { key: keys[i], tokens: prompt[i * b..(i + 1) * b].into() });
                     }
                     hits.extend(blocks);
                     corrupt = bad;
@@ -122,24 +137,56 @@ impl KvWorkload {
                 Err(e) => tracing::warn!(error = %e, "reading stored KV blocks failed; computing them"),
             }
         }
-        let report = Arc::new(KvReport::default());
-        {
-            let mut r = report.lock();
-            r.prompt_blocks = keys.len();
-            r.blocks_memory = from_memory;
-            r.blocks_disk = hits.len() - from_memory;
-            r.blocks_corrupt = corrupt;
-            r.load_ms = t0.elapsed().as_secs_f64() * 1e3;
+        let at = hits.len() * b;
+        let limit = prompt.len().saturating_sub(1);
+        if at < limit {
+            let parent = hits.len().checked_sub(1).map(|i| keys[i]);
+            plan.partial = self.partial_match(tenant, &plan.seed, parent, &prompt[at..limit.min(at + b)]);
         }
-        KvPlan {
-            geom: self.geom,
-            seed: self.seed(tenant),
-            published: hits.len(),
-            keys,
-            hits,
-            memory: self.memory.clone(),
-            report,
+        plan.published = hits.len();
+        plan.report = ReportData { prompt_blocks: keys.len(), blocks_memory: from_memory, blocks_disk: hits.len() - from_memory, blocks_corrupt: corrupt, ..ReportData::default() };
+        plan.hits = hits;
+        plan.plan_report(prompt);
+        plan.report.load_ms = t0.elapsed().as_secs_f64() * 1e3;
+        plan
+    }
+
+    /// The stored block after `parent` (`None`: a chain's first) that shares the most leading
+    /// tokens with `next` (the prompt's tokens after the matched whole blocks), memory first,
+    /// then disk; with how many it shares. `None` when none shares a token.
+    fn partial_match(&self, tenant: &str, seed: &ChainSeed, parent: Option<BlockKey>, next: &[u32]) -> Option<(BlockKey, Arc<Block>, usize)> {
+        let shared = |c: &Child| c.tokens.iter().zip(next).take_while(|(a, b)| a == b).count();
+        let root = parent.unwrap_or_else(|| seed.root());
+        let mut found: Vec<(usize, Child)> = self.memory.children(&root).into_iter().map(|c| (shared(&c), c)).filter(|(n, _)| *n > 0).collect();
+        let best = found.iter().map(|(n, _)| *n).max().unwrap_or(0);
+        if best < next.len() {
+            // Disk may hold a longer match (e.g. after a restart).
+            match self.disk.children(tenant, &self.model_id, parent.as_ref()) {
+                Ok(rows) => {
+                    for c in rows {
+                        let n = shared(&c);
+                        if n > best && !found.iter().any(|(_, f)| f.key == c.key) {
+                            found.push((n, c));
+                        }
+                    }
+                }
+                Err(e) => tracing::warn!(error = %e, "looking up stored KV blocks failed"),
+            }
         }
+        found.sort_by(|a, b| b.0.cmp(&a.0));
+        for (n, c) in found {
+            let block = self.memory.get(&c.key).or_else(|| {
+                let (mut blocks, _) = self.disk.load(&[c.key]).ok()?;
+                let block = blocks.pop()?;
+                self.memory.insert(c.key, block.clone());
+                self.memory.add_child(root, c.clone());
+                Some(block)
+            });
+            if let Some(block) = block {
+                return Some((c.key, block, n));
+            }
+        }
+        None
     }
 
     /// After the request was recorded as `inference_id`: stores the blocks it computed (disk
@@ -148,12 +195,12 @@ impl KvWorkload {
     pub fn finish(
         &self,
         tenant: &str,
-        report: &KvReport,
+        report: &ReportData,
         inference_id: i64,
         prompt: &[u32],
         decode: impl FnOnce(&[u32]) -> Option<String>,
     ) -> Result<usize, WorkloadError> {
-        let r = std::mem::take(&mut *report.lock());
+        let r = report;
         let b = self.geom.block_tokens;
         let whole = r.reused_tokens / b;
         let fragment = match whole.checked_sub(1).and_then(|i| r.used.get(i)) {
@@ -171,12 +218,12 @@ impl KvWorkload {
             blocks_disk: r.blocks_disk,
             blocks_corrupt: r.blocks_corrupt,
             kv_tokens_reused: r.reused_tokens,
+            partial_tokens: r.partial_tokens,
+            prompt_tokens: r.prompt_tokens,
             load_ms: r.load_ms,
             memory_bytes: self.memory.usage().0,
             fragment,
         })?;
-        // Keep the numbers readable after finishing (the new blocks are stored now).
-        *report.lock() = ReportData { new_blocks: Vec::new(), ..r };
         Ok(stored)
     }
 
