@@ -119,14 +119,14 @@ fn no_gpu_errors(all: &[Present]) {
     }
 }
 
-pub(super) fn uniform(seed: u64, n: usize) -> Vec<f32> {
+pub(crate) fn uniform(seed: u64, n: usize) -> Vec<f32> {
     let mut r = Rng::new(seed);
     (0..n).map(|_| r.next_f32() * 2.0 - 1.0).collect()
 }
 
 /// Random weights of any type: quantized N(0, 1) values, or for K-quants random blocks with
 /// small positive scales.
-fn weights(ty: GgmlType, rows: usize, cols: usize, seed: u64) -> Vec<u8> {
+pub(crate) fn weights(ty: GgmlType, rows: usize, cols: usize, seed: u64) -> Vec<u8> {
     if !matches!(ty, GgmlType::Q4K | GgmlType::Q6K) {
         return random_matrix(ty, rows, cols, 0.0, 1.0, seed).expect("quantizable");
     }
@@ -252,7 +252,7 @@ fn rope_on_every_backend() {
     no_gpu_errors(&all);
 }
 
-fn f16s(seed: u64, n: usize) -> Vec<f16> {
+pub(crate) fn f16s(seed: u64, n: usize) -> Vec<f16> {
     uniform(seed, n).into_iter().map(f16::from_f32).collect()
 }
 

@@ -1,0 +1,110 @@
+// Causal attention over a sequence's f16 cache, for prefill and decode alike.
+//
+// Keys are cut into chunks of FC_ATT_CH = 128 positions at absolute positions 0, 128, 256, ...
+// (the CPU's ATT_TILE). attn_partial computes, for one (token, head, chunk), the chunk's max score
+// m, the sum l of exp(score - m) and o = sum exp(score - m) * v, every sum in a fixed order;
+// attn_merge combines a token's chunks in chunk order (two passes: the max, then the sums) and
+// divides. A token's chunks are fixed by its position alone, so its result is the same in a
+// prefill batch and in decode (batch invariance); decode spreads one token's keys over many CTAs.
+#pragma once
+#include "common.h"
+
+#define FC_ATT_CH 128
+#define FC_ATT_THREADS 128
+#define FC_ATT_MAX_HD 256
+
+// q rows: qkv [n_tok, q_stride] with head h at h*hd; part: [n_tok, n_head, max_chunks, hd + 2].
+// Grid (max_chunks, n_head, n_tok), FC_ATT_THREADS threads; hd in {32, 64, 128, 256}.
+extern "C" __global__ void attn_partial(const float* qkv, int q_stride, int n_head, int n_kv, int hd, float scale,
+                                        const TokInfo* tok, int layer, float* part, int max_chunks) {
+    __shared__ float q[FC_ATT_MAX_HD];
+    __shared__ float p[FC_ATT_CH];
+    __shared__ float scratch[FC_ATT_THREADS / 32];
+    __shared__ float opart[FC_ATT_THREADS];
+    const int c = blockIdx.x, h = blockIdx.y, t = blockIdx.z, tid = threadIdx.x;
+    const TokInfo ti = tok[t];
+    const int k0 = c * FC_ATT_CH;
+    const int n_keys = (int)ti.pos + 1;
+    if (k0 >= n_keys) return;  // uniform over the CTA
+    const int nv = min(FC_ATT_CH, n_keys - k0);
+    const int kvh = h / (n_head / n_kv);
+    const unsigned long long base = (((unsigned long long)layer * n_kv + kvh) * ti.cap + k0) * hd;
+    const uint16_t* kc = (const uint16_t*)ti.k + base;
+    const uint16_t* vc = (const uint16_t*)ti.v + base;
+    for (int d = tid; d < hd; d += FC_ATT_THREADS) q[d] = qkv[(unsigned long long)t * q_stride + h * hd + d];
+    __syncthreads();
+    // scores: one key per thread, dot in dimension order
+    float s = -INFINITY;
+    if (tid < nv) {
+        const uint16_t* k = kc + (unsigned long long)tid * hd;
+        float acc = 0.0f;
+        for (int d = 0; d < hd; d += 8) {
+            const uint4 u = *(const uint4*)(k + d);
+            const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                acc = __fmaf_rn(q[d + 2 * j], f16_to_f32((uint16_t)(w[j] & 0xFFFF)), acc);
+                acc = __fmaf_rn(q[d + 2 * j + 1], f16_to_f32((uint16_t)(w[j] >> 16)), acc);
+            }
+        }
+        s = __fmul_rn(acc, scale);
+    }
+    const float m = block_max(s, scratch, FC_ATT_THREADS / 32);
+    const float e = tid < nv ? expf(__fsub_rn(s, m)) : 0.0f;
+    p[tid] = e;
+    const float l = block_sum(e, scratch, FC_ATT_THREADS / 32);  // its first barrier publishes p
+    // o = sum_j p[j] * v[j]: dims over threads, keys split in `ks` contiguous slices, summed in order
+    float* out = part + (((unsigned long long)t * n_head + h) * max_chunks + c) * (hd + 2);
+    if (hd <= FC_ATT_THREADS) {
+        const int ks = FC_ATT_THREADS / hd, d = tid % hd, sl = tid / hd, per = FC_ATT_CH / ks;
+        const int j0 = sl * per, j1 = min(j0 + per, nv);
+        float o = 0.0f;
+        for (int j = j0; j < j1; ++j) o = __fmaf_rn(p[j], f16_to_f32(vc[(unsigned long long)j * hd + d]), o);
+        opart[tid] = o;
+        __syncthreads();
+        if (tid < hd) {
+            float acc = opart[tid];
+            for (int k = 1; k < ks; ++k) acc = __fadd_rn(acc, opart[k * hd + tid]);
+            out[tid] = acc;
+        }
+    } else {
+        for (int d = tid; d < hd; d += FC_ATT_THREADS) {
+            float o = 0.0f;
+            for (int j = 0; j < nv; ++j) o = __fmaf_rn(p[j], f16_to_f32(vc[(unsigned long long)j * hd + d]), o);
+            out[d] = o;
+        }
+    }
+    if (tid == 0) {
+        out[hd] = m;
+        out[hd + 1] = l;
+    }
+}
+
+// att[t] = the heads' outputs from their chunks (see the file comment); with q8 also attq
+// (n_head*hd % 32 == 0). One CTA (FC_ATT_THREADS threads) per token.
+extern "C" __global__ void attn_merge(const float* part, int n_head, int hd, int max_chunks, const TokInfo* tok,
+                                      float* att, BlockQ8* attq, int q8) {
+    const int t = blockIdx.x, tid = threadIdx.x, qd = n_head * hd;
+    const int nc = ((int)tok[t].pos + FC_ATT_CH) / FC_ATT_CH;
+    float* row = att + (unsigned long long)t * qd;
+    for (int i = tid; i < qd; i += FC_ATT_THREADS) {
+        const int h = i / hd, d = i % hd;
+        const float* ph = part + ((unsigned long long)t * n_head + h) * max_chunks * (hd + 2);
+        float mx = ph[hd];
+        for (int c = 1; c < nc; ++c) mx = fmaxf(mx, ph[c * (hd + 2) + hd]);
+        float l = 0.0f, o = 0.0f;
+        for (int c = 0; c < nc; ++c) {
+            const float* pc = ph + c * (hd + 2);
+            const float f = expf(__fsub_rn(pc[hd], mx));
+            l = __fmaf_rn(pc[hd + 1], f, l);
+            o = __fmaf_rn(pc[d], f, o);
+        }
+        row[i] = __fmul_rn(o, 1.0f / l);
+    }
+    if (q8) {
+        __syncthreads();
+        const int lane = tid & 31;
+        for (int b = tid >> 5; b < qd / 32; b += FC_ATT_THREADS / 32)
+            quantize_warp_q8(row[32 * b + lane], attq + (unsigned long long)t * (qd / 32) + b);
+    }
+}
