@@ -34,7 +34,7 @@ extern "C" __global__ void attn_partial(const float* qkv, int q_stride, int n_he
     for (int d = tid; d < hd; d += FC_ATT_THREADS) q[d] = qkv[(unsigned long long)t * q_stride + h * hd + d];
     __syncthreads();
     // scores: one key per thread, dot in dimension order
-    float s = -INFINITY;
+    float s = __int_as_float(0xff800000);  // -inf
     if (tid < nv) {
         const uint16_t* k = kc + (unsigned long long)tid * hd;
         float acc = 0.0f;

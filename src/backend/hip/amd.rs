@@ -95,10 +95,10 @@ impl AmdRuntime {
             let mut count = 0;
             let r = if r == 0 { get_device_count(&mut count) } else { r };
             if r == hipError_t::hipErrorNoDevice as c_int || (r == 0 && count == 0) {
-                return Err(HipError::Unavailable("no AMD GPU (HIP runtime present, hipErrorNoDevice)".into()));
+                return Err(HipError::Unavailable("no AMD GPU (the HIP runtime reports none)".into()));
             }
             if r != 0 {
-                return Err(HipError::Unavailable(format!("HIP: {}", error_string(&api, r))));
+                return Err(HipError::Unavailable(format!("no usable AMD GPU (HIP runtime present: {})", error_string(&api, r))));
             }
             let mut buf = [0 as c_char; 256];
             device_get_name(buf.as_mut_ptr(), buf.len() as c_int, 0);

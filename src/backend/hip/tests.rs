@@ -17,6 +17,8 @@
 //!   CPU does); `2.4e-7 · (|x0| + |x1|)` for the CPU SIMD levels.
 //! * attention: `2e-5` absolute on values in [-1, 1] (exp within a few ulp, chunk merges).
 //! * SiLU·mul: `2e-6 · |ref| + 1e-7`. Residual add, embedding lookup: bitwise.
+//!
+//! `FORGE_HIP_REQUIRED=1` turns "no HIP device" into a failure (for runs on a GPU machine).
 
 use std::sync::Arc;
 
@@ -34,6 +36,7 @@ fn context() -> Option<Arc<HipContext>> {
         Ok(c) => Some(c),
         Err(e) => {
             assert!(e.is_unavailable(), "HIP detection failed loudly: {e}");
+            assert!(std::env::var_os("FORGE_HIP_REQUIRED").is_none(), "FORGE_HIP_REQUIRED is set and there is no HIP device: {e}");
             eprintln!("no HIP device ({e}): the HIP part of this test is skipped");
             None
         }
@@ -94,6 +97,7 @@ fn detection_never_fails() {
     assert!(!line.is_empty());
     if let Err(e) = HipContext::get() {
         assert!(e.is_unavailable(), "{e}");
+        assert!(std::env::var_os("FORGE_HIP_REQUIRED").is_none(), "FORGE_HIP_REQUIRED is set and there is no HIP device: {e}");
         // the reason names both platforms (AMD first, then NVIDIA)
         assert!(line.contains("AMD") && line.contains("NVIDIA"), "{line}");
     }
