@@ -85,7 +85,7 @@ fn check_model(model: &Model, n: usize) {
     // KV reuse: copy the prefix KV into a fresh cache (as the workload builder will), run the rest.
     let mut restored = model.new_kv(seq.len() + 8);
     restored.copy_prefix_from(&kv_a, half).expect("copy prefix");
-    let mut state = model.new_state(64);
+    let mut state = model.new_state(64.max(seq.len() - half));
     model.forward(&mut state, &mut [SeqBatch { kv: &mut restored, tokens: &seq[half..], logits: Logits::All }]).expect("suffix");
     for i in half..seq.len() {
         assert!(bits(model.logits(&state, i - half)) == batch[i], "{name}: position {i} differs after prefix reuse");

@@ -20,7 +20,7 @@ extern "C" __global__ void attn_partial(const float* qkv, int q_stride, int n_he
     __shared__ float q[FC_ATT_MAX_HD];
     __shared__ float p[FC_ATT_CH];
     __shared__ float scratch[FC_ATT_THREADS / 32];
-    __shared__ float opart[FC_ATT_THREADS];
+    __shared__ float opart[FC_ATT_THREADS * 8];
     const int c = blockIdx.x, h = blockIdx.y, t = blockIdx.z, tid = threadIdx.x;
     const TokInfo ti = tok[t];
     const int k0 = c * FC_ATT_CH;
@@ -53,25 +53,31 @@ extern "C" __global__ void attn_partial(const float* qkv, int q_stride, int n_he
     const float e = tid < nv ? expf(__fsub_rn(s, m)) : 0.0f;
     p[tid] = e;
     const float l = block_sum(e, scratch, FC_ATT_THREADS / 32);  // its first barrier publishes p
-    // o = sum_j p[j] * v[j]: dims over threads, keys split in `ks` contiguous slices, summed in order
+    // o = sum_j p[j] * v[j]: each thread 8 dimensions (one 16-byte load per key) of a slice of
+    // the keys, in key order; the slices' sums are then added in slice order
     float* out = part + (((unsigned long long)t * n_head + h) * max_chunks + c) * (hd + 2);
-    if (hd <= FC_ATT_THREADS) {
-        const int ks = FC_ATT_THREADS / hd, d = tid % hd, sl = tid / hd, per = FC_ATT_CH / ks;
-        const int j0 = sl * per, j1 = min(j0 + per, nv);
-        float o = 0.0f;
-        for (int j = j0; j < j1; ++j) o = __fmaf_rn(p[j], f16_to_f32(vc[(unsigned long long)j * hd + d]), o);
-        opart[tid] = o;
-        __syncthreads();
-        if (tid < hd) {
-            float acc = opart[tid];
-            for (int k = 1; k < ks; ++k) acc = __fadd_rn(acc, opart[k * hd + tid]);
-            out[tid] = acc;
+    {
+        const int dv = hd / 8, ns = FC_ATT_THREADS / dv, per = FC_ATT_CH / ns;
+        const int s0 = tid / dv, d0 = (tid % dv) * 8;
+        const int j0 = s0 * per, j1 = min(j0 + per, nv);
+        float o[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+        for (int j = j0; j < j1; ++j) {
+            const uint4 u = *(const uint4*)(vc + (unsigned long long)j * hd + d0);
+            const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+            const float pj = p[j];
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                o[2 * i] = __fmaf_rn(pj, f16_to_f32((uint16_t)(w[i] & 0xFFFF)), o[2 * i]);
+                o[2 * i + 1] = __fmaf_rn(pj, f16_to_f32((uint16_t)(w[i] >> 16)), o[2 * i + 1]);
+            }
         }
-    } else {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) opart[s0 * hd + d0 + i] = o[i];
+        __syncthreads();
         for (int d = tid; d < hd; d += FC_ATT_THREADS) {
-            float o = 0.0f;
-            for (int j = 0; j < nv; ++j) o = __fmaf_rn(p[j], f16_to_f32(vc[(unsigned long long)j * hd + d]), o);
-            out[d] = o;
+            float acc = opart[d];
+            for (int k = 1; k < ns; ++k) acc = __fadd_rn(acc, opart[k * hd + d]);
+            out[d] = acc;
         }
     }
     if (tid == 0) {

@@ -57,8 +57,9 @@ FC_DEV int ld_i32_a2(const uint8_t* p) {
     const uint16_t* q = (const uint16_t*)p;
     return (int)((uint32_t)q[0] | ((uint32_t)q[1] << 16));
 }
-// 4 int8 activations (BlockQ8::qs is 4-byte aligned).
+// 4 / 8 int8 activations (BlockQ8::qs is 8-byte aligned: 40-byte blocks, qs at byte 8).
 FC_DEV int ld_x4(const int8_t* p) { return *(const int*)p; }
+FC_DEV int2 ld_x8(const int8_t* p) { return *(const int2*)p; }
 
 // c + sum of the four int8 products of a and b.
 FC_DEV int dot4(int a, int b, int c) {

@@ -15,7 +15,7 @@
 #define EPI_ADD 1
 
 // w: [rows, row_bytes]; x: [n_tok, xs] activation units (W::Act); out: [n_tok, ldo] f32.
-template <class W, int R, int T, int EPI>
+template <class W, int R, int T, int U, int EPI>
 FC_DEV void mm_body(const uint8_t* __restrict__ w, unsigned long long row_bytes, int rows, int nb,
                     const typename W::Act* __restrict__ x, int xs, int n_tok, float* __restrict__ out, int ldo) {
     extern __shared__ float red[];  // [blockDim.y][R][T][L / 32]
@@ -35,13 +35,28 @@ FC_DEV void mm_body(const uint8_t* __restrict__ w, unsigned long long row_bytes,
     for (int r = 0; r < R; ++r)
 #pragma unroll
         for (int t = 0; t < T; ++t) acc[r][t] = 0.0f;
-    for (int i = lane; i < items; i += L) {
-        const int b = i / W::NI, k = i % W::NI;
+    // U items per lane in flight (their loads issued before the first is used); the sums still
+    // take the lane's items in order i = lane, lane + L, ...
+    for (int i0 = lane; i0 < items; i0 += U * L) {
+        typename W::Item it[U][R];
 #pragma unroll
-        for (int r = 0; r < R; ++r) {
-            const typename W::Item it = W::load(wr[r] + (unsigned long long)b * W::BB, k);
+        for (int u = 0; u < U; ++u) {
+            const int i = i0 + u * L;
+            if (i < items) {
 #pragma unroll
-            for (int t = 0; t < T; ++t) acc[r][t] = __fadd_rn(acc[r][t], W::dot(it, k, xt[t] + (unsigned long long)b * W::XB));
+                for (int r = 0; r < R; ++r) it[u][r] = W::load(wr[r] + (unsigned long long)(i / W::NI) * W::BB, i % W::NI);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int i = i0 + u * L;
+            if (i < items) {
+                const int b = i / W::NI, k = i % W::NI;
+#pragma unroll
+                for (int r = 0; r < R; ++r)
+#pragma unroll
+                    for (int t = 0; t < T; ++t) acc[r][t] = __fadd_rn(acc[r][t], W::dot(it[u][r], k, xt[t] + (unsigned long long)b * W::XB));
+            }
         }
     }
 #pragma unroll
@@ -86,14 +101,16 @@ FC_DEV void mm_body(const uint8_t* __restrict__ w, unsigned long long row_bytes,
         float *out, int ldo
 #define FC_MM_ARGS(W) w, row_bytes, rows, nb, (const typename W::Act*)x, xs, n_tok, out, ldo
 
-// Tile variants (R rows x T tokens per row group): t1 for one token, t4 and t8 for batches.
-#define FC_MM_VARIANT(name, W, tag, R, T)                                                                  \
-    extern "C" __global__ void mm_##name##_##tag##_store(FC_MM_PARAMS) { mm_body<W, R, T, EPI_STORE>(FC_MM_ARGS(W)); } \
-    extern "C" __global__ void mm_##name##_##tag##_add(FC_MM_PARAMS) { mm_body<W, R, T, EPI_ADD>(FC_MM_ARGS(W)); }
-#define FC_MM_KERNELS(name, W)         \
-    FC_MM_VARIANT(name, W, t1, 1, 1)   \
-    FC_MM_VARIANT(name, W, t4, 2, 4)   \
-    FC_MM_VARIANT(name, W, t8, 4, 8)
+// Tile variants (R rows x T tokens per row group, U items in flight per lane): t1 for one
+// token, t4, t8 and t16 for batches.
+#define FC_MM_VARIANT(name, W, tag, R, T, U)                                                                  \
+    extern "C" __global__ void mm_##name##_##tag##_store(FC_MM_PARAMS) { mm_body<W, R, T, U, EPI_STORE>(FC_MM_ARGS(W)); } \
+    extern "C" __global__ void mm_##name##_##tag##_add(FC_MM_PARAMS) { mm_body<W, R, T, U, EPI_ADD>(FC_MM_ARGS(W)); }
+#define FC_MM_KERNELS(name, W)             \
+    FC_MM_VARIANT(name, W, t1, 1, 1, 4)    \
+    FC_MM_VARIANT(name, W, t4, 2, 4, 2)    \
+    FC_MM_VARIANT(name, W, t8, 4, 8, 1)    \
+    FC_MM_VARIANT(name, W, t16, 4, 16, 1)
 
 FC_WEIGHT_TYPES(FC_MM_KERNELS)
 

@@ -29,11 +29,8 @@ struct WQ4_0 {
         return it;
     }
     FC_DEV static float dot(const Item& it, int k, const BlockQ8* x) {
-        const int8_t* q = x->qs + 8 * k;
-        int s = dot4(it.lo0, ld_x4(q), 0);
-        s = dot4(it.lo1, ld_x4(q + 4), s);
-        s = dot4(it.hi0, ld_x4(q + 16), s);
-        s = dot4(it.hi1, ld_x4(q + 20), s);
+        const int2 a = ld_x8(x->qs + 8 * k), c = ld_x8(x->qs + 16 + 8 * k);
+        const int s = dot4(it.hi1, c.y, dot4(it.hi0, c.x, dot4(it.lo1, a.y, dot4(it.lo0, a.x, 0))));
         return __fmul_rn(__fmul_rn(it.d, x->d), (float)s);
     }
     FC_DEV static float value(const uint8_t* b, int i) {
@@ -57,11 +54,8 @@ struct WQ4_1 {
         return it;
     }
     FC_DEV static float dot(const Item& it, int k, const BlockQ8* x) {
-        const int8_t* q = x->qs + 8 * k;
-        int s = dot4(it.lo0, ld_x4(q), 0);
-        s = dot4(it.lo1, ld_x4(q + 4), s);
-        s = dot4(it.hi0, ld_x4(q + 16), s);
-        s = dot4(it.hi1, ld_x4(q + 20), s);
+        const int2 a = ld_x8(x->qs + 8 * k), c = ld_x8(x->qs + 16 + 8 * k);
+        const int s = dot4(it.hi1, c.y, dot4(it.hi0, c.x, dot4(it.lo1, a.y, dot4(it.lo0, a.x, 0))));
         return __fadd_rn(__fmul_rn(__fmul_rn(it.d, x->d), (float)s), __fmul_rn(it.m, x->s));
     }
     FC_DEV static float value(const uint8_t* b, int i) {
@@ -83,10 +77,8 @@ struct WQ8_0 {
         return it;
     }
     FC_DEV static float dot(const Item& it, int k, const BlockQ8* x) {
-        const int8_t* q = x->qs + 16 * k;
-        int s = 0;
-#pragma unroll
-        for (int j = 0; j < 4; ++j) s = dot4(it.q[j], ld_x4(q + 4 * j), s);
+        const int2 a = ld_x8(x->qs + 16 * k), c = ld_x8(x->qs + 16 * k + 8);
+        const int s = dot4(it.q[3], c.y, dot4(it.q[2], c.x, dot4(it.q[1], a.y, dot4(it.q[0], a.x, 0))));
         return __fmul_rn(__fmul_rn(it.d, x->d), (float)s);
     }
     FC_DEV static float value(const uint8_t* b, int i) { return __fmul_rn((float)(int8_t)b[2 + i], ld_f16(b)); }

@@ -6,7 +6,7 @@
 
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr, CString};
 
-use hip_sys::hiprt::{hipDeviceptr_t, hipError_t, hipFunction_t, hipModule_t, hipStream_t};
+use hip_sys::hiprt::{hipDeviceptr_t, hipError_t, hipFunction_t, hipGraphExec_t, hipGraph_t, hipModule_t, hipStream_t};
 use libloading::Library;
 
 use super::runtime::{DevPtr, Func, Platform, Runtime};
@@ -14,6 +14,8 @@ use super::HipError;
 
 type HipResult = c_int;
 const STREAM_NON_BLOCKING: c_uint = 1;
+/// hipStreamCaptureModeThreadLocal
+const CAPTURE_THREAD_LOCAL: c_int = 1;
 
 struct Api {
     get_error_string: unsafe extern "C" fn(HipResult) -> *const c_char,
@@ -40,6 +42,12 @@ struct Api {
         *mut *mut c_void,
         *mut *mut c_void,
     ) -> HipResult,
+    stream_begin_capture: unsafe extern "C" fn(hipStream_t, c_int) -> HipResult,
+    stream_end_capture: unsafe extern "C" fn(hipStream_t, *mut hipGraph_t) -> HipResult,
+    graph_instantiate: unsafe extern "C" fn(*mut hipGraphExec_t, hipGraph_t, *mut c_void, *mut c_char, usize) -> HipResult,
+    graph_launch: unsafe extern "C" fn(hipGraphExec_t, hipStream_t) -> HipResult,
+    graph_exec_destroy: unsafe extern "C" fn(hipGraphExec_t) -> HipResult,
+    graph_destroy: unsafe extern "C" fn(hipGraph_t) -> HipResult,
 }
 
 pub struct AmdRuntime {
@@ -90,6 +98,12 @@ impl AmdRuntime {
                 memcpy_dtod: sym(&lib, "hipMemcpyDtoDAsync")?,
                 memset_d8: sym(&lib, "hipMemsetD8Async")?,
                 launch_kernel: sym(&lib, "hipModuleLaunchKernel")?,
+                stream_begin_capture: sym(&lib, "hipStreamBeginCapture")?,
+                stream_end_capture: sym(&lib, "hipStreamEndCapture")?,
+                graph_instantiate: sym(&lib, "hipGraphInstantiate")?,
+                graph_launch: sym(&lib, "hipGraphLaunch")?,
+                graph_exec_destroy: sym(&lib, "hipGraphExecDestroy")?,
+                graph_destroy: sym(&lib, "hipGraphDestroy")?,
             };
             let r = init(0);
             let mut count = 0;
@@ -221,5 +235,33 @@ impl Runtime for AmdRuntime {
     fn sync(&self) -> Result<(), HipError> {
         // SAFETY: our stream.
         self.check("hipStreamSynchronize", unsafe { (self.api.stream_synchronize)(self.stream) })
+    }
+
+    fn begin_capture(&self) -> Result<(), HipError> {
+        // SAFETY: our stream; ended by end_capture.
+        self.check("hipStreamBeginCapture", unsafe { (self.api.stream_begin_capture)(self.stream, CAPTURE_THREAD_LOCAL) })
+    }
+
+    fn end_capture(&self) -> Result<usize, HipError> {
+        let mut g = std::ptr::null_mut();
+        // SAFETY: ends the capture begun on our stream; the graph is destroyed once instantiated.
+        unsafe {
+            self.check("hipStreamEndCapture", (self.api.stream_end_capture)(self.stream, &mut g))?;
+            let mut exec = std::ptr::null_mut();
+            let r = (self.api.graph_instantiate)(&mut exec, g, std::ptr::null_mut(), std::ptr::null_mut(), 0);
+            (self.api.graph_destroy)(g);
+            self.check("hipGraphInstantiate", r)?;
+            Ok(exec as usize)
+        }
+    }
+
+    fn launch_graph(&self, graph: usize) -> Result<(), HipError> {
+        // SAFETY: an executable graph from end_capture, not yet dropped.
+        self.check("hipGraphLaunch", unsafe { (self.api.graph_launch)(graph as hipGraphExec_t, self.stream) })
+    }
+
+    fn drop_graph(&self, graph: usize) {
+        // SAFETY: from end_capture, dropped once.
+        unsafe { (self.api.graph_exec_destroy)(graph as hipGraphExec_t) };
     }
 }

@@ -46,6 +46,7 @@ impl HipBackend {
 
     /// Dequantizes rows `ids` of `w` on the device (the embedding lookup kernel).
     pub fn embed(&self, w: WeightView<'_>, ids: &[u32], out: &mut [f32]) -> Result<(), HipError> {
+        let _stream = self.ctx.lock();
         let rt = self.ctx.runtime();
         let wb = DevBuf::from_bytes(rt, w.data)?;
         let idb = DevBuf::from_bytes(rt, bytemuck::cast_slice(ids))?;
@@ -56,6 +57,7 @@ impl HipBackend {
     }
 
     fn try_matmul(&self, w: WeightView<'_>, x: &[f32], n_tok: usize, out: &mut [f32]) -> Result<(), HipError> {
+        let _stream = self.ctx.lock();
         let (rt, k) = (self.ctx.runtime(), self.ctx.kernels());
         let wb = DevBuf::from_bytes(rt, w.data)?;
         let xb = DevBuf::from_f32(rt, x)?;
@@ -71,6 +73,7 @@ impl HipBackend {
     }
 
     fn try_rmsnorm(&self, x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) -> Result<(), HipError> {
+        let _stream = self.ctx.lock();
         let (rt, k) = (self.ctx.runtime(), self.ctx.kernels());
         let e = weight.len();
         let (xb, wb, ob) = (DevBuf::from_f32(rt, x)?, DevBuf::from_f32(rt, weight)?, DevBuf::new(rt, out.len() * 4)?);
@@ -79,6 +82,7 @@ impl HipBackend {
     }
 
     fn try_rope(&self, x: &mut [f32], positions: &[u32], n_head: usize, head_dim: usize, cos_sin: &[f32]) -> Result<(), HipError> {
+        let _stream = self.ctx.lock();
         let (rt, k) = (self.ctx.runtime(), self.ctx.kernels());
         let (xb, tb, pb) = (DevBuf::from_f32(rt, x)?, DevBuf::from_f32(rt, cos_sin)?, DevBuf::from_bytes(rt, bytemuck::cast_slice(positions))?);
         k.rope(&**rt, xb.ptr(), n_head, head_dim, tb.ptr(), pb.ptr(), positions.len())?;
@@ -86,6 +90,7 @@ impl HipBackend {
     }
 
     fn try_attention(&self, a: &mut AttentionArgs<'_>) -> Result<(), HipError> {
+        let _stream = self.ctx.lock();
         let (rt, k) = (self.ctx.runtime(), self.ctx.kernels());
         let n = a.positions.len();
         let qb = DevBuf::from_f32(rt, a.q)?;
@@ -104,6 +109,7 @@ impl HipBackend {
     }
 
     fn try_binary(&self, x: &mut [f32], y: &[f32], silu: bool) -> Result<(), HipError> {
+        let _stream = self.ctx.lock();
         let (rt, k) = (self.ctx.runtime(), self.ctx.kernels());
         let (xb, yb) = (DevBuf::from_f32(rt, x)?, DevBuf::from_f32(rt, y)?);
         if silu {

@@ -17,6 +17,8 @@ type Handle = *mut c_void;
 const ATTR_CC_MAJOR: c_int = 75;
 const ATTR_CC_MINOR: c_int = 76;
 const STREAM_NON_BLOCKING: c_uint = 1;
+/// CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
+const CAPTURE_THREAD_LOCAL: c_int = 1;
 
 /// The driver functions used, resolved once.
 struct Api {
@@ -34,6 +36,12 @@ struct Api {
     #[allow(clippy::type_complexity)]
     launch_kernel:
         unsafe extern "C" fn(Handle, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, Handle, *mut *mut c_void, *mut *mut c_void) -> CuResult,
+    stream_begin_capture: unsafe extern "C" fn(Handle, c_int) -> CuResult,
+    stream_end_capture: unsafe extern "C" fn(Handle, *mut Handle) -> CuResult,
+    graph_instantiate: unsafe extern "C" fn(*mut Handle, Handle, u64) -> CuResult,
+    graph_launch: unsafe extern "C" fn(Handle, Handle) -> CuResult,
+    graph_exec_destroy: unsafe extern "C" fn(Handle) -> CuResult,
+    graph_destroy: unsafe extern "C" fn(Handle) -> CuResult,
 }
 
 pub struct CudaRuntime {
@@ -98,6 +106,12 @@ impl CudaRuntime {
                 memcpy_dtod: sym(&lib, "cuMemcpyDtoDAsync_v2")?,
                 memset_d8: sym(&lib, "cuMemsetD8Async")?,
                 launch_kernel: sym(&lib, "cuLaunchKernel")?,
+                stream_begin_capture: sym(&lib, "cuStreamBeginCapture_v2")?,
+                stream_end_capture: sym(&lib, "cuStreamEndCapture")?,
+                graph_instantiate: sym(&lib, "cuGraphInstantiateWithFlags")?,
+                graph_launch: sym(&lib, "cuGraphLaunch")?,
+                graph_exec_destroy: sym(&lib, "cuGraphExecDestroy")?,
+                graph_destroy: sym(&lib, "cuGraphDestroy")?,
             };
             let unavailable = |call: &str, r: CuResult| HipError::Unavailable(format!("{call}: {}", error_string(&api, r)));
             let r = init(0);
@@ -270,5 +284,38 @@ impl Runtime for CudaRuntime {
         self.enter()?;
         // SAFETY: our stream.
         self.check("cuStreamSynchronize", unsafe { (self.api.stream_synchronize)(self.stream) })
+    }
+
+    fn begin_capture(&self) -> Result<(), HipError> {
+        self.enter()?;
+        // SAFETY: our stream; ended by end_capture.
+        self.check("cuStreamBeginCapture", unsafe { (self.api.stream_begin_capture)(self.stream, CAPTURE_THREAD_LOCAL) })
+    }
+
+    fn end_capture(&self) -> Result<usize, HipError> {
+        self.enter()?;
+        let mut g = std::ptr::null_mut();
+        // SAFETY: ends the capture begun on our stream; the graph is destroyed once instantiated.
+        unsafe {
+            self.check("cuStreamEndCapture", (self.api.stream_end_capture)(self.stream, &mut g))?;
+            let mut exec = std::ptr::null_mut();
+            let r = (self.api.graph_instantiate)(&mut exec, g, 0);
+            (self.api.graph_destroy)(g);
+            self.check("cuGraphInstantiate", r)?;
+            Ok(exec as usize)
+        }
+    }
+
+    fn launch_graph(&self, graph: usize) -> Result<(), HipError> {
+        self.enter()?;
+        // SAFETY: an executable graph from end_capture, not yet dropped.
+        self.check("cuGraphLaunch", unsafe { (self.api.graph_launch)(graph as Handle, self.stream) })
+    }
+
+    fn drop_graph(&self, graph: usize) {
+        if self.enter().is_ok() {
+            // SAFETY: from end_capture, dropped once.
+            unsafe { (self.api.graph_exec_destroy)(graph as Handle) };
+        }
     }
 }

@@ -16,18 +16,21 @@ pub enum Tile {
     T1,
     /// 2 rows, 4 tokens.
     T4,
-    /// 4 rows, 8 tokens: prefill.
+    /// 4 rows, 8 tokens.
     T8,
+    /// 4 rows, 16 tokens: prefill.
+    T16,
 }
 
 impl Tile {
-    pub const ALL: [Tile; 3] = [Tile::T1, Tile::T4, Tile::T8];
+    pub const ALL: [Tile; 4] = [Tile::T1, Tile::T4, Tile::T8, Tile::T16];
 
     fn tag(self) -> &'static str {
         match self {
             Tile::T1 => "t1",
             Tile::T4 => "t4",
             Tile::T8 => "t8",
+            Tile::T16 => "t16",
         }
     }
 
@@ -37,6 +40,7 @@ impl Tile {
             Tile::T1 => (1, 1),
             Tile::T4 => (2, 4),
             Tile::T8 => (4, 8),
+            Tile::T16 => (4, 16),
         }
     }
 
@@ -45,7 +49,8 @@ impl Tile {
         match n_tok {
             0 | 1 => Tile::T1,
             2..=4 => Tile::T4,
-            _ => Tile::T8,
+            5..=15 => Tile::T8,
+            _ => Tile::T16,
         }
     }
 }

@@ -25,12 +25,16 @@ pub struct HipKv {
 impl HipKv {
     pub(super) fn new(ctx: Arc<HipContext>, owner: u64, n_layers: usize, n_kv: usize, head_dim: usize, capacity: usize) -> Result<HipKv, HipError> {
         let bytes = n_layers * n_kv * capacity * head_dim * 2;
-        let k = DevBuf::new(ctx.runtime(), bytes)?;
-        let v = DevBuf::new(ctx.runtime(), bytes)?;
-        // zeroed: attention never reads past a token's position, but a copy of a prefix may copy
-        // positions nobody wrote
-        ctx.runtime().memset(k.ptr(), 0, bytes)?;
-        ctx.runtime().memset(v.ptr(), 0, bytes)?;
+        let (k, v) = {
+            let _stream = ctx.lock();
+            let k = DevBuf::new(ctx.runtime(), bytes)?;
+            let v = DevBuf::new(ctx.runtime(), bytes)?;
+            // zeroed: attention never reads past a token's position, but a copy of a prefix may
+            // copy positions nobody wrote
+            ctx.runtime().memset(k.ptr(), 0, bytes)?;
+            ctx.runtime().memset(v.ptr(), 0, bytes)?;
+            (k, v)
+        };
         Ok(HipKv { ctx, owner, capacity, n_layers, n_kv, head_dim, k, v })
     }
 
@@ -51,6 +55,7 @@ impl HipKv {
             return Ok(());
         }
         let (rt, k) = (self.ctx.runtime(), self.ctx.kernels());
+        let _stream = self.ctx.lock();
         let lh = self.n_layers * self.n_kv;
         k.kv_copy(&**rt, self.k.ptr(), src.k.ptr(), self.capacity, src.capacity, n, self.head_dim, lh)?;
         k.kv_copy(&**rt, self.v.ptr(), src.v.ptr(), self.capacity, src.capacity, n, self.head_dim, lh)?;
@@ -61,6 +66,7 @@ impl HipKv {
     /// `[n_kv, n, head_dim]` each (tests).
     pub fn read_layer(&self, li: usize, n: usize) -> Result<(Vec<u16>, Vec<u16>), HipError> {
         let rt = self.ctx.runtime();
+        let _stream = self.ctx.lock();
         let row = self.head_dim * 2;
         let mut out = (vec![0u16; self.n_kv * n * self.head_dim], vec![0u16; self.n_kv * n * self.head_dim]);
         for (buf, dst) in [(&self.k, &mut out.0), (&self.v, &mut out.1)] {

@@ -178,6 +178,12 @@ impl HipLayers {
         self
     }
 
+    /// The same segment launching every kernel instead of replaying recorded steps (tests).
+    pub fn without_graphs(mut self, off: bool) -> HipLayers {
+        self.opts.no_graphs = off;
+        self
+    }
+
     pub fn context(&self) -> &Arc<HipContext> {
         &self.ctx
     }
@@ -204,6 +210,7 @@ impl HipLayers {
             }
         };
         Ok(HipActs {
+            ctx: self.ctx.clone(),
             owner: self.id,
             max_tokens: m,
             x: f(e)?,
@@ -219,6 +226,7 @@ impl HipLayers {
             part: None,
             head,
             host_tok: Vec::with_capacity(m * 3),
+            graphs: Vec::new(),
         })
     }
 
@@ -260,6 +268,7 @@ impl HipLayers {
             }
         }
         let rt = self.ctx.runtime();
+        let _stream = self.ctx.lock();
         rt.upload(a.x.ptr(), bytemuck::cast_slice(hidden))?;
         rt.upload(a.tok.ptr(), bytemuck::cast_slice(&a.host_tok))?;
         let chunks = (max_pos + 1).div_ceil(ATT_CH);
@@ -269,13 +278,57 @@ impl HipLayers {
         if a.part.as_ref().is_none_or(|p| p.bytes() < need) {
             a.part = Some(DevBuf::new(rt, need)?);
         }
-        for li in 0..self.gpu.len() {
-            self.layer(a, li, n, chunks, group)?;
+        // logits of up to HEAD_ROWS rows are computed inside the step (and its graph)
+        let head_in_step = match &logits {
+            Some((rows, _)) if rows.len() <= HEAD_ROWS => {
+                let ha = a.head.as_ref().ok_or_else(|| HipError::Unsupported("logits without an output head".into()))?;
+                rt.upload(ha.rows.ptr(), bytemuck::cast_slice(rows))?;
+                rows.len()
+            }
+            _ => 0,
+        };
+        let key = GraphKey { n, chunks, group, part: a.part.as_ref().map_or(0, |p| p.ptr()), head: head_in_step };
+        if self.opts.no_graphs {
+            self.record(a, &key)?;
+        } else {
+            let graph = match a.graphs.iter().find(|g| g.0 == key) {
+                Some(g) => g.1,
+                None => {
+                    if a.graphs.len() >= MAX_GRAPHS {
+                        for (_, g) in a.graphs.drain(..) {
+                            rt.drop_graph(g);
+                        }
+                    }
+                    rt.begin_capture()?;
+                    let recorded = self.record(a, &key);
+                    let graph = rt.end_capture();
+                    recorded?;
+                    let graph = graph?;
+                    a.graphs.push((key, graph));
+                    graph
+                }
+            };
+            rt.launch_graph(graph)?;
         }
         match logits {
             None => rt.download(bytemuck::cast_slice_mut(hidden), a.x.ptr()),
-            Some((rows, out)) => self.head_step(a, rows, out),
+            Some((_, out)) if head_in_step > 0 => {
+                let ha = a.head.as_ref().ok_or_else(|| HipError::Unsupported("logits without an output head".into()))?;
+                rt.download(bytemuck::cast_slice_mut(out), ha.logits.ptr())
+            }
+            Some((rows, out)) => self.head_rounds(a, rows, out),
         }
+    }
+
+    /// The kernels of a step: every layer, then the output head of `key.head` rows.
+    fn record(&self, a: &HipActs, key: &GraphKey) -> Result<(), HipError> {
+        for li in 0..self.gpu.len() {
+            self.layer(a, li, key.n, key.chunks, key.group)?;
+        }
+        if key.head > 0 {
+            self.head_kernels(a, key.head)?;
+        }
+        Ok(())
     }
 
     fn mm(&self, m: &MatRef, x: ActRef, n: usize, out: DevPtr, ldo: usize, epi: Epi) -> Result<(), HipError> {
@@ -320,26 +373,52 @@ impl HipLayers {
         self.mm(&l.down.m, ActRef { f32: a.act.ptr(), q8: a.actq.ptr() }, n, a.x.ptr(), e, Epi::Add)
     }
 
-    /// Output norm and logits of `rows` (step rows), HEAD_ROWS at a time, into `out` [rows, vocab].
-    fn head_step(&self, a: &HipActs, rows: &[u32], out: &mut [f32]) -> Result<(), HipError> {
+    /// Output norm and logits of the first `k` rows named in the head's row buffer, into its
+    /// logits buffer [k, vocab].
+    fn head_kernels(&self, a: &HipActs, k: usize) -> Result<(), HipError> {
         let (Some(h), Some(ha)) = (&self.head, &a.head) else { return Err(HipError::Unsupported("logits without an output head".into())) };
         let c = &self.shape;
-        let (rt, k) = (&**self.ctx.runtime(), self.ctx.kernels());
+        let (rt, kr) = (&**self.ctx.runtime(), self.ctx.kernels());
         let (e, v) = (c.n_embd, c.vocab_size);
+        kr.gather_rows(rt, a.x.ptr(), e, ha.rows.ptr(), ha.hx.ptr(), k)?;
+        kr.rmsnorm(rt, ha.hx.ptr(), h.norm.ptr(), e, c.rms_eps, ha.hxn.ptr(), Some(ha.hxq.ptr()), k)?;
+        self.mm(&h.out.m, ActRef { f32: ha.hxn.ptr(), q8: ha.hxq.ptr() }, k, ha.logits.ptr(), v, Epi::Store)
+    }
+
+    /// Logits of more than HEAD_ROWS rows, HEAD_ROWS at a time, into `out` [rows, vocab].
+    fn head_rounds(&self, a: &HipActs, rows: &[u32], out: &mut [f32]) -> Result<(), HipError> {
+        let Some(ha) = &a.head else { return Err(HipError::Unsupported("logits without an output head".into())) };
+        let rt = &**self.ctx.runtime();
+        let v = self.shape.vocab_size;
         if out.len() != rows.len() * v {
             return Err(HipError::Unsupported(format!("{} logits for {} rows of {v}", out.len(), rows.len())));
         }
         for (ids, dst) in rows.chunks(HEAD_ROWS).zip(out.chunks_mut(HEAD_ROWS * v)) {
-            let kk = ids.len();
             rt.upload(ha.rows.ptr(), bytemuck::cast_slice(ids))?;
-            k.gather_rows(rt, a.x.ptr(), e, ha.rows.ptr(), ha.hx.ptr(), kk)?;
-            k.rmsnorm(rt, ha.hx.ptr(), h.norm.ptr(), e, c.rms_eps, ha.hxn.ptr(), Some(ha.hxq.ptr()), kk)?;
-            self.mm(&h.out.m, ActRef { f32: ha.hxn.ptr(), q8: ha.hxq.ptr() }, kk, ha.logits.ptr(), v, Epi::Store)?;
+            self.head_kernels(a, ids.len())?;
             rt.download(bytemuck::cast_slice_mut(dst), ha.logits.ptr())?;
         }
         Ok(())
     }
 }
+
+/// What a recorded step depends on besides the buffers of its activations (positions and
+/// caches are read from device memory, so one graph serves every decode step of a shape).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct GraphKey {
+    n: usize,
+    /// attention chunks of the step's longest context
+    chunks: usize,
+    /// tokens per attention launch
+    group: usize,
+    /// the partials buffer
+    part: DevPtr,
+    /// logit rows computed in the step (0: none)
+    head: usize,
+}
+
+/// Graphs kept per activations (all dropped when full).
+const MAX_GRAPHS: usize = 16;
 
 /// The output head's buffers in a [`HipActs`].
 struct HeadActs {
@@ -355,6 +434,7 @@ struct HeadActs {
 
 /// A segment's activation buffers for steps of up to `max_tokens` tokens (one per run state).
 pub struct HipActs {
+    ctx: Arc<HipContext>,
     owner: u64,
     max_tokens: usize,
     /// [max_tokens, n_embd] residual stream
@@ -379,6 +459,16 @@ pub struct HipActs {
     head: Option<HeadActs>,
     /// [max_tokens * 3] TokInfo words of a step (reused: no allocation per step)
     host_tok: Vec<u64>,
+    /// recorded steps (graphs), by what they depend on
+    graphs: Vec<(GraphKey, usize)>,
+}
+
+impl Drop for HipActs {
+    fn drop(&mut self) {
+        for (_, g) in self.graphs.drain(..) {
+            self.ctx.runtime().drop_graph(g);
+        }
+    }
 }
 
 impl HipActs {

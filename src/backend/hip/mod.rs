@@ -75,8 +75,11 @@ impl From<HipError> for OffloadError {
 pub struct HipOptions {
     /// `FORGE_HIP=off`: never use a HIP device.
     pub off: bool,
-    /// `FORGE_HIP_TILE=t1|t4|t8`: one matmul tile for every step (all give the same bits).
+    /// `FORGE_HIP_TILE=t1|t4|t8|t16`: one matmul tile for every step (all give the same bits).
     pub tile: Option<Tile>,
+    /// `FORGE_HIP_GRAPHS=off`: launch every kernel of a step instead of replaying a recorded
+    /// graph of them (same kernels, same bits; graphs save the launch overhead).
+    pub no_graphs: bool,
 }
 
 impl HipOptions {
@@ -87,9 +90,11 @@ impl HipOptions {
             Some("t1") => Some(Tile::T1),
             Some("t4") => Some(Tile::T4),
             Some("t8") => Some(Tile::T8),
-            Some(v) => return Err(HipError::Unsupported(format!("FORGE_HIP_TILE={v:?}: expected t1, t4 or t8"))),
+            Some("t16") => Some(Tile::T16),
+            Some(v) => return Err(HipError::Unsupported(format!("FORGE_HIP_TILE={v:?}: expected t1, t4, t8 or t16"))),
         };
-        Ok(HipOptions { off, tile })
+        let no_graphs = std::env::var("FORGE_HIP_GRAPHS").is_ok_and(|v| v.eq_ignore_ascii_case("off") || v == "0");
+        Ok(HipOptions { off, tile, no_graphs })
     }
 }
 
@@ -97,6 +102,9 @@ impl HipOptions {
 pub struct HipContext {
     rt: Arc<dyn Runtime>,
     k: Kernels,
+    /// Held by whatever puts work on the runtime's one stream (a step, a cache's allocation or
+    /// copy, a test op), so that a step recorded into a graph records only its own kernels.
+    stream: std::sync::Mutex<()>,
 }
 
 impl HipContext {
@@ -130,7 +138,12 @@ impl HipContext {
         let image = module::code_object(&*rt).map_err(|e| HipError::Unavailable(format!("{name}: {e}")))?;
         let m = rt.load_module(&image).map_err(|e| HipError::Unavailable(format!("{name}: loading the kernels: {e}")))?;
         let k = Kernels::load(&rt, m).map_err(|e| HipError::Unavailable(format!("{name}: {e}")))?;
-        Ok(HipContext { rt, k })
+        Ok(HipContext { rt, k, stream: std::sync::Mutex::new(()) })
+    }
+
+    /// Exclusive use of the stream (see the field).
+    pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.stream.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     pub fn runtime(&self) -> &Arc<dyn Runtime> {

@@ -53,6 +53,13 @@ pub trait Runtime: Send + Sync {
     fn launch(&self, f: Func, grid: [u32; 3], block: [u32; 3], shared: u32, params: &mut [*mut c_void]) -> Result<(), HipError>;
     /// Waits for all work and reports an asynchronous error, if any.
     fn sync(&self) -> Result<(), HipError>;
+    /// Starts recording this thread's work on the stream into a graph instead of running it.
+    fn begin_capture(&self) -> Result<(), HipError>;
+    /// Ends the recording; the graph, ready to launch (`hipGraphExec_t` / `CUgraphExec`).
+    fn end_capture(&self) -> Result<usize, HipError>;
+    /// Runs a recorded graph on the stream.
+    fn launch_graph(&self, graph: usize) -> Result<(), HipError>;
+    fn drop_graph(&self, graph: usize);
 }
 
 /// A kernel argument.

@@ -60,7 +60,7 @@ fn backends() -> Vec<Present> {
         v.push(cpu(SimdLevel::detect()));
     }
     if let Some(ctx) = context() {
-        for tile in [None, Some(Tile::T1), Some(Tile::T4), Some(Tile::T8)] {
+        for tile in [None, Some(Tile::T1), Some(Tile::T4), Some(Tile::T8), Some(Tile::T16)] {
             let h = Arc::new(HipBackend::new(ctx.clone()).with_tile(tile));
             v.push(Present { name: h.name(), backend: h.clone(), hip: Some(h) });
         }
@@ -164,6 +164,7 @@ fn hip_matmul_is_batch_invariant_bitwise() {
             out.iter().map(|v| v.to_bits()).collect()
         };
         let t8 = run(Tile::T8, &x, n_tok);
+        assert_eq!(run(Tile::T16, &x, n_tok), t8, "{ty:?}: T16 vs T8");
         assert_eq!(run(Tile::T4, &x, n_tok), t8, "{ty:?}: T4 vs T8");
         assert_eq!(run(Tile::T1, &x, n_tok), t8, "{ty:?}: T1 vs T8");
         for t in [0, 5, 12] {
@@ -300,11 +301,12 @@ fn hip_embedding_is_exact_dequantization() {
     }
 }
 
-/// The engine with every layer (and the head) on HIP, forced onto `tile` (None: by batch size).
-fn hip_model(ctx: &Arc<HipContext>, path: &std::path::Path, tile: Option<Tile>) -> crate::engine::Model {
+/// The engine with every layer (and the head) on HIP, forced onto `tile` (None: by batch size),
+/// with or without recorded graphs.
+fn hip_model(ctx: &Arc<HipContext>, path: &std::path::Path, tile: Option<Tile>, graphs: bool) -> crate::engine::Model {
     let mut model = crate::engine::Model::load(path, Arc::new(CpuBackend::with_simd(1, SimdLevel::Scalar).expect("pool"))).expect("load");
     let n = model.config.n_layer;
-    let seg = HipLayers::new(ctx.clone(), &model, 0..n, 64, true).expect("upload").with_tile(tile);
+    let seg = HipLayers::new(ctx.clone(), &model, 0..n, 256, true).expect("upload").with_tile(tile).without_graphs(!graphs);
     model.offload(vec![Box::new(seg) as Box<dyn LayerOffload>]).expect("offload");
     model
 }
@@ -340,14 +342,15 @@ fn hip_layers_decode_equals_prefill_and_match_the_cpu() {
     for (ty, tol) in [(GgmlType::Q4_0, 1e-2f32), (GgmlType::F32, 1e-3), (GgmlType::Q4_1, 1e-2)] {
         let f = tempfile::NamedTempFile::new().expect("tmp");
         write_synth_model(&tiny_shape(), ty, 3, None, f.path(), |_| {}).expect("synth");
-        let model = hip_model(&ctx, f.path(), None);
+        let model = hip_model(&ctx, f.path(), None, true);
         let prefill = logits_in_chunks(&model, &tokens, &[16]);
         for chunks in [&[1usize][..], &[5, 11, 3]] {
             assert_eq!(logits_in_chunks(&model, &tokens, chunks), prefill, "{ty:?}: chunks {chunks:?} differ from prefill");
         }
         for tile in Tile::ALL {
-            assert_eq!(logits_in_chunks(&hip_model(&ctx, f.path(), Some(tile)), &tokens, &[7, 1]), prefill, "{ty:?}: tile {tile:?}");
+            assert_eq!(logits_in_chunks(&hip_model(&ctx, f.path(), Some(tile), true), &tokens, &[7, 1]), prefill, "{ty:?}: tile {tile:?}");
         }
+        assert_eq!(logits_in_chunks(&hip_model(&ctx, f.path(), None, false), &tokens, &[3, 1]), prefill, "{ty:?}: without graphs");
         let cpu = crate::engine::Model::load(f.path(), Arc::new(CpuBackend::with_simd(1, SimdLevel::Scalar).expect("pool"))).expect("load");
         let reference = logits_in_chunks(&cpu, &tokens[..40], &[40]);
         let scale = reference.iter().flatten().map(|b| f32::from_bits(*b).abs()).fold(0f32, f32::max);
