@@ -87,17 +87,16 @@ extern "C" __global__ void attn_partial(const float* qkv, int q_stride, int n_he
 }
 
 // att[t] = the heads' outputs from their chunks (see the file comment); with q8 also attq
-// (n_head*hd % 32 == 0). One CTA (FC_ATT_THREADS threads) per token.
+// (hd % 32 == 0: a head is whole q8 blocks). Grid (n_tok, n_head), FC_ATT_THREADS threads.
 extern "C" __global__ void attn_merge(const float* part, int n_head, int hd, int max_chunks, const TokInfo* tok,
                                       float* att, BlockQ8* attq, int q8) {
-    const int t = blockIdx.x, tid = threadIdx.x, qd = n_head * hd;
+    const int t = blockIdx.x, h = blockIdx.y, tid = threadIdx.x, qd = n_head * hd;
     const int nc = ((int)tok[t].pos + FC_ATT_CH) / FC_ATT_CH;
-    float* row = att + (unsigned long long)t * qd;
-    for (int i = tid; i < qd; i += FC_ATT_THREADS) {
-        const int h = i / hd, d = i % hd;
-        const float* ph = part + ((unsigned long long)t * n_head + h) * max_chunks * (hd + 2);
-        float mx = ph[hd];
-        for (int c = 1; c < nc; ++c) mx = fmaxf(mx, ph[c * (hd + 2) + hd]);
+    const float* ph = part + ((unsigned long long)t * n_head + h) * max_chunks * (hd + 2);
+    float* row = att + (unsigned long long)t * qd + h * hd;
+    float mx = ph[hd];
+    for (int c = 1; c < nc; ++c) mx = fmaxf(mx, ph[c * (hd + 2) + hd]);
+    for (int d = tid; d < hd; d += FC_ATT_THREADS) {
         float l = 0.0f, o = 0.0f;
         for (int c = 0; c < nc; ++c) {
             const float* pc = ph + c * (hd + 2);
@@ -105,12 +104,12 @@ extern "C" __global__ void attn_merge(const float* part, int n_head, int hd, int
             l = __fmaf_rn(pc[hd + 1], f, l);
             o = __fmaf_rn(pc[d], f, o);
         }
-        row[i] = __fmul_rn(o, 1.0f / l);
+        row[d] = __fmul_rn(o, 1.0f / l);
     }
     if (q8) {
         __syncthreads();
         const int lane = tid & 31;
-        for (int b = tid >> 5; b < qd / 32; b += FC_ATT_THREADS / 32)
-            quantize_warp_q8(row[32 * b + lane], attq + (unsigned long long)t * (qd / 32) + b);
+        for (int b = tid >> 5; b < hd / 32; b += FC_ATT_THREADS / 32)
+            quantize_warp_q8(row[32 * b + lane], attq + (unsigned long long)t * (qd / 32) + (h * hd) / 32 + b);
     }
 }

@@ -7,18 +7,13 @@
 FC_DEV float silu_mul1(float g, float u) { return __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), u); }
 
 // gu: [n, 2*ff] rows (gate | up). act[t] = silu(gate) * up; with q8 also actq (ff % 32 == 0).
-// One CTA per token.
+// Grid (n, ceil(ff / 256)), 256 threads: one element per thread, one q8 block per warp.
 extern "C" __global__ void silu_mul_q8(const float* gu, int ff, float* act, BlockQ8* actq, int q8) {
-    const int t = blockIdx.x, tid = threadIdx.x;
+    const int t = blockIdx.x, i = blockIdx.y * blockDim.x + threadIdx.x;
     const float* g = gu + (unsigned long long)t * 2 * ff;
-    for (int i = tid; i < ff; i += blockDim.x) act[(unsigned long long)t * ff + i] = silu_mul1(g[i], g[ff + i]);
-    if (q8) {
-        const int lane = tid & 31;
-        for (int b = tid >> 5; b < ff / 32; b += blockDim.x >> 5) {
-            const int i = 32 * b + lane;
-            quantize_warp_q8(silu_mul1(g[i], g[ff + i]), actq + (unsigned long long)t * (ff / 32) + b);
-        }
-    }
+    const float v = i < ff ? silu_mul1(g[i], g[ff + i]) : 0.0f;
+    if (i < ff) act[(unsigned long long)t * ff + i] = v;
+    if (q8 && i - (int)(threadIdx.x & 31) < ff) quantize_warp_q8(v, actq + (unsigned long long)t * (ff / 32) + i / 32);
 }
 
 // g[i] = silu(g[i]) * u[i] for i < n.

@@ -313,7 +313,7 @@ fn hip_model(ctx: &Arc<HipContext>, path: &std::path::Path, tile: Option<Tile>, 
 
 /// Logits of every position, feeding `tokens` in chunks (cycled), bit patterns.
 fn logits_in_chunks(model: &crate::engine::Model, tokens: &[u32], chunks: &[usize]) -> Vec<Vec<u32>> {
-    let mut state = model.new_state(16);
+    let mut state = model.new_state(chunks.iter().copied().max().unwrap_or(1));
     let mut kv = model.new_kv(tokens.len());
     let mut out = Vec::new();
     let mut at = 0;
