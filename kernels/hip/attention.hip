@@ -61,6 +61,7 @@ extern "C" __global__ void attn_partial(const float* qkv, int q_stride, int n_he
         const int s0 = tid / dv, d0 = (tid % dv) * 8;
         const int j0 = s0 * per, j1 = min(j0 + per, nv);
         float o[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll 4
         for (int j = j0; j < j1; ++j) {
             const uint4 u = *(const uint4*)(vc + (unsigned long long)j * hd + d0);
             const uint32_t w[4] = {u.x, u.y, u.z, u.w};
@@ -87,24 +88,42 @@ extern "C" __global__ void attn_partial(const float* qkv, int q_stride, int n_he
 }
 
 // att[t] = the heads' outputs from their chunks (see the file comment); with q8 also attq
-// (hd % 32 == 0: a head is whole q8 blocks). Grid (n_tok, n_head), FC_ATT_THREADS threads.
+// (hd % 32 == 0: a head is whole q8 blocks). Grid (n_tok, n_head), FC_ATT_THREADS threads,
+// max_chunks * 8 bytes of dynamic shared memory. The chunk weights f_c = exp(m_c - max m) and the
+// sum of l_c * f_c are computed once per CTA (every thread the same way), then each dimension's
+// sum of o_c * f_c in chunk order.
 extern "C" __global__ void attn_merge(const float* part, int n_head, int hd, int max_chunks, const TokInfo* tok,
                                       float* att, BlockQ8* attq, int q8) {
+    extern __shared__ float mf[];  // [max_chunks] chunk max, then [max_chunks] l_c * f_c; f_c over the max
+    float* lf = mf + max_chunks;
+    __shared__ float fsh[1];
     const int t = blockIdx.x, h = blockIdx.y, tid = threadIdx.x, qd = n_head * hd;
     const int nc = ((int)tok[t].pos + FC_ATT_CH) / FC_ATT_CH;
     const float* ph = part + ((unsigned long long)t * n_head + h) * max_chunks * (hd + 2);
     float* row = att + (unsigned long long)t * qd + h * hd;
-    float mx = ph[hd];
-    for (int c = 1; c < nc; ++c) mx = fmaxf(mx, ph[c * (hd + 2) + hd]);
+    for (int c = tid; c < nc; c += FC_ATT_THREADS) mf[c] = ph[c * (hd + 2) + hd];
+    __syncthreads();
+    float mx = mf[0];
+    for (int c = 1; c < nc; ++c) mx = fmaxf(mx, mf[c]);
+    __syncthreads();
+    for (int c = tid; c < nc; c += FC_ATT_THREADS) {
+        const float f = expf(__fsub_rn(mf[c], mx));
+        mf[c] = f;
+        lf[c] = __fmul_rn(ph[c * (hd + 2) + hd + 1], f);
+    }
+    __syncthreads();
+    if (tid == 0) {
+        float l = lf[0];
+        for (int c = 1; c < nc; ++c) l = __fadd_rn(l, lf[c]);
+        fsh[0] = 1.0f / l;
+    }
+    __syncthreads();
+    const float inv = fsh[0];
     for (int d = tid; d < hd; d += FC_ATT_THREADS) {
-        float l = 0.0f, o = 0.0f;
-        for (int c = 0; c < nc; ++c) {
-            const float* pc = ph + c * (hd + 2);
-            const float f = expf(__fsub_rn(pc[hd], mx));
-            l = __fmaf_rn(pc[hd + 1], f, l);
-            o = __fmaf_rn(pc[d], f, o);
-        }
-        row[d] = __fmul_rn(o, 1.0f / l);
+        float o = 0.0f;
+#pragma unroll 8
+        for (int c = 0; c < nc; ++c) o = __fmaf_rn(ph[c * (hd + 2) + d], mf[c], o);
+        row[d] = __fmul_rn(o, inv);
     }
     if (q8) {
         __syncthreads();

@@ -20,25 +20,27 @@ extern "C" __global__ void rope(float* x, int n_head, int hd, const float* table
 
 // qkv: [n_tok, n_head*hd + 2*kvd] rows (q | k | v), kvd = n_kv*hd. Rotates q in place, and writes
 // rotated k and v as f16 at the token's position of layer `layer` of its sequence's cache.
-// One CTA per token.
+// Grid (n_tok, ceil(work / blockDim.x)): one thread per q pair, k pair or v value.
 extern "C" __global__ void rope_store(float* qkv, int n_head, int n_kv, int hd, const float* table, const TokInfo* tok, int layer) {
     const int t = blockIdx.x, half = hd / 2, qd = n_head * hd, kvd = n_kv * hd;
+    const int j = blockIdx.y * blockDim.x + threadIdx.x;
     const TokInfo ti = tok[t];
     float* row = qkv + (unsigned long long)t * (qd + 2 * kvd);
     const float* cs = table + (unsigned long long)ti.pos * hd;
-    for (int i = threadIdx.x; i < n_head * half; i += blockDim.x) rope_pair(row + 2 * i, cs + 2 * (i % half));
-    uint16_t* kc = (uint16_t*)ti.k;
-    uint16_t* vc = (uint16_t*)ti.v;
-    for (int i = threadIdx.x; i < n_kv * half; i += blockDim.x) {
+    if (j < qd / 2) {
+        rope_pair(row + 2 * j, cs + 2 * (j % half));
+    } else if (j < qd / 2 + kvd / 2) {
+        const int i = j - qd / 2;
         float p[2] = {row[qd + 2 * i], row[qd + 2 * i + 1]};
         rope_pair(p, cs + 2 * (i % half));
         const int h = (2 * i) / hd, d = (2 * i) % hd;
+        uint16_t* kc = (uint16_t*)ti.k;
         const unsigned long long at = (((unsigned long long)layer * n_kv + h) * ti.cap + ti.pos) * hd + d;
         kc[at] = f32_to_f16(p[0]);
         kc[at + 1] = f32_to_f16(p[1]);
-    }
-    for (int i = threadIdx.x; i < kvd; i += blockDim.x) {
-        const int h = i / hd, d = i % hd;
+    } else if (j < qd / 2 + kvd / 2 + kvd) {
+        const int i = j - qd / 2 - kvd / 2, h = i / hd, d = i % hd;
+        uint16_t* vc = (uint16_t*)ti.v;
         vc[(((unsigned long long)layer * n_kv + h) * ti.cap + ti.pos) * hd + d] = f32_to_f16(row[qd + kvd + i]);
     }
 }

@@ -240,7 +240,8 @@ impl Kernels {
     #[allow(clippy::too_many_arguments)]
     pub fn rope_store(&self, rt: &dyn Runtime, qkv: DevPtr, n_head: usize, n_kv: usize, hd: usize, table: DevPtr, tok: DevPtr, layer: usize, n: usize) -> Result<(), HipError> {
         let args = [Arg::Ptr(qkv), Arg::I32(n_head as i32), Arg::I32(n_kv as i32), Arg::I32(hd as i32), Arg::Ptr(table), Arg::Ptr(tok), Arg::I32(layer as i32)];
-        launch(rt, self.rope_store, [n as u32, 1, 1], [128, 1, 1], 0, &args)
+        let work = (n_head * hd) / 2 + (n_kv * hd) / 2 + n_kv * hd;
+        launch(rt, self.rope_store, [n as u32, grid1(work, 128), 1], [128, 1, 1], 0, &args)
     }
 
     /// Attention of n tokens (rows of `q`, `q_stride` floats apart; their TokInfo at `tok`) over
@@ -286,7 +287,10 @@ impl Kernels {
             Arg::Ptr(attq.unwrap_or(0)),
             Arg::I32(attq.is_some() as i32),
         ];
-        launch(rt, self.attn_merge, [n as u32, n_head as u32, 1], [128, 1, 1], 0, &args)
+        if max_chunks * 8 > 48 << 10 {
+            return Err(HipError::Unsupported(format!("attention over {max_chunks} chunks of {ATT_CH} keys (at most 6144)")));
+        }
+        launch(rt, self.attn_merge, [n as u32, n_head as u32, 1], [128, 1, 1], (max_chunks * 8) as u32, &args)
     }
 
     /// act = silu(gate) * up from gu [n, 2*ff] (and actq when given).
