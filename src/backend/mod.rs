@@ -28,6 +28,8 @@ pub mod hardware;
 pub mod hip;
 pub mod offload;
 pub mod simd;
+#[cfg(test)]
+mod tests;
 pub mod wgpu;
 
 use crate::gguf::GgmlType;
