@@ -9,7 +9,8 @@
 //!   for Q4_K / Q6_K, twice `amax_b / 254 · Σ_b|w|` per 256-block; both GPUs also against the exact
 //!   product of the dequantized weights, so a dequantization bug cannot hide in an allowance.
 //! * RMSNorm `2e-5 · |ref| + 1e-7`; RoPE `2.4e-7 · (|x0| + |x1|)`, bitwise on HIP; attention `2e-5`;
-//!   SiLU·mul `2e-6 · |ref| + 1e-7`; residual add bitwise.
+//!   SiLU·mul `2e-6 · |ref| + 1e-7`; residual add bitwise; embedding lookup bitwise (the GPUs
+//!   against `dequantize_row`, the CPU's own table read).
 
 use std::sync::Arc;
 
@@ -30,12 +31,17 @@ enum Kind {
     Hip,
 }
 
+/// A GPU backend's embedding lookup (not a `Backend` trait method: the CPU reads the table itself).
+type Embed = Box<dyn Fn(WeightView<'_>, &[u32], &mut [f32]) -> Result<(), String>>;
+
 struct Present {
     name: String,
     kind: Kind,
     backend: Arc<dyn Backend>,
     /// the GPU error a trait method fell back from, if any
     error: Box<dyn Fn() -> Option<String>>,
+    /// the GPU's embedding lookup (None on the CPU)
+    embed: Option<Embed>,
 }
 
 /// The HIP device, or None with the reason printed (`FORGE_HIP_REQUIRED`: a failure instead).
@@ -55,7 +61,7 @@ pub(crate) fn hip_context() -> Option<Arc<HipContext>> {
 fn backends() -> Vec<Present> {
     let cpu = |s| -> Present {
         let b = Arc::new(CpuBackend::with_simd(2, s).expect("pool"));
-        Present { name: b.name(), kind: Kind::Cpu, backend: b, error: Box::new(|| None) }
+        Present { name: b.name(), kind: Kind::Cpu, backend: b, error: Box::new(|| None), embed: None }
     };
     let mut v = vec![cpu(SimdLevel::Scalar)];
     if SimdLevel::detect() != SimdLevel::Scalar {
@@ -63,8 +69,9 @@ fn backends() -> Vec<Present> {
     }
     for ctx in contexts() {
         let w = Arc::new(WgpuBackend::new(ctx.clone()));
-        let e = w.clone();
-        v.push(Present { name: w.name(), kind: Kind::Wgpu, backend: w, error: Box::new(move || e.take_error().map(|e| e.to_string())) });
+        let (e, m) = (w.clone(), w.clone());
+        let embed: Embed = Box::new(move |t, ids, out| m.embed(t, ids, out).map_err(|e| e.to_string()));
+        v.push(Present { name: w.name(), kind: Kind::Wgpu, backend: w, error: Box::new(move || e.take_error().map(|e| e.to_string())), embed: Some(embed) });
     }
     if contexts().is_empty() {
         eprintln!("(no wgpu adapter: the wgpu part of this test is skipped)");
@@ -72,8 +79,9 @@ fn backends() -> Vec<Present> {
     if let Some(ctx) = hip_context() {
         for tile in [None, Some(Tile::T1), Some(Tile::T4), Some(Tile::T8), Some(Tile::T16)] {
             let h = Arc::new(HipBackend::new(ctx.clone()).with_tile(tile));
-            let e = h.clone();
-            v.push(Present { name: h.name(), kind: Kind::Hip, backend: h, error: Box::new(move || e.take_error().map(|e| e.to_string())) });
+            let (e, m) = (h.clone(), h.clone());
+            let embed: Embed = Box::new(move |t, ids, out| m.embed(t, ids, out).map_err(|e| e.to_string()));
+            v.push(Present { name: h.name(), kind: Kind::Hip, backend: h, error: Box::new(move || e.take_error().map(|e| e.to_string())), embed: Some(embed) });
         }
     }
     v
@@ -267,6 +275,30 @@ fn silu_mul_and_add_on_every_backend() {
         let mut s = g0.clone();
         p.backend.add(&mut s, &u);
         assert!(s.iter().zip(&sum_ref).all(|(a, r)| a.to_bits() == r.to_bits()), "{}: add is not bitwise equal", p.name);
+    }
+    no_gpu_errors(&all);
+}
+
+#[test]
+fn embedding_is_exact_dequantization_on_every_gpu() {
+    let _gpu = gpu_lock();
+    let all = backends();
+    let (rows, cols) = (50, 512);
+    let ids = [0u32, 49, 7, 7, 23];
+    for ty in WEIGHT_TYPES {
+        let data = weights(ty, rows, cols, 11);
+        let w = WeightView::new(ty, rows, cols, &data).expect("view");
+        for p in &all {
+            let Some(embed) = &p.embed else { continue };
+            let mut out = vec![f32::NAN; ids.len() * cols];
+            embed(w, &ids, &mut out).unwrap_or_else(|e| panic!("{} {ty:?}: embed: {e}", p.name));
+            for (t, &id) in ids.iter().enumerate() {
+                let mut want = vec![0f32; cols];
+                dequantize_row(ty, w.row(id as usize), &mut want);
+                let got = &out[t * cols..(t + 1) * cols];
+                assert!(got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "{} {ty:?}: row {id} differs from dequantize_row", p.name);
+            }
+        }
     }
     no_gpu_errors(&all);
 }
