@@ -316,6 +316,10 @@ impl HipLayers {
                 let ha = a.head.as_ref().ok_or_else(|| HipError::Unsupported("logits without an output head".into()))?;
                 rt.download(bytemuck::cast_slice_mut(out), ha.logits.ptr())
             }
+            // No row wants logits (a prefill chunk before the last): nothing to read back, but the
+            // step still returns only once its work is done, like every other step, so its errors
+            // surface here and a timer around the next step does not also count this one.
+            Some((rows, _)) if rows.is_empty() => rt.sync(),
             Some((rows, out)) => self.head_rounds(a, rows, out),
         }
     }
