@@ -61,12 +61,14 @@ FC_DEV int ld_i32_a2(const uint8_t* p) {
 FC_DEV int ld_x4(const int8_t* p) { return *(const int*)p; }
 FC_DEV int2 ld_x8(const int8_t* p) { return *(const int2*)p; }
 
-// c + sum of the four int8 products of a and b.
+// c + sum of the four int8 products of a and b: the targets below have dot1-insts
+// (v_dot4_i32_i8); every other one takes the portable sum (same integer result). Not gfx1013:
+// HIP 5.2's clang refuses the builtin there ("needs target feature dot1-insts").
 FC_DEV int dot4(int a, int b, int c) {
 #if defined(__CUDA_ARCH__)
     return __dp4a(a, b, c);
 #elif defined(__gfx906__) || defined(__gfx908__) || defined(__gfx90a__) || defined(__gfx940__) || \
-    defined(__gfx1011__) || defined(__gfx1012__) || defined(__gfx1013__) || defined(__gfx1030__) || \
+    defined(__gfx1011__) || defined(__gfx1012__) || defined(__gfx1030__) || \
     defined(__gfx1031__) || defined(__gfx1032__) || defined(__gfx1033__) || defined(__gfx1034__) || \
     defined(__gfx1035__) || defined(__gfx1036__)
     return __builtin_amdgcn_sdot4(a, b, c, false);
