@@ -1,9 +1,10 @@
 //! Batch invariance, a product guarantee: a token's logits and KV are bitwise identical whether
 //! it is computed alone in decode, inside a prefill batch (any chunking), next to another
 //! sequence in the same forward call, or after its prefix KV was computed elsewhere and reused.
-//! Run on every CPU kernel level this machine has (scalar reference, then SIMD), and on the wgpu
+//! Run on every CPU kernel level this machine has (scalar reference, then SIMD), on the wgpu
 //! tier: every layer on the GPU, and a split with layers on both (software adapters allowed, so
-//! this runs on lavapipe in CI; skipped with a message when there is no adapter).
+//! this runs on lavapipe in CI; skipped with a message when there is no adapter), and on the HIP
+//! tier: every layer, a CPU/HIP split and a CPU/wgpu/HIP split (skipped without a HIP device).
 
 mod common;
 
@@ -84,7 +85,7 @@ fn check_model(model: &Model, n: usize) {
     // KV reuse: copy the prefix KV into a fresh cache (as the workload builder will), run the rest.
     let mut restored = model.new_kv(seq.len() + 8);
     restored.copy_prefix_from(&kv_a, half).expect("copy prefix");
-    let mut state = model.new_state(64);
+    let mut state = model.new_state(64.max(seq.len() - half));
     model.forward(&mut state, &mut [SeqBatch { kv: &mut restored, tokens: &seq[half..], logits: Logits::All }]).expect("suffix");
     for i in half..seq.len() {
         assert!(bits(model.logits(&state, i - half)) == batch[i], "{name}: position {i} differs after prefix reuse");
@@ -113,5 +114,25 @@ fn logits_are_bitwise_batch_invariant_on_wgpu_and_split() {
         place(&mut model, &opts).expect("place");
         // lavapipe is slow: a short sequence still crosses chunk and attention-tile edges.
         check_model(&model, 40);
+    }
+}
+
+#[test]
+fn logits_are_bitwise_batch_invariant_on_hip_and_splits() {
+    if let Err(e) = forge_cache::backend::hip::HipContext::get() {
+        assert!(e.is_unavailable(), "{e}");
+        assert!(std::env::var_os("FORGE_HIP_REQUIRED").is_none(), "FORGE_HIP_REQUIRED is set and there is no HIP device: {e}");
+        return eprintln!("skipped: no HIP device ({e})");
+    }
+    let wgpu = WgpuContext::new(WgpuOptions { allow_software: true, ..WgpuOptions::default() }).is_ok();
+    let mut placements = vec![(BackendChoice::Hip, None), (BackendChoice::Split, Some("cpu:13,dgpu:17"))];
+    if wgpu {
+        placements.push((BackendChoice::Split, Some("dgpu:10,igpu:10,cpu:10")));
+    }
+    for (backend, split) in placements {
+        let mut model = Model::load(common::smollm2_path(), Arc::new(CpuBackend::new(0).expect("pool"))).expect("load");
+        let opts = PlacementOptions { backend, split: split.map(|s| s.parse().expect("split")), allow_software: true };
+        place(&mut model, &opts).expect("place");
+        check_model(&model, 160);
     }
 }

@@ -12,7 +12,10 @@
 //!   plus SIMD variants chosen at run time.
 //! * `wgpu` — WGSL kernels: the `Backend` trait op by op, and `GpuLayers`, a `LayerOffload`
 //!   segment; every knob in `WgpuOptions`.
-//! * `offload` — the layer-offload interface (wgpu implements it; HIP is to).
+//! * `hip` — `.hip` kernels (kernels/hip) on a discrete GPU: HIP on AMD, the same sources through
+//!   the CUDA driver API on NVIDIA, behind one small runtime interface; `HipLayers` is a
+//!   `LayerOffload` segment, `HipBackend` the `Backend` trait op by op (tests).
+//! * `offload` — the layer-offload interface (wgpu and HIP implement it).
 //! * `hardware` — detection of CPU features and GPUs, and the execution tier derived from them.
 //! * `simd` — the CPU instruction-set levels (`SimdLevel`), shared by `hardware` and `cpu`.
 //!
@@ -22,8 +25,11 @@
 
 pub mod cpu;
 pub mod hardware;
+pub mod hip;
 pub mod offload;
 pub mod simd;
+#[cfg(test)]
+mod tests;
 pub mod wgpu;
 
 use crate::gguf::GgmlType;

@@ -1,5 +1,5 @@
 //! `forge-cache bench`: a llama-bench-like table (pp128, pp512, tg128, tg128@d1024) for the CPU
-//! backend, the wgpu tier or a split of the two (`--backend`, `--tensor-split`). `--json` prints a
+//! backend, the wgpu tier, the HIP tier or a split of them (`--backend`, `--tensor-split`). `--json` prints a
 //! list of rows `{test, threads, backend, tokens_per_s}`.
 
 use std::path::PathBuf;
@@ -62,6 +62,7 @@ pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
     let backend_name = match (a.backend.backend, model.gpu_layers()) {
         (_, None) => backend_name,
         (BackendArg::Wgpu, Some(_)) => "wgpu".to_string(),
+        (BackendArg::Hip, Some(_)) => "hip".to_string(),
         (_, Some(_)) => format!("split {}", placement.to_string().split(' ').next().unwrap_or_default()),
     };
     let model_name = path.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();

@@ -1,6 +1,7 @@
 //! `forge-cache hardware [--json]`: what `backend::hardware::detect` sees on this machine, as a
-//! short aligned table or as one JSON object, plus the wgpu adapter the GPU tier would use and
-//! the layer split `--backend split` would choose for the model (`--model`, default SmolLM2).
+//! short aligned table or as one JSON object, plus the wgpu adapter the GPU tier would use, the
+//! HIP device (or why none is used) and the layer split `--backend split` would choose for the
+//! model (`--model`, default SmolLM2).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -35,6 +36,7 @@ pub fn run(args: &HardwareArgs) -> anyhow::Result<()> {
         }
         Err(e) => format!("none: {e}"),
     };
+    let dgpu = forge_cache::backend::hip::status();
     let path = args.model.clone().unwrap_or_else(forge_cache::models::default_llm);
     let split = if path.is_file() {
         let mut model = Model::load(&path, Arc::new(CpuBackend::new(0)?))?;
@@ -51,12 +53,14 @@ pub fn run(args: &HardwareArgs) -> anyhow::Result<()> {
         let mut v = serde_json::to_value(&info)?;
         if let Some(o) = v.as_object_mut() {
             o.insert("wgpu_adapter".into(), wgpu.into());
+            o.insert("hip_device".into(), dgpu.into());
             o.insert("split".into(), split.into());
         }
         println!("{}", serde_json::to_string(&v)?);
     } else {
         print!("{}", render(&info));
         println!("wgpu    {wgpu}");
+        println!("dgpu    {dgpu}");
         println!("split   {split}");
     }
     Ok(())

@@ -93,12 +93,14 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
 #[derive(Debug, Clone, Args)]
 pub struct BackendArgs {
     /// Where the layers run: cpu; wgpu (every layer on the GPU adapter: an integrated GPU first,
-    /// then a discrete one); split (some layers on each, see --tensor-split). Embedding, logits
+    /// then a discrete one); hip (every layer on the HIP device: an AMD GPU, or an NVIDIA GPU
+    /// through the CUDA driver); split (some layers on each tier, see --tensor-split). Embedding
     /// and sampling stay on the CPU.
     #[arg(long, value_enum, default_value_t = BackendArg::Cpu)]
     pub backend: BackendArg,
-    /// Layers per tier in layer order for --backend split, e.g. cpu:10,igpu:20 (default: chosen
-    /// from the adapter's memory and a short calibration run). dgpu:K is for the HIP tier, not built yet.
+    /// Layers per tier in layer order for --backend split, e.g. cpu:10,igpu:8,dgpu:12 (igpu: the
+    /// wgpu adapter, dgpu: the HIP device; default: chosen from each tier's memory and a short
+    /// calibration run).
     #[arg(long)]
     pub tensor_split: Option<String>,
     /// Accept a software GPU adapter (lavapipe / llvmpipe) for the wgpu tier (tests use it).
@@ -128,6 +130,7 @@ impl From<EmbedWeights> for forge_cache::embed::MatrixFormat {
 pub enum BackendArg {
     Cpu,
     Wgpu,
+    Hip,
     Split,
 }
 
@@ -136,6 +139,7 @@ impl BackendArgs {
         let backend = match self.backend {
             BackendArg::Cpu => BackendChoice::Cpu,
             BackendArg::Wgpu => BackendChoice::Wgpu,
+            BackendArg::Hip => BackendChoice::Hip,
             BackendArg::Split => BackendChoice::Split,
         };
         let split = self.tensor_split.as_deref().map(str::parse).transpose()?;
@@ -211,9 +215,12 @@ mod tests {
         let o = a.backend.options().expect("options");
         assert_eq!(o.backend, BackendChoice::Split);
         assert_eq!(o.split.expect("split").parts.len(), 2);
-        let cli = Cli::try_parse_from(["forge-cache", "generate", "--prompt", "x", "--backend", "split", "--tensor-split", "cpu:1,dgpu:2"]).expect("parses");
+        let cli = Cli::try_parse_from(["forge-cache", "generate", "--prompt", "x", "--backend", "split", "--tensor-split", "cpu:1,igpu:2,dgpu:2"]).expect("parses");
         let Command::Generate(a) = cli.command else { panic!("not generate") };
-        assert!(a.backend.options().expect_err("no HIP").to_string().contains("HIP"));
+        assert_eq!(a.backend.options().expect("three tiers").split.expect("split").parts.len(), 3);
+        let cli = Cli::try_parse_from(["forge-cache", "bench", "--backend", "hip"]).expect("parses");
+        let Command::Bench(a) = cli.command else { panic!("not bench") };
+        assert_eq!(a.backend.options().expect("options").backend, BackendChoice::Hip);
         let cli = Cli::try_parse_from(["forge-cache", "serve", "--backend", "wgpu"]).expect("parses");
         let Command::Serve(a) = cli.command else { panic!("not serve") };
         assert_eq!(a.backend.options().expect("options").backend, BackendChoice::Wgpu);

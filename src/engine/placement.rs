@@ -1,17 +1,20 @@
-//! Where a model's layers run: `--backend cpu|wgpu|split` and `--tensor-split cpu:N,igpu:M`.
+//! Where a model's layers run: `--backend cpu|wgpu|hip|split` and
+//! `--tensor-split cpu:N,igpu:M,dgpu:K`.
 //!
-//! Layers are cut into contiguous runs in the order the split names them (`cpu:10,igpu:20`: layers
-//! 0..10 on the CPU, 10..30 on the GPU). Embedding, the output norm, logits and sampling stay on
-//! the CPU; a layer's KV lives on the tier that runs it. `dgpu:K` is parsed for the HIP tier that
-//! is not built yet, and refused with an error that says so.
+//! Three tiers: the CPU, the wgpu adapter (`igpu`: an integrated GPU when there is one) and the
+//! HIP device (`dgpu`: an AMD GPU through HIP, or an NVIDIA GPU through the same kernels on the
+//! CUDA driver). Layers are cut into contiguous runs in the order the split names them
+//! (`cpu:10,igpu:8,dgpu:12`: layers 0..10 on the CPU, 10..18 on wgpu, 18..30 on HIP); each GPU
+//! tier takes at most one run. Embedding and sampling stay on the CPU; the output norm and logits
+//! run on the tier of the last layer when it is a GPU; a layer's KV lives on the tier that runs it.
 //!
-//! Without `--tensor-split`, `--backend split` chooses: the wgpu adapter ([`WgpuContext::new`]:
-//! integrated GPU first, then discrete; software adapters only when allowed) gets the last layers
-//! that fit its memory budget, provided a short calibration (one decode token through one layer on
-//! the CPU and through 1- and 3-layer stacks on the GPU) finds the whole model faster there. Layers
-//! run one tier after the other, so the step time is `N_cpu · t_cpu + c_gpu + N_gpu · t_gpu`
-//! (c_gpu: the GPU's fixed cost per step) and every layer belongs on the faster tier unless memory
-//! says otherwise. No adapter means all layers on the CPU, never an error.
+//! Without `--tensor-split`, `--backend split` chooses: every tier present is calibrated (one
+//! decode token through one layer on the CPU, and through 1- and 3-layer stacks on each GPU, so a
+//! GPU's fixed cost per step is not counted per layer). Layers run one tier after the other, so
+//! the step time is `N_cpu · t_cpu + Σ_gpu (c_gpu + N_gpu · t_gpu)`: every layer goes to the
+//! fastest tier that is faster than the CPU for the whole model, as many as fit its memory
+//! budget, the rest to the next such tier, then the CPU. No GPU means all layers on the CPU,
+//! never an error.
 
 use std::fmt;
 use std::ops::Range;
@@ -21,6 +24,7 @@ use std::time::Instant;
 
 use super::model::{Model, ModelError, SeqBatch};
 use crate::backend::hardware;
+use crate::backend::hip::{HipContext, HipError, HipLayers};
 use crate::backend::offload::{LayerOffload, OffloadError, SeqSpan};
 use crate::backend::wgpu::{GpuLayers, KvPrecision, WgpuContext, WgpuError, WgpuOptions};
 
@@ -30,7 +34,7 @@ pub enum Device {
     Cpu,
     /// The wgpu adapter (an integrated GPU when there is one).
     Igpu,
-    /// A discrete GPU through HIP: not built yet.
+    /// The HIP device: a discrete AMD GPU, or an NVIDIA GPU through the CUDA driver.
     Dgpu,
 }
 
@@ -50,23 +54,25 @@ pub enum PlacementError {
     BadSplit(String),
     #[error("--tensor-split names {got} layers, the model has {n_layer}")]
     LayerCount { got: usize, n_layer: usize },
-    #[error("--tensor-split dgpu:{0}: the HIP (discrete GPU) tier is not built yet; use cpu and igpu")]
-    NoHipTier(usize),
-    #[error("--tensor-split names igpu more than once; the GPU layers must be one contiguous run")]
-    TwoGpuRuns,
+    #[error("--tensor-split names {0} more than once; each GPU's layers must be one contiguous run")]
+    TwoGpuRuns(&'static str),
     #[error("--tensor-split needs --backend split")]
     SplitWithoutSplitBackend,
     #[error("no usable GPU for the wgpu tier: {0}")]
     NoAdapter(String),
+    #[error("no usable device for the HIP tier: {0}")]
+    NoHip(String),
     #[error(transparent)]
     Model(#[from] ModelError),
     #[error("GPU: {0}")]
     Gpu(#[from] WgpuError),
+    #[error("HIP: {0}")]
+    Hip(#[from] HipError),
     #[error("offloaded layers: {0}")]
     Offload(#[from] OffloadError),
 }
 
-/// `cpu:N,igpu:M[,dgpu:K]`, in layer order.
+/// `cpu:N,igpu:M,dgpu:K`, in layer order.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TensorSplit {
     pub parts: Vec<(Device, usize)>,
@@ -91,31 +97,34 @@ impl FromStr for TensorSplit {
         if parts.is_empty() {
             return Err(bad());
         }
-        if let Some(&(_, k)) = parts.iter().find(|(d, k)| *d == Device::Dgpu && *k > 0) {
-            return Err(PlacementError::NoHipTier(k));
-        }
-        if parts.iter().filter(|(d, k)| *d == Device::Igpu && *k > 0).count() > 1 {
-            return Err(PlacementError::TwoGpuRuns);
+        for d in [Device::Igpu, Device::Dgpu] {
+            if parts.iter().filter(|(x, k)| *x == d && *k > 0).count() > 1 {
+                return Err(PlacementError::TwoGpuRuns(d.name()));
+            }
         }
         Ok(TensorSplit { parts })
     }
 }
 
 impl TensorSplit {
-    /// The GPU's layer range for a model of `n_layer` layers.
-    pub fn gpu_layers(&self, n_layer: usize) -> Result<Range<usize>, PlacementError> {
+    /// The runs of a model of `n_layer` layers in layer order (empty parts left out).
+    pub fn runs(&self, n_layer: usize) -> Result<Vec<(Device, Range<usize>)>, PlacementError> {
         let got: usize = self.parts.iter().map(|p| p.1).sum();
         if got != n_layer {
             return Err(PlacementError::LayerCount { got, n_layer });
         }
         let mut at = 0;
-        for &(d, k) in &self.parts {
-            if d == Device::Igpu && k > 0 {
-                return Ok(at..at + k);
-            }
+        let mut runs = Vec::new();
+        for &(d, k) in self.parts.iter().filter(|p| p.1 > 0) {
+            runs.push((d, at..at + k));
             at += k;
         }
-        Ok(0..0)
+        Ok(runs)
+    }
+
+    /// The wgpu tier's layer range (empty when it has none).
+    pub fn gpu_layers(&self, n_layer: usize) -> Result<Range<usize>, PlacementError> {
+        Ok(self.runs(n_layer)?.into_iter().find(|r| r.0 == Device::Igpu).map(|r| r.1).unwrap_or(0..0))
     }
 }
 
@@ -127,7 +136,9 @@ pub enum BackendChoice {
     Cpu,
     /// Every layer on the wgpu adapter (an error when there is none).
     Wgpu,
-    /// Some layers on each: `--tensor-split`, or chosen from memory and a calibration run.
+    /// Every layer on the HIP device (an error when there is none).
+    Hip,
+    /// Some layers on each tier: `--tensor-split`, or chosen from memory and a calibration run.
     Split,
 }
 
@@ -139,72 +150,80 @@ pub struct PlacementOptions {
     pub allow_software: bool,
 }
 
-/// Per-layer time of one decode token on each tier (ms), from [`calibrate`].
+/// One tier's time per decode token (ms), from a calibration run.
 #[derive(Debug, Clone, Copy)]
 pub struct Calibration {
-    pub cpu_ms: f64,
-    pub gpu_ms: f64,
-    /// Fixed GPU cost per step (submit, read-back), whatever the number of layers.
-    pub gpu_overhead_ms: f64,
+    pub per_layer_ms: f64,
+    /// Fixed cost per step (submit, copies, read-back), whatever the number of layers; 0 on the CPU.
+    pub overhead_ms: f64,
 }
 
 /// What [`place`] did.
 #[derive(Debug, Clone)]
 pub struct Placement {
     pub n_layer: usize,
-    pub gpu_layers: Range<usize>,
+    /// Runs of layers in layer order.
+    pub runs: Vec<(Device, Range<usize>)>,
     /// How the split was chosen, for the start-up line.
     pub reason: String,
 }
 
 impl fmt::Display for Placement {
-    /// `cpu:N,igpu:M` in layer order (zero parts left out), then the reason.
+    /// `cpu:N,igpu:M,dgpu:K` in layer order, then the reason.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let g = &self.gpu_layers;
-        let mut parts = Vec::new();
-        for (d, k) in [(Device::Cpu, g.start), (Device::Igpu, g.len()), (Device::Cpu, self.n_layer - g.end)] {
-            if k > 0 {
-                parts.push(format!("{}:{k}", d.name()));
-            }
-        }
+        let parts: Vec<String> = self.runs.iter().filter(|r| !r.1.is_empty()).map(|(d, r)| format!("{}:{}", d.name(), r.len())).collect();
         write!(f, "{} ({})", parts.join(","), self.reason)
+    }
+}
+
+/// The GPU tiers a placement may use, opened on demand.
+struct Tiers {
+    wgpu: Option<Result<Arc<WgpuContext>, String>>,
+    hip: Option<Result<Arc<HipContext>, String>>,
+    allow_software: bool,
+}
+
+impl Tiers {
+    fn wgpu(&mut self) -> Result<Arc<WgpuContext>, String> {
+        let allow = self.allow_software;
+        self.wgpu
+            .get_or_insert_with(|| {
+                // The wgpu knobs come from FORGE_WGPU_* (the command line's; defaults when unset).
+                let opts = WgpuOptions::from_env().map_err(|e| e.to_string())?;
+                WgpuContext::new(WgpuOptions { allow_software: allow, ..opts }).map_err(|e| e.to_string())
+            })
+            .clone()
+    }
+
+    fn hip(&mut self) -> Result<Arc<HipContext>, String> {
+        self.hip.get_or_insert_with(|| HipContext::get().map_err(|e| e.to_string())).clone()
     }
 }
 
 /// Applies `opts` to `model` (see the module docs); call before making run states or KV caches.
 pub fn place(model: &mut Model, opts: &PlacementOptions) -> Result<Placement, PlacementError> {
     let n_layer = model.config.n_layer;
-    let cpu_only = |reason: String| Placement { n_layer, gpu_layers: 0..0, reason };
     if opts.split.is_some() && opts.backend != BackendChoice::Split {
         return Err(PlacementError::SplitWithoutSplitBackend);
     }
-    if opts.backend == BackendChoice::Cpu {
-        model.offload_none();
-        return Ok(cpu_only("--backend cpu".into()));
-    }
-    let explicit = opts.split.as_ref().map(|s| s.gpu_layers(n_layer)).transpose()?;
-    if explicit.as_ref().is_some_and(|r| r.is_empty()) {
-        model.offload_none();
-        return Ok(cpu_only("--tensor-split".into()));
-    }
-    // The wgpu knobs come from FORGE_WGPU_* (the command line's; defaults when unset).
-    let wgpu_opts = WgpuOptions { allow_software: opts.allow_software, ..WgpuOptions::from_env()? };
-    let ctx = match WgpuContext::new(wgpu_opts) {
-        Ok(c) => c,
-        Err(e) if opts.backend == BackendChoice::Split && explicit.is_none() => {
-            model.offload_none();
-            return Ok(cpu_only(format!("auto: {e}")));
+    let mut tiers = Tiers { wgpu: None, hip: None, allow_software: opts.allow_software };
+    let (runs, reason) = match (opts.backend, &opts.split) {
+        (BackendChoice::Cpu, _) => (vec![(Device::Cpu, 0..n_layer)], "--backend cpu".to_string()),
+        (BackendChoice::Wgpu, _) => (vec![(Device::Igpu, 0..n_layer)], "--backend wgpu".to_string()),
+        (BackendChoice::Hip, _) => (vec![(Device::Dgpu, 0..n_layer)], "--backend hip".to_string()),
+        (BackendChoice::Split, Some(s)) => (s.runs(n_layer)?, "--tensor-split".to_string()),
+        (BackendChoice::Split, None) => auto_split(model, &mut tiers)?,
+    };
+    let mut segments = Vec::new();
+    for (d, r) in &runs {
+        match d {
+            Device::Cpu => {}
+            Device::Igpu => segments.push(wgpu_segment(model, tiers.wgpu().map_err(PlacementError::NoAdapter)?, r.clone())?),
+            Device::Dgpu => segments.push(hip_segment(model, tiers.hip().map_err(PlacementError::NoHip)?, r.clone())?),
         }
-        Err(e) => return Err(PlacementError::NoAdapter(e.to_string())),
-    };
-    let (layers, reason) = match (opts.backend, explicit) {
-        (BackendChoice::Wgpu, _) => (0..n_layer, "--backend wgpu".to_string()),
-        (_, Some(r)) => (r, "--tensor-split".to_string()),
-        _ => auto_split(model, &ctx)?,
-    };
-    let segment = wgpu_segment(model, ctx, layers.clone())?;
-    model.offload(vec![segment])?;
-    Ok(Placement { n_layer, gpu_layers: layers, reason })
+    }
+    model.offload(segments)?;
+    Ok(Placement { n_layer, runs, reason })
 }
 
 /// Layers `layers` of `model` on the wgpu adapter of `ctx` (weights uploaded now, f16 KV, a
@@ -216,28 +235,74 @@ pub fn wgpu_segment(model: &Model, ctx: Arc<WgpuContext>, layers: Range<usize>) 
     Ok(Box::new(if last { g.with_head(model)? } else { g }))
 }
 
-/// The last layers that fit the adapter's memory budget go to the GPU when it is faster per layer.
-fn auto_split(model: &Model, ctx: &Arc<WgpuContext>) -> Result<(Range<usize>, String), PlacementError> {
-    let c = &model.config;
-    let n_layer = c.n_layer;
-    let cal = calibrate(model, ctx)?;
-    let name = &ctx.adapter().name;
-    // All layers on one tier or the other: the GPU pays its step overhead once.
-    let (cpu_all, gpu_all) = (n_layer as f64 * cal.cpu_ms, cal.gpu_overhead_ms + n_layer as f64 * cal.gpu_ms);
-    let timing = format!(
-        "{name} {:.3} ms/layer + {:.3} ms/step vs CPU {:.3} ms/layer per decode token",
-        cal.gpu_ms, cal.gpu_overhead_ms, cal.cpu_ms
-    );
-    if gpu_all >= cpu_all {
-        return Ok((0..0, format!("auto: {timing}, the CPU is faster")));
+/// Layers `layers` of `model` on the HIP device of `ctx` (weights uploaded now, f16 KV, the
+/// CPU's RoPE table for the trained context); with the model's last layer, the output norm and
+/// logits too.
+pub fn hip_segment(model: &Model, ctx: Arc<HipContext>, layers: Range<usize>) -> Result<Box<dyn LayerOffload>, HipError> {
+    let last = layers.end == model.config.n_layer;
+    Ok(Box::new(HipLayers::new(ctx, model, layers, model.config.n_ctx_train, last)?))
+}
+
+/// A GPU tier found by the automatic split, with its calibration and memory budget.
+struct GpuTier {
+    device: Device,
+    name: String,
+    cal: Calibration,
+    /// bytes it may hold; None: not reported (all layers assumed to fit)
+    budget: Option<u64>,
+}
+
+/// Calibrates every tier present and gives each GPU faster than the CPU the layers that fit, the
+/// fastest last (see the module docs).
+fn auto_split(model: &Model, tiers: &mut Tiers) -> Result<(Vec<(Device, Range<usize>)>, String), PlacementError> {
+    let n_layer = model.config.n_layer;
+    let cpu = calibrate_cpu(model)?;
+    let mut notes = vec![format!("CPU {:.3} ms/layer", cpu.per_layer_ms)];
+    let mut gpus = Vec::new();
+    match tiers.wgpu() {
+        Ok(ctx) => {
+            let cal = calibrate_segment(model, |r| wgpu_segment_n(model, &ctx, r))?;
+            let name = format!("wgpu {}", ctx.adapter().name);
+            gpus.push(GpuTier { device: Device::Igpu, name, cal, budget: memory_budget(&ctx) });
+        }
+        Err(e) => notes.push(format!("no wgpu tier ({e})")),
     }
-    let per_layer = layer_bytes(model) + kv_bytes_per_layer(model, c.n_ctx_train.min(4096));
-    let (fit, budget) = match memory_budget(ctx) {
-        Some(b) => (((b / per_layer.max(1)) as usize).min(n_layer), format!("{:.1} GiB budget", b as f64 / (1u64 << 30) as f64)),
-        None => (n_layer, "memory not reported, all layers assumed to fit".to_string()),
-    };
-    let why = format!("auto: {timing}; {budget}, {:.0} MiB per layer with KV", per_layer as f64 / (1 << 20) as f64);
-    Ok((n_layer - fit..n_layer, why))
+    match tiers.hip() {
+        Ok(ctx) => {
+            let cal = calibrate_segment(model, |r| Ok(Box::new(HipLayers::new(ctx.clone(), model, r, 128, false)?) as Box<dyn LayerOffload>))?;
+            let budget = Some(ctx.runtime().total_memory() / 10 * 9);
+            gpus.push(GpuTier { device: Device::Dgpu, name: format!("hip {}", ctx.describe()), cal, budget });
+        }
+        Err(e) => notes.push(format!("no HIP tier ({e})")),
+    }
+    let whole_cpu = n_layer as f64 * cpu.per_layer_ms;
+    for g in &gpus {
+        notes.push(format!("{} {:.3} ms/layer + {:.3} ms/step", g.name, g.cal.per_layer_ms, g.cal.overhead_ms));
+    }
+    // GPUs faster than the CPU for the whole model, fastest first
+    gpus.retain(|g| g.cal.overhead_ms + n_layer as f64 * g.cal.per_layer_ms < whole_cpu);
+    gpus.sort_by(|a, b| a.cal.per_layer_ms.total_cmp(&b.cal.per_layer_ms));
+    let per_layer = layer_bytes(model) + kv_bytes_per_layer(model, model.config.n_ctx_train.min(4096));
+    let mut end = n_layer;
+    let mut runs = Vec::new();
+    for g in &gpus {
+        let fit = g.budget.map_or(n_layer, |b| (b / per_layer.max(1)) as usize);
+        let k = fit.min(end);
+        if k > 0 {
+            runs.push((g.device, end - k..end));
+            end -= k;
+        }
+    }
+    if end > 0 {
+        runs.push((Device::Cpu, 0..end));
+    }
+    runs.reverse();
+    let verdict = if gpus.is_empty() { ", the CPU is fastest" } else { "" };
+    Ok((runs, format!("auto: {}{verdict}; {:.0} MiB per layer with KV", notes.join(", "), per_layer as f64 / (1 << 20) as f64)))
+}
+
+fn wgpu_segment_n(model: &Model, ctx: &Arc<WgpuContext>, layers: Range<usize>) -> Result<Box<dyn LayerOffload>, PlacementError> {
+    Ok(Box::new(GpuLayers::new(ctx.clone(), model, layers, 128, KvPrecision::F16)?))
 }
 
 /// Weight bytes of one layer (the largest, so the estimate is safe).
@@ -257,9 +322,9 @@ fn kv_bytes_per_layer(model: &Model, ctx: usize) -> u64 {
     (2 * model.config.kv_dim() * ctx * 2) as u64
 }
 
-/// Bytes the adapter may hold: half the available system memory for integrated (and software)
-/// adapters, which share it; 90% of the VRAM the PCI scan reports for a discrete one (none for
-/// drivers that do not report it, e.g. NVIDIA's).
+/// Bytes the wgpu adapter may hold: half the available system memory for integrated (and
+/// software) adapters, which share it; 90% of the VRAM the PCI scan reports for a discrete one
+/// (none for drivers that do not report it, e.g. NVIDIA's).
 fn memory_budget(ctx: &WgpuContext) -> Option<u64> {
     let hw = hardware::detect();
     let a = ctx.adapter();
@@ -269,18 +334,16 @@ fn memory_budget(ctx: &WgpuContext) -> Option<u64> {
     hw.gpus.iter().find(|g| g.vendor_id.map(u32::from) == Some(a.vendor)).and_then(|g| g.vram_total_bytes).map(|v| v / 10 * 9)
 }
 
-/// Times one decode token (best of 5 after a warm-up, at a context of 64 positions) through
-/// layer 0 on the model's CPU backend, and on the GPU through stacks of 1 and 3 layers: a GPU
-/// step has a fixed cost (submit, read-back) that a per-layer figure must not include, so the
-/// GPU's per-layer time is (t3 - t1) / 2 and its step overhead t1 - per-layer.
-pub fn calibrate(model: &Model, ctx: &Arc<WgpuContext>) -> Result<Calibration, PlacementError> {
-    const DEPTH: usize = 64;
-    const REPS: usize = 5;
-    // CPU: layer 0 alone on a fresh cache filled to DEPTH.
+const DEPTH: usize = 64;
+const REPS: usize = 5;
+
+/// Best time of one decode token (of 5, after a warm-up, at a context of 64 positions) through
+/// layer 0 on the model's CPU backend.
+pub fn calibrate_cpu(model: &Model) -> Result<Calibration, PlacementError> {
     let mut state = model.new_state(DEPTH);
     let mut kv = super::KvCache::new(&model.config, DEPTH + REPS + 2);
     let toks: Vec<u32> = (0..DEPTH as u32).map(|i| (i * 31 + 7) % model.config.vocab_size as u32).collect();
-    let mut cpu_ms = f64::MAX;
+    let mut best = f64::MAX;
     {
         let mut seq = [SeqBatch { kv: &mut kv, tokens: &toks, logits: super::Logits::None }];
         model.layer_forward(0, &mut state, &mut seq)?;
@@ -290,36 +353,43 @@ pub fn calibrate(model: &Model, ctx: &Arc<WgpuContext>) -> Result<Calibration, P
         let mut seq = [SeqBatch { kv: &mut kv, tokens: &toks[i..i + 1], logits: super::Logits::None }];
         model.layer_forward(0, &mut state, &mut seq)?;
         if i > 0 {
-            cpu_ms = cpu_ms.min(t.elapsed().as_secs_f64() * 1e3);
+            best = best.min(t.elapsed().as_secs_f64() * 1e3);
         }
     }
-    let n = model.config.n_layer.min(3);
-    let t1 = gpu_step_ms(model, ctx, 1, DEPTH, REPS)?;
-    let (gpu_ms, overhead_ms) = if n > 1 {
-        let tn = gpu_step_ms(model, ctx, n, DEPTH, REPS)?;
-        let per = ((tn - t1) / (n - 1) as f64).max(1e-3);
-        (per, (t1 - per).max(0.0))
-    } else {
-        (t1, 0.0)
-    };
-    Ok(Calibration { cpu_ms, gpu_ms, gpu_overhead_ms: overhead_ms })
+    Ok(Calibration { per_layer_ms: best, overhead_ms: 0.0 })
 }
 
-/// Best time of one decode token through a GPU stack of layers 0..n, through the offload
-/// interface as `Model::forward` runs it.
-fn gpu_step_ms(model: &Model, ctx: &Arc<WgpuContext>, n: usize, depth: usize, reps: usize) -> Result<f64, PlacementError> {
+/// A GPU tier's calibration: one decode token through stacks of layers 0..1 and 0..3 made by
+/// `make`; the per-layer time is (t3 - t1) / 2, the step overhead t1 minus that.
+pub fn calibrate_segment(
+    model: &Model,
+    make: impl Fn(Range<usize>) -> Result<Box<dyn LayerOffload>, PlacementError>,
+) -> Result<Calibration, PlacementError> {
+    let n = model.config.n_layer.min(3);
+    let t1 = segment_step_ms(model, &*make(0..1)?)?;
+    if n == 1 {
+        return Ok(Calibration { per_layer_ms: t1, overhead_ms: 0.0 });
+    }
+    let tn = segment_step_ms(model, &*make(0..n)?)?;
+    let per = ((tn - t1) / (n - 1) as f64).max(1e-3);
+    Ok(Calibration { per_layer_ms: per, overhead_ms: (t1 - per).max(0.0) })
+}
+
+/// Best time of one decode token through `stack`, through the offload interface as
+/// `Model::forward` runs it.
+fn segment_step_ms(model: &Model, stack: &dyn LayerOffload) -> Result<f64, PlacementError> {
     let e = model.config.n_embd;
-    let stack: Box<dyn LayerOffload> = Box::new(GpuLayers::new(ctx.clone(), model, 0..n, depth + reps + 2, KvPrecision::F16)?);
-    let mut act = stack.new_acts(depth)?;
-    let mut gkv = stack.new_kv(depth + reps + 2)?;
-    let mut hidden = vec![0.01f32; depth * e];
-    let pos: Vec<u32> = (0..(depth + reps + 1) as u32).collect();
-    stack.forward(&mut act, &mut hidden, &pos[..depth], &mut [SeqSpan { kv: &mut gkv, start: 0, n_tok: depth }], None)?;
+    let mut act = stack.new_acts(DEPTH)?;
+    let mut gkv = stack.new_kv(DEPTH + REPS + 2)?;
+    let mut hidden = vec![0.01f32; DEPTH * e];
+    let pos: Vec<u32> = (0..(DEPTH + REPS + 1) as u32).collect();
+    stack.forward(&mut act, &mut hidden, &pos[..DEPTH], &mut [SeqSpan { kv: &mut gkv, start: 0, n_tok: DEPTH }], None)?;
     let mut best = f64::MAX;
-    for i in 0..=reps {
+    let mut one = vec![0.01f32; e];
+    for i in 0..=REPS {
+        one.fill(0.01);
         let t = Instant::now();
-        let mut one = vec![0.01f32; e];
-        stack.forward(&mut act, &mut one, &pos[depth + i..depth + i + 1], &mut [SeqSpan { kv: &mut gkv, start: depth + i, n_tok: 1 }], None)?;
+        stack.forward(&mut act, &mut one, &pos[DEPTH + i..DEPTH + i + 1], &mut [SeqSpan { kv: &mut gkv, start: DEPTH + i, n_tok: 1 }], None)?;
         if i > 0 {
             best = best.min(t.elapsed().as_secs_f64() * 1e3);
         }
@@ -341,19 +411,23 @@ mod tests {
         assert_eq!(s.gpu_layers(30).expect("fits"), 0..4);
         let s: TensorSplit = "cpu:30,igpu:0,dgpu:0".parse().expect("parses");
         assert_eq!(s.gpu_layers(30).expect("fits"), 0..0);
+        assert_eq!(s.runs(30).expect("fits"), vec![(Device::Cpu, 0..30)]);
         for bad in ["", "cpu", "cpu:x", "tpu:3", "cpu:-1"] {
             assert!(matches!(bad.parse::<TensorSplit>(), Err(PlacementError::BadSplit(_))), "{bad}");
         }
-        let e = "cpu:10,dgpu:20".parse::<TensorSplit>().expect_err("no HIP tier");
-        assert!(matches!(e, PlacementError::NoHipTier(20)) && e.to_string().contains("not built yet"), "{e}");
-        assert!(matches!("igpu:1,cpu:1,igpu:1".parse::<TensorSplit>(), Err(PlacementError::TwoGpuRuns)));
+        let s: TensorSplit = "cpu:10,igpu:8,dgpu:12".parse().expect("three tiers");
+        assert_eq!(s.runs(30).expect("fits"), vec![(Device::Cpu, 0..10), (Device::Igpu, 10..18), (Device::Dgpu, 18..30)]);
+        let s: TensorSplit = "hip:5,cpu:5".parse().expect("hip is dgpu");
+        assert_eq!(s.runs(10).expect("fits"), vec![(Device::Dgpu, 0..5), (Device::Cpu, 5..10)]);
+        assert!(matches!("igpu:1,cpu:1,igpu:1".parse::<TensorSplit>(), Err(PlacementError::TwoGpuRuns("igpu"))));
+        assert!(matches!("dgpu:1,cpu:1,dgpu:1".parse::<TensorSplit>(), Err(PlacementError::TwoGpuRuns("dgpu"))));
     }
 
     #[test]
     fn displays_in_layer_order() {
-        let p = Placement { n_layer: 30, gpu_layers: 10..20, reason: "x".into() };
-        assert_eq!(p.to_string(), "cpu:10,igpu:10,cpu:10 (x)");
-        let p = Placement { n_layer: 30, gpu_layers: 0..0, reason: "y".into() };
+        let p = Placement { n_layer: 30, runs: vec![(Device::Cpu, 0..10), (Device::Igpu, 10..20), (Device::Dgpu, 20..30)], reason: "x".into() };
+        assert_eq!(p.to_string(), "cpu:10,igpu:10,dgpu:10 (x)");
+        let p = Placement { n_layer: 30, runs: vec![(Device::Cpu, 0..30)], reason: "y".into() };
         assert_eq!(p.to_string(), "cpu:30 (y)");
     }
 }

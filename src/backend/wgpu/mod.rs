@@ -39,7 +39,7 @@ mod probe;
 #[cfg(test)]
 mod stress;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 use super::offload::OffloadError;
 

@@ -1,9 +1,10 @@
-//! Every WGSL kernel against the CPU scalar reference: one test body per op, run on every backend
-//! present (CPU scalar, CPU SIMD, and wgpu when an adapter exists, software adapters allowed; with
-//! none the wgpu part is skipped with a message). Then wgpu-only checks: exact dequantization,
-//! batch invariance of the kernels, and decode vs prefill through [`WgpuLayers`].
+//! wgpu-only checks: the matmul's weights are the dequantized matrix exactly, the KV store's
+//! rounding, q8 blocks, batch invariance of the kernels, decode vs prefill through
+//! [`WgpuLayers`], the options. Every WGSL kernel against the CPU scalar reference (and the
+//! embedding lookup against `dequantize_row`), one test body per op on every backend present, is
+//! in `backend/tests.rs` (the wgpu backends there: [`contexts`], software adapters allowed).
 //!
-//! Tolerances, `|backend - scalar reference|` per output:
+//! Tolerances of those tests for wgpu, `|backend - scalar reference|` per output:
 //! * matmul, F32 / F16 / BF16 weights: `4e-5 · Σ|w·x| + 1e-6` — both sides accumulate f32 in a
 //!   different order; the worst-case recursive-summation bound for 512 terms is 512 · 2^-24 ≈ 3.1e-5.
 //! * matmul, Q4_0 / Q8_0 / Q4_1 weights: the same plus the CPU reference's own 8-bit activation
@@ -27,11 +28,11 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use half::f16;
 
 use super::{DecodePlan, KvPrecision, WgpuBackend, WgpuContext, WgpuLayers, WgpuOptions, WEIGHT_TYPES};
-use crate::backend::cpu::ops::rope_table;
+use crate::backend::tests::attention;
 use crate::backend::cpu::{CpuBackend, SimdLevel};
-use crate::backend::{AttentionArgs, Backend, WeightView};
+use crate::backend::WeightView;
 use crate::gguf::synth::{random_matrix, tiny_shape, write_synth_model, Rng};
-use crate::gguf::{dequantize_row, GgmlType, QK, QK_K};
+use crate::gguf::{dequantize_row, GgmlType, QK_K};
 
 /// One GPU test at a time: lavapipe runs every dispatch on the machine's own (2, in CI) cores,
 /// so concurrent GPU tests only slow each other down. (The mismatches once seen here with several
@@ -39,7 +40,7 @@ use crate::gguf::{dequantize_row, GgmlType, QK, QK_K};
 /// callback when another thread's poll had collected it, the op failed with "map did not
 /// complete" and the trait method fell back to the CPU result; `WgpuContext::map_read` now waits
 /// for the callback. The stress test runs without this lock.)
-fn gpu_lock() -> MutexGuard<'static, ()> {
+pub(crate) fn gpu_lock() -> MutexGuard<'static, ()> {
     static GPU: Mutex<()> = Mutex::new(());
     GPU.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -53,7 +54,7 @@ fn test_options() -> WgpuOptions {
 /// decode kernels (software adapters default to 1 lane and the batch kernels for one token),
 /// without and with attention_one, so that both reduction layouts and the one-token paths are
 /// tested here. Empty, with a message, when there is no adapter.
-fn contexts() -> &'static [Arc<WgpuContext>] {
+pub(crate) fn contexts() -> &'static [Arc<WgpuContext>] {
     static CTX: OnceLock<Vec<Arc<WgpuContext>>> = OnceLock::new();
     CTX.get_or_init(|| match WgpuContext::new(test_options()) {
         Ok(c) => {
@@ -85,48 +86,14 @@ pub(super) fn context() -> Option<Arc<WgpuContext>> {
     contexts().first().cloned()
 }
 
-struct Present {
-    name: String,
-    backend: Arc<dyn Backend>,
-    wgpu: Option<Arc<WgpuBackend>>,
-}
-
-/// Every backend on this machine, the CPU scalar reference first.
-fn backends() -> Vec<Present> {
-    let cpu = |s| -> Present {
-        let b = Arc::new(CpuBackend::with_simd(2, s).expect("pool"));
-        Present { name: b.name(), backend: b, wgpu: None }
-    };
-    let mut v = vec![cpu(SimdLevel::Scalar)];
-    if SimdLevel::detect() != SimdLevel::Scalar {
-        v.push(cpu(SimdLevel::detect()));
-    }
-    for ctx in contexts() {
-        let w = Arc::new(WgpuBackend::new(ctx.clone()));
-        v.push(Present { name: w.name(), backend: w.clone(), wgpu: Some(w) });
-    }
-    if contexts().is_empty() {
-        eprintln!("(no wgpu adapter: this test checks the CPU backends only)");
-    }
-    v
-}
-
-fn no_gpu_errors(all: &[Present]) {
-    for p in all {
-        if let Some(e) = p.wgpu.as_ref().and_then(|w| w.take_error()) {
-            panic!("{}: GPU error: {e}", p.name);
-        }
-    }
-}
-
-pub(super) fn uniform(seed: u64, n: usize) -> Vec<f32> {
+pub(crate) fn uniform(seed: u64, n: usize) -> Vec<f32> {
     let mut r = Rng::new(seed);
     (0..n).map(|_| r.next_f32() * 2.0 - 1.0).collect()
 }
 
 /// Random weights of any type: quantized N(0, 1) values, or for K-quants random blocks with
 /// small positive scales.
-fn weights(ty: GgmlType, rows: usize, cols: usize, seed: u64) -> Vec<u8> {
+pub(crate) fn weights(ty: GgmlType, rows: usize, cols: usize, seed: u64) -> Vec<u8> {
     if !matches!(ty, GgmlType::Q4K | GgmlType::Q6K) {
         return random_matrix(ty, rows, cols, 0.0, 1.0, seed).expect("quantizable");
     }
@@ -144,187 +111,18 @@ fn weights(ty: GgmlType, rows: usize, cols: usize, seed: u64) -> Vec<u8> {
     b
 }
 
-/// The allowed difference from the CPU scalar reference for output (row, token); see the module doc.
-fn matmul_tolerance(ty: GgmlType, w: &[f32], wbytes: &[u8], x: &[f32]) -> f64 {
-    let abs: f64 = w.iter().zip(x).map(|(a, b)| (*a as f64 * *b as f64).abs()).sum();
-    let block = |n: usize, e: f64, m: &dyn Fn(usize) -> f64| -> f64 {
-        (0..w.len() / n)
-            .map(|b| {
-                let r = b * n..(b + 1) * n;
-                let amax = x[r.clone()].iter().fold(0f64, |a, v| a.max(v.abs() as f64));
-                let wsum: f64 = w[r].iter().map(|v| v.abs() as f64).sum();
-                amax * e * (wsum + 65.0 * m(b))
-            })
-            .sum()
-    };
-    let q8 = 1.0 / 254.0 + 2f64.powi(-11);
-    let quant = match ty {
-        GgmlType::Q4_0 | GgmlType::Q8_0 => block(QK, q8, &|_| 0.0),
-        GgmlType::Q4_1 => block(QK, q8, &|b| f16::from_le_bytes([wbytes[20 * b + 2], wbytes[20 * b + 3]]).to_f64().abs()),
-        GgmlType::Q4K | GgmlType::Q6K => block(QK_K, 1.0 / 254.0, &|_| 0.0),
-        GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => 0.0,
-    };
-    4e-5 * abs + 1e-6 + quant * 1.001
-}
-
-#[test]
-fn matmul_every_type_on_every_backend() {
-    let _gpu = gpu_lock();
-    let all = backends();
-    for ty in WEIGHT_TYPES {
-        let shapes: &[(usize, usize, usize)] = if matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16) {
-            &[(37, 512, 11), (9, 72, 3)]
-        } else {
-            &[(37, 512, 11)]
-        };
-        for &(rows, cols, n_tok) in shapes {
-            let data = weights(ty, rows, cols, 100 + cols as u64);
-            let w = WeightView::new(ty, rows, cols, &data).expect("view");
-            let x = uniform(1, n_tok * cols);
-            let mut wf = vec![0f32; rows * cols];
-            for (r, dst) in wf.chunks_exact_mut(cols).enumerate() {
-                dequantize_row(ty, w.row(r), dst);
-            }
-            let mut reference = vec![0f32; n_tok * rows];
-            all[0].backend.matmul(w, &x, n_tok, &mut reference);
-            for p in &all {
-                let mut out = vec![f32::NAN; n_tok * rows];
-                p.backend.matmul(w, &x, n_tok, &mut out);
-                for t in 0..n_tok {
-                    for r in 0..rows {
-                        let (wr, xt) = (&wf[r * cols..(r + 1) * cols], &x[t * cols..(t + 1) * cols]);
-                        let (got, want) = (out[t * rows + r], reference[t * rows + r]);
-                        let tol = matmul_tolerance(ty, wr, w.row(r), xt);
-                        assert!(((got - want) as f64).abs() <= tol, "{} {ty:?} {rows}x{cols} [t {t}, r {r}]: {got} vs reference {want} (tol {tol:e})", p.name);
-                        if p.wgpu.is_some() {
-                            let exact: f64 = wr.iter().zip(xt).map(|(a, b)| *a as f64 * *b as f64).sum();
-                            let tol = 4e-5 * wr.iter().zip(xt).map(|(a, b)| (*a as f64 * *b as f64).abs()).sum::<f64>() + 1e-6;
-                            assert!((got as f64 - exact).abs() <= tol, "{} {ty:?} [t {t}, r {r}]: {got} vs exact {exact}", p.name);
-                        }
-                    }
-                }
-            }
-        }
-    }
-    no_gpu_errors(&all);
-}
-
-#[test]
-fn rmsnorm_on_every_backend() {
-    let _gpu = gpu_lock();
-    let all = backends();
-    // 2600: several workgroups per row (256 vec4s each), the last one partial
-    for (dim, n) in [(576, 5), (2600, 3)] {
-        let x: Vec<f32> = uniform(2, n * dim).iter().map(|v| v * 3.0).collect();
-        let g: Vec<f32> = uniform(3, dim).iter().map(|v| 1.0 + 0.1 * v).collect();
-        let mut reference = vec![0f32; n * dim];
-        all[0].backend.rmsnorm(&x, &g, 1e-5, &mut reference);
-        for p in &all {
-            let mut out = vec![f32::NAN; n * dim];
-            p.backend.rmsnorm(&x, &g, 1e-5, &mut out);
-            for (i, (a, r)) in out.iter().zip(&reference).enumerate() {
-                assert!((a - r).abs() <= 2e-5 * r.abs() + 1e-7, "{} dim {dim} [{i}]: {a} vs {r}", p.name);
-            }
-        }
-    }
-    no_gpu_errors(&all);
-}
-
-#[test]
-fn rope_on_every_backend() {
-    let _gpu = gpu_lock();
-    let all = backends();
-    let (n_head, hd) = (3, 64);
-    let table = rope_table(300, hd, hd, 100000.0);
-    let positions: Vec<u32> = vec![0, 1, 7, 128, 299];
-    let x0 = uniform(4, positions.len() * n_head * hd);
-    let mut reference = x0.clone();
-    all[0].backend.rope(&mut reference, &positions, n_head, hd, &table);
-    for p in &all {
-        let mut x = x0.clone();
-        p.backend.rope(&mut x, &positions, n_head, hd, &table);
-        for (i, (a, r)) in x.iter().zip(&reference).enumerate() {
-            let pair = i & !1;
-            let tol = 2.4e-7 * (x0[pair].abs() + x0[pair + 1].abs());
-            assert!((a - r).abs() <= tol, "{} [{i}]: {a} vs {r}", p.name);
-        }
-    }
-    no_gpu_errors(&all);
-}
-
-fn f16s(seed: u64, n: usize) -> Vec<f16> {
+pub(crate) fn f16s(seed: u64, n: usize) -> Vec<f16> {
     uniform(seed, n).into_iter().map(f16::from_f32).collect()
 }
 
-fn attention(b: &dyn Backend, q: &[f32], k: &[f16], v: &[f16], cap: usize, pos: &[u32], heads: (usize, usize, usize)) -> Vec<f32> {
-    let (n_head, n_kv_head, head_dim) = heads;
-    let mut out = vec![f32::NAN; q.len()];
-    b.attention(AttentionArgs { q, k_cache: k, v_cache: v, capacity: cap, positions: pos, n_head, n_kv_head, head_dim, out: &mut out });
-    out
-}
-
+/// A table of another shape is refused; the matmul's weights (repacked at upload for some types,
+/// pack.rs) are the dequantized matrix exactly. (The embedding lookup against `dequantize_row`:
+/// `backend/tests.rs`.)
 #[test]
-fn attention_on_every_backend() {
-    let _gpu = gpu_lock();
-    let all = backends();
-    let (n_head, n_kv, hd, cap) = (4, 2, 64, 300);
-    let (k, v) = (f16s(5, n_kv * cap * hd), f16s(6, n_kv * cap * hd));
-    // Decode-like (one late position), prefill-like (a run crossing tile edges) and position 0.
-    for positions in [vec![299u32], (120..140).collect::<Vec<u32>>(), vec![0]] {
-        let q = uniform(7, positions.len() * n_head * hd);
-        let reference = attention(&*all[0].backend, &q, &k, &v, cap, &positions, (n_head, n_kv, hd));
-        for p in &all {
-            let out = attention(&*p.backend, &q, &k, &v, cap, &positions, (n_head, n_kv, hd));
-            for (i, (a, r)) in out.iter().zip(&reference).enumerate() {
-                assert!((a - r).abs() <= 2e-5, "{} positions {:?} [{i}]: {a} vs {r}", p.name, &positions[..1]);
-            }
-        }
-    }
-    no_gpu_errors(&all);
-}
-
-#[test]
-fn silu_mul_and_add_on_every_backend() {
-    let _gpu = gpu_lock();
-    let all = backends();
-    let n = 1000;
-    let (g0, u) = (uniform(8, n), uniform(9, n));
-    let mut reference = g0.clone();
-    all[0].backend.silu_mul(&mut reference, &u);
-    let mut sum_ref = g0.clone();
-    all[0].backend.add(&mut sum_ref, &u);
-    for p in &all {
-        let mut g = g0.clone();
-        p.backend.silu_mul(&mut g, &u);
-        for (i, (a, r)) in g.iter().zip(&reference).enumerate() {
-            assert!((a - r).abs() <= 2e-6 * r.abs() + 1e-7, "{} silu_mul [{i}]: {a} vs {r}", p.name);
-        }
-        let mut s = g0.clone();
-        p.backend.add(&mut s, &u);
-        assert!(s.iter().zip(&sum_ref).all(|(a, r)| a.to_bits() == r.to_bits()), "{}: add is not bitwise equal", p.name);
-    }
-    no_gpu_errors(&all);
-}
-
-#[test]
-fn wgpu_embedding_is_exact_dequantization() {
+fn wgpu_embed_refuses_and_matmul_weights_are_exact() {
     let _gpu = gpu_lock();
     let Some(ctx) = context() else { return eprintln!("skipped: no wgpu adapter") };
     let gpu = WgpuBackend::new(ctx);
-    let (rows, cols) = (50, 512);
-    let ids = [0u32, 49, 7, 7, 23];
-    for ty in WEIGHT_TYPES {
-        let data = weights(ty, rows, cols, 11);
-        let w = WeightView::new(ty, rows, cols, &data).expect("view");
-        let mut out = vec![f32::NAN; ids.len() * cols];
-        gpu.embed(w, &ids, &mut out).expect("embed");
-        for (t, &id) in ids.iter().enumerate() {
-            let mut want = vec![0f32; cols];
-            dequantize_row(ty, w.row(id as usize), &mut want);
-            let got = &out[t * cols..(t + 1) * cols];
-            assert!(got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "{ty:?}: row {id} differs from dequantize_row");
-        }
-    }
     assert!(gpu.embed(WeightView::new(GgmlType::F32, 2, 32, &[0; 256]).expect("view"), &[2], &mut [0.0; 32]).is_err());
     // The matmul's weights (repacked at upload for some types, pack.rs): a product with the unit
     // vectors is the dequantized matrix, exactly (0 and -0 compare equal).

@@ -1,0 +1,321 @@
+//! The kernels of kernels/hip, resolved once from the loaded module, and their launches: grid,
+//! block, shared memory and argument order live here and nowhere else.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use super::runtime::{launch, Arg, DevPtr, Func, Runtime};
+use super::HipError;
+use crate::gguf::GgmlType;
+
+/// A matmul's tile per row group: R rows x T tokens (matmul.hip). Every tile gives the same bits;
+/// the host picks by the number of tokens unless told (`HipOptions::tile`, tests iterate them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Tile {
+    /// 1 row, 1 token: decode.
+    T1,
+    /// 2 rows, 4 tokens.
+    T4,
+    /// 4 rows, 8 tokens: prefill.
+    T8,
+    /// 4 rows, 16 tokens (slower than T8 on the H100; kept as a variant the tests run).
+    T16,
+}
+
+impl Tile {
+    pub const ALL: [Tile; 4] = [Tile::T1, Tile::T4, Tile::T8, Tile::T16];
+
+    fn tag(self) -> &'static str {
+        match self {
+            Tile::T1 => "t1",
+            Tile::T4 => "t4",
+            Tile::T8 => "t8",
+            Tile::T16 => "t16",
+        }
+    }
+
+    /// (rows, tokens) of the tile.
+    fn rt(self) -> (u32, u32) {
+        match self {
+            Tile::T1 => (1, 1),
+            Tile::T4 => (2, 4),
+            Tile::T8 => (4, 8),
+            Tile::T16 => (4, 16),
+        }
+    }
+
+    /// The tile for a step of `n_tok` tokens.
+    pub fn for_tokens(n_tok: usize) -> Tile {
+        match n_tok {
+            0 | 1 => Tile::T1,
+            2..=4 => Tile::T4,
+            // t16 measured slower than t8 on the H100 (1.1B pp512: 11.1k vs 13.1k tokens/s)
+            _ => Tile::T8,
+        }
+    }
+}
+
+/// Whether a matmul adds into its output (the residual) or stores.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Epi {
+    Store,
+    Add,
+}
+
+/// How matmul.hip reads a weight type: its kernel-name tag, work items per block, and whether it
+/// multiplies f32 activations (float types) or q8 blocks. The one place a new type is named on
+/// the host side (besides its struct in quants.hip).
+#[derive(Debug, Clone, Copy)]
+pub struct TypeInfo {
+    pub tag: &'static str,
+    /// values per block as matmul.hip counts them (8 for the float types)
+    pub block: usize,
+    pub items_per_block: usize,
+    pub float_act: bool,
+}
+
+pub fn type_info(ty: GgmlType) -> TypeInfo {
+    let (tag, block, items_per_block, float_act) = match ty {
+        GgmlType::F32 => ("f32", 8, 1, true),
+        GgmlType::F16 => ("f16", 8, 1, true),
+        GgmlType::BF16 => ("bf16", 8, 1, true),
+        GgmlType::Q4_0 => ("q4_0", 32, 2, false),
+        GgmlType::Q4_1 => ("q4_1", 32, 2, false),
+        GgmlType::Q8_0 => ("q8_0", 32, 2, false),
+        GgmlType::Q4K => ("q4_k", 256, 4, false),
+        GgmlType::Q6K => ("q6_k", 256, 8, false),
+    };
+    TypeInfo { tag, block, items_per_block, float_act }
+}
+
+/// A weight matrix on the device: `rows` rows of `row_bytes` GGUF bytes.
+#[derive(Debug, Clone, Copy)]
+pub struct MatRef {
+    pub ptr: DevPtr,
+    pub ty: GgmlType,
+    pub rows: usize,
+    pub cols: usize,
+    pub row_bytes: usize,
+}
+
+/// A matmul's input in both forms (each kernel reads the one its weight type uses).
+#[derive(Debug, Clone, Copy)]
+pub struct ActRef {
+    /// [n_tok, cols] f32
+    pub f32: DevPtr,
+    /// [n_tok, cols / 32] BlockQ8 (40 bytes each)
+    pub q8: DevPtr,
+}
+
+/// Bytes of one BlockQ8.
+pub const Q8_BYTES: usize = 40;
+/// Bytes of one TokInfo (common.h).
+pub const TOK_BYTES: usize = 24;
+/// Keys per attention chunk (attention.hip's FC_ATT_CH; the CPU's ATT_TILE).
+pub const ATT_CH: usize = 128;
+
+pub struct Kernels {
+    mm: HashMap<(GgmlType, Tile, Epi), Func>,
+    embed: HashMap<GgmlType, Func>,
+    rmsnorm_q8: Func,
+    quantize_q8: Func,
+    rope: Func,
+    rope_store: Func,
+    attn_partial: Func,
+    attn_merge: Func,
+    silu_mul_q8: Func,
+    silu_mul: Func,
+    add: Func,
+    gather_rows: Func,
+    kv_copy: Func,
+}
+
+fn grid1(n: usize, per: usize) -> u32 {
+    n.div_ceil(per).max(1) as u32
+}
+
+impl Kernels {
+    pub fn load(rt: &Arc<dyn Runtime>, module: usize) -> Result<Kernels, HipError> {
+        let f = |name: &str| rt.function(module, name);
+        let mut mm = HashMap::new();
+        let mut embed = HashMap::new();
+        for ty in GgmlType::ALL {
+            let tag = type_info(ty).tag;
+            for tile in Tile::ALL {
+                for (epi, e) in [(Epi::Store, "store"), (Epi::Add, "add")] {
+                    mm.insert((ty, tile, epi), f(&format!("mm_{tag}_{}_{e}", tile.tag()))?);
+                }
+            }
+            embed.insert(ty, f(&format!("embed_{tag}"))?);
+        }
+        Ok(Kernels {
+            mm,
+            embed,
+            rmsnorm_q8: f("rmsnorm_q8")?,
+            quantize_q8: f("quantize_q8")?,
+            rope: f("rope")?,
+            rope_store: f("rope_store")?,
+            attn_partial: f("attn_partial")?,
+            attn_merge: f("attn_merge")?,
+            silu_mul_q8: f("silu_mul_q8")?,
+            silu_mul: f("silu_mul")?,
+            add: f("add")?,
+            gather_rows: f("gather_rows")?,
+            kv_copy: f("kv_copy")?,
+        })
+    }
+
+    /// Lanes per row of a matrix of `items` work items: 32, doubled while every lane keeps at
+    /// least 4 items, at most 256. A function of the matrix's shape alone (batch invariance).
+    pub fn lanes(items: usize) -> u32 {
+        let mut l = 32u32;
+        while l < 256 && items >= 4 * 2 * l as usize {
+            l *= 2;
+        }
+        l
+    }
+
+    /// out[t, r] (=|+=) W x[t] for t < n_tok; out rows are `ldo` floats apart.
+    #[allow(clippy::too_many_arguments)]
+    pub fn matmul(&self, rt: &dyn Runtime, m: &MatRef, x: ActRef, n_tok: usize, out: DevPtr, ldo: usize, epi: Epi, tile: Option<Tile>) -> Result<(), HipError> {
+        if n_tok == 0 || m.rows == 0 {
+            return Ok(());
+        }
+        let info = type_info(m.ty);
+        let tile = tile.unwrap_or_else(|| Tile::for_tokens(n_tok));
+        let nb = m.cols / info.block;
+        let l = Kernels::lanes(nb * info.items_per_block);
+        let (r, t) = tile.rt();
+        let g = match tile {
+            Tile::T1 => (256 / l).max(1),
+            _ => (128 / l).max(1),
+        };
+        let shared = if l > 32 { g * r * t * (l / 32) * 4 } else { 0 };
+        let (xp, xs) = if info.float_act { (x.f32, m.cols) } else { (x.q8, m.cols / 32) };
+        let f = self.mm[&(m.ty, tile, epi)];
+        let grid = [grid1(m.rows, (g * r) as usize), grid1(n_tok, t as usize), 1];
+        launch(
+            rt,
+            f,
+            grid,
+            [l, g, 1],
+            shared,
+            &[
+                Arg::Ptr(m.ptr),
+                Arg::U64(m.row_bytes as u64),
+                Arg::I32(m.rows as i32),
+                Arg::I32(nb as i32),
+                Arg::Ptr(xp),
+                Arg::I32(xs as i32),
+                Arg::I32(n_tok as i32),
+                Arg::Ptr(out),
+                Arg::I32(ldo as i32),
+            ],
+        )
+    }
+
+    /// out[t] = row ids[t] of `m`, dequantized; ids: [n] u32 on the device.
+    pub fn embed(&self, rt: &dyn Runtime, m: &MatRef, ids: DevPtr, n: usize, out: DevPtr) -> Result<(), HipError> {
+        let f = self.embed[&m.ty];
+        launch(rt, f, [n.max(1) as u32, 1, 1], [256, 1, 1], 0, &[Arg::Ptr(m.ptr), Arg::U64(m.row_bytes as u64), Arg::Ptr(ids), Arg::I32(m.cols as i32), Arg::Ptr(out)])
+    }
+
+    /// xn = rmsnorm(x) * w for n rows of e; with `xq`, their q8 blocks too (e % 32 == 0).
+    #[allow(clippy::too_many_arguments)]
+    pub fn rmsnorm(&self, rt: &dyn Runtime, x: DevPtr, w: DevPtr, e: usize, eps: f32, xn: DevPtr, xq: Option<DevPtr>, n: usize) -> Result<(), HipError> {
+        let args = [Arg::Ptr(x), Arg::Ptr(w), Arg::I32(e as i32), Arg::F32(eps), Arg::Ptr(xn), Arg::Ptr(xq.unwrap_or(0)), Arg::I32(xq.is_some() as i32)];
+        launch(rt, self.rmsnorm_q8, [n as u32, grid1(e, 256), 1], [256, 1, 1], 0, &args)
+    }
+
+    pub fn quantize(&self, rt: &dyn Runtime, x: DevPtr, cols: usize, xq: DevPtr, n: usize) -> Result<(), HipError> {
+        launch(rt, self.quantize_q8, [n as u32, 1, 1], [256, 1, 1], 0, &[Arg::Ptr(x), Arg::I32(cols as i32), Arg::Ptr(xq)])
+    }
+
+    /// RoPE in place on n rows of n_head heads; pos: [n] u32.
+    #[allow(clippy::too_many_arguments)]
+    pub fn rope(&self, rt: &dyn Runtime, x: DevPtr, n_head: usize, hd: usize, table: DevPtr, pos: DevPtr, n: usize) -> Result<(), HipError> {
+        launch(rt, self.rope, [n as u32, 1, 1], [128, 1, 1], 0, &[Arg::Ptr(x), Arg::I32(n_head as i32), Arg::I32(hd as i32), Arg::Ptr(table), Arg::Ptr(pos)])
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub fn rope_store(&self, rt: &dyn Runtime, qkv: DevPtr, n_head: usize, n_kv: usize, hd: usize, table: DevPtr, tok: DevPtr, layer: usize, n: usize) -> Result<(), HipError> {
+        let args = [Arg::Ptr(qkv), Arg::I32(n_head as i32), Arg::I32(n_kv as i32), Arg::I32(hd as i32), Arg::Ptr(table), Arg::Ptr(tok), Arg::I32(layer as i32)];
+        let work = (n_head * hd) / 2 + (n_kv * hd) / 2 + n_kv * hd;
+        launch(rt, self.rope_store, [n as u32, grid1(work, 128), 1], [128, 1, 1], 0, &args)
+    }
+
+    /// Attention of n tokens (rows of `q`, `q_stride` floats apart; their TokInfo at `tok`) over
+    /// layer `layer` of their caches, into `att` [n, n_head*hd] (and `attq` when given).
+    /// `part`: scratch of at least n * n_head * max_chunks * (hd + 2) floats.
+    #[allow(clippy::too_many_arguments)]
+    pub fn attention(
+        &self,
+        rt: &dyn Runtime,
+        q: DevPtr,
+        q_stride: usize,
+        heads: (usize, usize, usize),
+        tok: DevPtr,
+        layer: usize,
+        part: DevPtr,
+        max_chunks: usize,
+        att: DevPtr,
+        attq: Option<DevPtr>,
+        n: usize,
+    ) -> Result<(), HipError> {
+        let (n_head, n_kv, hd) = heads;
+        let scale = 1.0 / (hd as f32).sqrt();
+        let args = [
+            Arg::Ptr(q),
+            Arg::I32(q_stride as i32),
+            Arg::I32(n_head as i32),
+            Arg::I32(n_kv as i32),
+            Arg::I32(hd as i32),
+            Arg::F32(scale),
+            Arg::Ptr(tok),
+            Arg::I32(layer as i32),
+            Arg::Ptr(part),
+            Arg::I32(max_chunks as i32),
+        ];
+        launch(rt, self.attn_partial, [max_chunks as u32, n_head as u32, n as u32], [128, 1, 1], 0, &args)?;
+        let args = [
+            Arg::Ptr(part),
+            Arg::I32(n_head as i32),
+            Arg::I32(hd as i32),
+            Arg::I32(max_chunks as i32),
+            Arg::Ptr(tok),
+            Arg::Ptr(att),
+            Arg::Ptr(attq.unwrap_or(0)),
+            Arg::I32(attq.is_some() as i32),
+        ];
+        if max_chunks * 8 > 48 << 10 {
+            return Err(HipError::Unsupported(format!("attention over {max_chunks} chunks of {ATT_CH} keys (at most 6144)")));
+        }
+        launch(rt, self.attn_merge, [n as u32, n_head as u32, 1], [128, 1, 1], (max_chunks * 8) as u32, &args)
+    }
+
+    /// act = silu(gate) * up from gu [n, 2*ff] (and actq when given).
+    pub fn silu_mul_q8(&self, rt: &dyn Runtime, gu: DevPtr, ff: usize, act: DevPtr, actq: Option<DevPtr>, n: usize) -> Result<(), HipError> {
+        let args = [Arg::Ptr(gu), Arg::I32(ff as i32), Arg::Ptr(act), Arg::Ptr(actq.unwrap_or(0)), Arg::I32(actq.is_some() as i32)];
+        launch(rt, self.silu_mul_q8, [n as u32, grid1(ff, 256), 1], [256, 1, 1], 0, &args)
+    }
+
+    pub fn silu_mul(&self, rt: &dyn Runtime, g: DevPtr, u: DevPtr, n: usize) -> Result<(), HipError> {
+        launch(rt, self.silu_mul, [grid1(n, 256), 1, 1], [256, 1, 1], 0, &[Arg::Ptr(g), Arg::Ptr(u), Arg::I32(n as i32)])
+    }
+
+    pub fn add(&self, rt: &dyn Runtime, x: DevPtr, y: DevPtr, n: usize) -> Result<(), HipError> {
+        launch(rt, self.add, [grid1(n, 256), 1, 1], [256, 1, 1], 0, &[Arg::Ptr(x), Arg::Ptr(y), Arg::I32(n as i32)])
+    }
+
+    pub fn gather_rows(&self, rt: &dyn Runtime, x: DevPtr, e: usize, rows: DevPtr, out: DevPtr, k: usize) -> Result<(), HipError> {
+        launch(rt, self.gather_rows, [k as u32, 1, 1], [128, 1, 1], 0, &[Arg::Ptr(x), Arg::I32(e as i32), Arg::Ptr(rows), Arg::Ptr(out)])
+    }
+
+    /// Positions 0..n of `lh` (layer, head) runs of head_dim f16 values, between caches of
+    /// capacities cap_dst and cap_src.
+    #[allow(clippy::too_many_arguments)]
+    pub fn kv_copy(&self, rt: &dyn Runtime, dst: DevPtr, src: DevPtr, cap_dst: usize, cap_src: usize, n: usize, hd: usize, lh: usize) -> Result<(), HipError> {
+        let args = [Arg::Ptr(dst), Arg::Ptr(src), Arg::I32(cap_dst as i32), Arg::I32(cap_src as i32), Arg::I32(n as i32), Arg::I32(hd as i32)];
+        launch(rt, self.kv_copy, [grid1(n * hd, 256), lh as u32, 1], [256, 1, 1], 0, &args)
+    }
+}

@@ -1,0 +1,149 @@
+//! HIP-only checks: batch invariance of the kernels (every matmul tile,
+//! every batch, bitwise), detection that never fails, and decode == prefill bitwise through the
+//! engine on synthetic models (every tile, with and without graphs), with the logits against the
+//! CPU engine's. Every HIP kernel against the CPU scalar reference, one test body per op on every
+//! backend present, is in `backend/tests.rs`; its HIP tolerances:
+//! * matmul, F32 / F16 / BF16 weights, and Q4_0 / Q4_1 / Q8_0 (HIP quantizes the activations to
+//!   q8 exactly as the CPU does, so the integer block sums are the CPU's): `4e-5 · Σ|w·x| + 1e-6`,
+//!   the float summation order alone (recursive-summation bound for 512 terms: 3.1e-5).
+//! * matmul, Q4_K / Q6_K: the same plus twice `amax_b / 254 · Σ_b|w|` per 256-block (the CPU
+//!   quantizes activations per 256 values, HIP per 32: both within that of the exact product).
+//! * matmul against the exact (f64) product of the dequantized weights: the float term plus the q8
+//!   rounding of the activations, `amax_b · (1/254 + 2^-11) · Σ_b|w|` per 32-block.
+//! * RMSNorm: `2e-5 · |ref| + 1e-7`. RoPE: bitwise (products rounded one by one as the CPU does).
+//! * attention: `2e-5` absolute on values in [-1, 1] (exp within a few ulp, chunk merges).
+//! * SiLU·mul: `2e-6 · |ref| + 1e-7`. Residual add, embedding lookup: bitwise.
+//!
+//! `FORGE_HIP_REQUIRED=1` turns "no HIP device" into a failure (for runs on a GPU machine).
+
+use std::sync::Arc;
+
+use super::{HipBackend, HipContext, HipLayers, Tile};
+use crate::backend::cpu::{CpuBackend, SimdLevel};
+use crate::backend::offload::LayerOffload;
+use crate::backend::wgpu::tests::{f16s, uniform, weights};
+use crate::backend::tests::attention;
+use crate::backend::{Backend, WeightView};
+use crate::gguf::synth::{tiny_shape, write_synth_model};
+use crate::gguf::GgmlType;
+
+fn context() -> Option<Arc<HipContext>> {
+    crate::backend::tests::hip_context()
+}
+
+#[test]
+fn detection_never_fails() {
+    let line = super::status();
+    eprintln!("dgpu: {line}");
+    assert!(!line.is_empty());
+    if let Err(e) = HipContext::get() {
+        assert!(e.is_unavailable(), "{e}");
+        assert!(std::env::var_os("FORGE_HIP_REQUIRED").is_none(), "FORGE_HIP_REQUIRED is set and there is no HIP device: {e}");
+        // the reason names both platforms (AMD first, then NVIDIA)
+        assert!(line.contains("AMD") && line.contains("NVIDIA"), "{line}");
+    }
+}
+
+/// Every tile and every batch gives each (row, token) the same bits: 13 tokens at once on each
+/// tile, and each token alone on the one-token tile.
+#[test]
+fn hip_matmul_is_batch_invariant_bitwise() {
+    let Some(ctx) = context() else { return };
+    let (rows, cols, n_tok) = (70, 512, 13);
+    for ty in GgmlType::ALL {
+        let data = weights(ty, rows, cols, 7);
+        let w = WeightView::new(ty, rows, cols, &data).expect("view");
+        let x = uniform(3, n_tok * cols);
+        let run = |tile: Tile, x: &[f32], n: usize| -> Vec<u32> {
+            let b = HipBackend::new(ctx.clone()).with_tile(Some(tile));
+            let mut out = vec![f32::NAN; n * rows];
+            b.matmul(w, x, n, &mut out);
+            assert!(b.take_error().is_none(), "{ty:?} {tile:?}");
+            out.iter().map(|v| v.to_bits()).collect()
+        };
+        let t8 = run(Tile::T8, &x, n_tok);
+        assert_eq!(run(Tile::T16, &x, n_tok), t8, "{ty:?}: T16 vs T8");
+        assert_eq!(run(Tile::T4, &x, n_tok), t8, "{ty:?}: T4 vs T8");
+        assert_eq!(run(Tile::T1, &x, n_tok), t8, "{ty:?}: T1 vs T8");
+        for t in [0, 5, 12] {
+            assert_eq!(run(Tile::T1, &x[t * cols..(t + 1) * cols], 1), t8[t * rows..(t + 1) * rows], "{ty:?}: token {t} alone");
+        }
+    }
+}
+
+/// A token's attention output is the same bits alone and in a batch.
+#[test]
+fn hip_attention_is_batch_invariant_bitwise() {
+    let Some(ctx) = context() else { return };
+    let gpu = HipBackend::new(ctx);
+    let (n_head, n_kv, hd, cap) = (4, 2, 64, 400);
+    let (k, v) = (f16s(16, n_kv * cap * hd), f16s(17, n_kv * cap * hd));
+    let positions: Vec<u32> = (250..300).collect();
+    let q = uniform(18, positions.len() * n_head * hd);
+    let batch = attention(&gpu, &q, &k, &v, cap, &positions, (n_head, n_kv, hd));
+    let wdt = n_head * hd;
+    for (t, p) in positions.iter().enumerate() {
+        let one = attention(&gpu, &q[t * wdt..(t + 1) * wdt], &k, &v, cap, &[*p], (n_head, n_kv, hd));
+        assert!(one.iter().zip(&batch[t * wdt..]).all(|(a, c)| a.to_bits() == c.to_bits()), "attention token {t}");
+    }
+    assert!(gpu.take_error().is_none());
+}
+
+/// The engine with every layer (and the head) on HIP, forced onto `tile` (None: by batch size),
+/// with or without recorded graphs.
+fn hip_model(ctx: &Arc<HipContext>, path: &std::path::Path, tile: Option<Tile>, graphs: bool) -> crate::engine::Model {
+    let mut model = crate::engine::Model::load(path, Arc::new(CpuBackend::with_simd(1, SimdLevel::Scalar).expect("pool"))).expect("load");
+    let n = model.config.n_layer;
+    let seg = HipLayers::new(ctx.clone(), &model, 0..n, 256, true).expect("upload").with_tile(tile).without_graphs(!graphs);
+    model.offload(vec![Box::new(seg) as Box<dyn LayerOffload>]).expect("offload");
+    model
+}
+
+/// Logits of every position, feeding `tokens` in chunks (cycled), bit patterns.
+fn logits_in_chunks(model: &crate::engine::Model, tokens: &[u32], chunks: &[usize]) -> Vec<Vec<u32>> {
+    let mut state = model.new_state(chunks.iter().copied().max().unwrap_or(1));
+    let mut kv = model.new_kv(tokens.len());
+    let mut out = Vec::new();
+    let mut at = 0;
+    for &c in chunks.iter().cycle() {
+        if at >= tokens.len() {
+            break;
+        }
+        let end = (at + c).min(tokens.len());
+        let seq = crate::engine::SeqBatch { kv: &mut kv, tokens: &tokens[at..end], logits: crate::engine::Logits::All };
+        model.forward(&mut state, &mut [seq]).expect("forward");
+        for i in 0..end - at {
+            out.push(model.logits(&state, i).iter().map(|v| v.to_bits()).collect());
+        }
+        at = end;
+    }
+    out
+}
+
+/// Decode equals prefill bitwise through the engine on HIP layers, for every tile, on a Q8-path
+/// type and a float one; and the logits agree with the scalar CPU engine (f32 weights: both sides
+/// f32, 1e-3 of the logits' scale; Q4_0: the same q8 activations, 1e-2 as the wgpu test explains).
+#[test]
+fn hip_layers_decode_equals_prefill_and_match_the_cpu() {
+    let Some(ctx) = context() else { return };
+    let tokens: Vec<u32> = (0..150).map(|i| (i * 37 + 5) % 320).collect(); // crosses a 128-key chunk
+    for (ty, tol) in [(GgmlType::Q4_0, 1e-2f32), (GgmlType::F32, 1e-3), (GgmlType::Q4_1, 1e-2)] {
+        let f = tempfile::NamedTempFile::new().expect("tmp");
+        write_synth_model(&tiny_shape(), ty, 3, None, f.path(), |_| {}).expect("synth");
+        let model = hip_model(&ctx, f.path(), None, true);
+        let prefill = logits_in_chunks(&model, &tokens, &[16]);
+        for chunks in [&[1usize][..], &[5, 11, 3]] {
+            assert_eq!(logits_in_chunks(&model, &tokens, chunks), prefill, "{ty:?}: chunks {chunks:?} differ from prefill");
+        }
+        for tile in Tile::ALL {
+            assert_eq!(logits_in_chunks(&hip_model(&ctx, f.path(), Some(tile), true), &tokens, &[7, 1]), prefill, "{ty:?}: tile {tile:?}");
+        }
+        assert_eq!(logits_in_chunks(&hip_model(&ctx, f.path(), None, false), &tokens, &[3, 1]), prefill, "{ty:?}: without graphs");
+        let cpu = crate::engine::Model::load(f.path(), Arc::new(CpuBackend::with_simd(1, SimdLevel::Scalar).expect("pool"))).expect("load");
+        let reference = logits_in_chunks(&cpu, &tokens[..40], &[40]);
+        let scale = reference.iter().flatten().map(|b| f32::from_bits(*b).abs()).fold(0f32, f32::max);
+        let worst = reference.iter().flatten().zip(prefill.iter().flatten()).map(|(a, b)| (f32::from_bits(*a) - f32::from_bits(*b)).abs()).fold(0f32, f32::max);
+        eprintln!("{ty:?}: max |hip - cpu| logit {worst:e} (scale {scale})");
+        assert!(worst <= tol * scale, "{ty:?}: HIP logits differ from the CPU engine's by {worst} (scale {scale})");
+    }
+}
