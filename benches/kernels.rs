@@ -97,6 +97,7 @@ fn attention(c: &mut Criterion) {
                         n_head,
                         n_kv_head: n_kv,
                         head_dim: hd,
+                        window: None,
                         out: &mut out,
                     })
                 })

@@ -10,6 +10,7 @@
 pub mod f32mm;
 pub mod ops;
 pub mod quant;
+pub mod quant_k;
 mod shared;
 pub mod team;
 
@@ -27,7 +28,7 @@ use half::f16;
 use self::quant::{act_format, ActFormat, BlockQ8, BlockQ8K};
 use self::shared::{SharedOut, SharedSlice};
 use self::team::Team;
-use super::{AttentionArgs, Backend, Op, WeightView};
+use super::{attention_keys, AttentionArgs, Backend, Op, WeightView};
 use crate::gguf::{GgmlType, QK, QK_K};
 
 /// Instruction-set level of the CPU kernels.
@@ -324,10 +325,10 @@ impl Backend for CpuBackend {
         let (hd, n_head, cap) = (a.head_dim, a.n_head, a.capacity);
         let group = n_head / a.n_kv_head;
         let scale = 1.0 / (hd as f32).sqrt();
-        let (q, k, v, positions) = (a.q, a.k_cache, a.v_cache, a.positions);
+        let (q, k, v, positions, window) = (a.q, a.k_cache, a.v_cache, a.positions, a.window);
         #[cfg(target_arch = "x86_64")]
         if matches!(self.simd, SimdLevel::Avx2 | SimdLevel::Avx512Vnni) && hd % 8 == 0 && hd <= 256 && group <= avx2::MAX_GROUP {
-            let n_seg = positions.iter().map(|&p| (p as usize + 1).div_ceil(ops::ATT_SEG)).max().unwrap_or(1);
+            let n_seg = positions.iter().map(|&p| attention_keys(p, window).len().div_ceil(ops::ATT_SEG)).max().unwrap_or(1);
             if n_seg > 1 {
                 return self.attention_segmented(a, n_seg);
             }
@@ -341,9 +342,11 @@ impl Backend for CpuBackend {
         self.team.for_chunks(n_items, 1, &|range| {
             for i in range {
                 let (t, kvh) = (i / a.n_kv_head, i % a.n_kv_head);
-                let n_keys = positions[t] as usize + 1;
-                let keys = &k[kvh * cap * hd..(kvh * cap + n_keys) * hd];
-                let vals = &v[kvh * cap * hd..(kvh * cap + n_keys) * hd];
+                // The query's keys (a window of them for sliding-window layers), from the first.
+                let r = attention_keys(positions[t], window);
+                let n_keys = r.len();
+                let (k0, k1) = ((kvh * cap + r.start) * hd, (kvh * cap + r.end) * hd);
+                let (keys, vals) = (&k[k0..k1], &v[k0..k1]);
                 let qg = &q[i * gw..(i + 1) * gw];
                 // SAFETY: item i owns out[i*gw..(i+1)*gw]; items are disjoint across chunks.
                 let o = unsafe { out.slice(i * gw, gw) };
@@ -418,17 +421,20 @@ impl CpuBackend {
         let (part, ml) = (SharedSlice::new(&mut s.att), SharedSlice::new(&mut s.att_ml));
         let out = SharedSlice::new(a.out);
         let (part, ml, out) = (&part, &ml, &out);
-        let segs = |t: usize| (positions[t] as usize + 1).div_ceil(SEG);
+        let window = a.window;
+        // Segments at positions relative to the query's first key (a function of its position).
+        let segs = |t: usize| attention_keys(positions[t], window).len().div_ceil(SEG);
         self.team.for_chunks(n_items, 1, &|range| {
             for i in range {
                 let (tk, seg) = (i / n_seg, i % n_seg);
                 let (t, kvh) = (tk / n_kv, tk % n_kv);
-                let n_keys = positions[t] as usize + 1;
                 if seg >= segs(t) {
                     continue;
                 }
-                let keys = &a.k_cache[kvh * cap * hd..(kvh * cap + n_keys) * hd];
-                let vals = &a.v_cache[kvh * cap * hd..(kvh * cap + n_keys) * hd];
+                let r = attention_keys(positions[t], window);
+                let n_keys = r.len();
+                let (k0, k1) = ((kvh * cap + r.start) * hd, (kvh * cap + r.end) * hd);
+                let (keys, vals) = (&a.k_cache[k0..k1], &a.v_cache[k0..k1]);
                 let qg = &a.q[tk * gw..(tk + 1) * gw];
                 if segs(t) == 1 {
                     // SAFETY: a query of one segment has one item (seg 0), which alone writes

@@ -94,18 +94,51 @@ fn kv(n: usize, seed: u64) -> Vec<f16> {
 
 #[test]
 fn attention_simd_matches_reference_and_is_batch_invariant() {
-    check_attention(300, (290..300).collect());
+    check_attention(300, (290..300).collect(), None, 64);
 }
 
 /// Contexts longer than one `ops::ATT_SEG` (512 keys): the x86 levels split them into segments
 /// and merge; queries on both sides of the 512 and 1024 boundaries, alone and batched.
 #[test]
 fn long_context_attention_matches_reference_and_is_batch_invariant() {
-    check_attention(1300, [0, 3, 510, 511, 512, 513, 700, 1023, 1024, 1025, 1299].into());
+    check_attention(1300, [0, 3, 510, 511, 512, 513, 700, 1023, 1024, 1025, 1299].into(), None, 64);
 }
 
-fn check_attention(cap: usize, positions: Vec<u32>) {
-    let (n_head, n_kv, hd) = (6, 2, 64);
+/// Sliding windows (Gemma's local layers): short windows inside one tile, a window of 600 that
+/// spans segments, at head size 256 (Gemma 3); alone, batched, against the reference.
+#[test]
+fn sliding_window_attention_matches_reference_and_is_batch_invariant() {
+    check_attention(1300, [0, 7, 8, 9, 300, 1299].into(), Some(8), 256);
+    check_attention(1300, [0, 599, 600, 601, 1100, 1299].into(), Some(600), 64);
+}
+
+/// A window only hides keys: the output equals full attention over the window's keys alone.
+#[test]
+fn sliding_window_sees_exactly_its_keys() {
+    let (hd, cap, w) = (64, 40, 8);
+    let k = kv(cap * hd, 3);
+    let v = kv(cap * hd, 4);
+    let q = rand_f32(5, hd);
+    for b in backends(1) {
+        let run = |k: &[f16], v: &[f16], pos: u32, window| {
+            let mut out = vec![0f32; hd];
+            b.attention(AttentionArgs { q: &q, k_cache: k, v_cache: v, capacity: cap, positions: &[pos], n_head: 1, n_kv_head: 1, head_dim: hd, window, out: &mut out });
+            out
+        };
+        let windowed = run(&k, &v, 30, Some(w));
+        // The same keys moved to positions 0..8 of another cache, attended in full.
+        let mut k2 = k.clone();
+        let mut v2 = v.clone();
+        k2.copy_within((31 - w) * hd..31 * hd, 0);
+        v2.copy_within((31 - w) * hd..31 * hd, 0);
+        let full = run(&k2, &v2, (w - 1) as u32, None);
+        assert!(windowed.iter().zip(&full).all(|(a, c)| a.to_bits() == c.to_bits()), "{:?}", b.simd());
+        assert_ne!(windowed, run(&k, &v, 30, None), "{:?}: the window changes the result", b.simd());
+    }
+}
+
+fn check_attention(cap: usize, positions: Vec<u32>, window: Option<usize>, hd: usize) {
+    let (n_head, n_kv) = (6, 2);
     let k = kv(n_kv * cap * hd, 3);
     let v = kv(n_kv * cap * hd, 4);
     let q = rand_f32(5, positions.len() * n_head * hd);
@@ -120,6 +153,7 @@ fn check_attention(cap: usize, positions: Vec<u32>) {
             n_head,
             n_kv_head: n_kv,
             head_dim: hd,
+            window,
             out: &mut out,
         });
         out

@@ -13,7 +13,17 @@ use super::WgpuError;
 use crate::gguf::GgmlType;
 
 /// Weight types the matmul and embedding kernels decode: all of them.
-pub const WEIGHT_TYPES: [GgmlType; 8] = GgmlType::ALL;
+/// The weight types with a WGSL dequantizer (the CPU runs every `GgmlType`).
+pub const WEIGHT_TYPES: [GgmlType; 8] = [
+    GgmlType::F32,
+    GgmlType::F16,
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q8_0,
+    GgmlType::Q4K,
+    GgmlType::Q6K,
+    GgmlType::BF16,
+];
 
 /// Threads per workgroup of the element-wise kernels (embed, rope, kv_store, silu_mul, add).
 pub const WG: u32 = 256;
@@ -209,6 +219,8 @@ fn weight_source(ty: GgmlType) -> String {
         GgmlType::Q8_0 => include_str!("../../../kernels/wgsl/dequant_q8_0.wgsl").into(),
         GgmlType::Q4K => include_str!("../../../kernels/wgsl/dequant_q4_k.wgsl").into(),
         GgmlType::Q6K => include_str!("../../../kernels/wgsl/dequant_q6_k.wgsl").into(),
+        // Only called for `WEIGHT_TYPES`; the others are refused as unsupported before.
+        other => unreachable!("no WGSL dequantizer for {}", other.name()),
     }
 }
 

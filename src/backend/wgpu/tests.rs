@@ -158,6 +158,7 @@ fn matmul_tolerance(ty: GgmlType, w: &[f32], wbytes: &[u8], x: &[f32]) -> f64 {
         GgmlType::Q4_1 => block(QK, q8, &|b| f16::from_le_bytes([wbytes[20 * b + 2], wbytes[20 * b + 3]]).to_f64().abs()),
         GgmlType::Q4K | GgmlType::Q6K => block(QK_K, 1.0 / 254.0, &|_| 0.0),
         GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => 0.0,
+        other => unreachable!("{} has no WGSL kernel (not in WEIGHT_TYPES)", other.name()),
     };
     4e-5 * abs + 1e-6 + quant * 1.001
 }
@@ -254,7 +255,7 @@ fn f16s(seed: u64, n: usize) -> Vec<f16> {
 fn attention(b: &dyn Backend, q: &[f32], k: &[f16], v: &[f16], cap: usize, pos: &[u32], heads: (usize, usize, usize)) -> Vec<f32> {
     let (n_head, n_kv_head, head_dim) = heads;
     let mut out = vec![f32::NAN; q.len()];
-    b.attention(AttentionArgs { q, k_cache: k, v_cache: v, capacity: cap, positions: pos, n_head, n_kv_head, head_dim, out: &mut out });
+    b.attention(AttentionArgs { q, k_cache: k, v_cache: v, capacity: cap, positions: pos, n_head, n_kv_head, head_dim, window: None, out: &mut out });
     out
 }
 
