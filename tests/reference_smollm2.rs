@@ -88,7 +88,7 @@ fn perplexity_within_one_percent_of_llama_cpp() {
     let n_ctx = v["n_ctx"].as_u64().expect("n_ctx") as usize;
     let want = v["llamacpp_ppl"].as_f64().expect("ppl");
     let mut state = model.new_state(512);
-    let p = perplexity(&model, &mut state, &tokens, n_ctx, |d, n| eprintln!("perplexity chunk {d}/{n}")).expect("ppl");
+    let p = perplexity(&model, &mut state, &tokens, n_ctx, None, |d, n| eprintln!("perplexity chunk {d}/{n}")).expect("ppl");
     eprintln!("perplexity {:.4} over {} tokens ({} chunks); llama.cpp {want}", p.ppl, p.scored_tokens, p.n_chunks);
     assert_eq!(p.n_chunks, v["n_chunks"].as_u64().expect("n") as usize);
     assert!((p.ppl - want).abs() / want < 0.01, "perplexity {} vs llama.cpp {want}", p.ppl);

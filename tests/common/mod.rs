@@ -20,6 +20,17 @@ pub fn smollm2_path() -> PathBuf {
     p
 }
 
+pub fn gemma3_path() -> PathBuf {
+    let p = models_dir().join("gemma3_270m/gemma-3-270m-q4_k_m.gguf");
+    assert!(p.exists(), "{} is missing: run scripts/fetch-models.sh first", p.display());
+    p
+}
+
+/// Gemma 3 270M on the fastest CPU kernels.
+pub fn gemma3_model() -> Model {
+    Model::load(gemma3_path(), Arc::new(CpuBackend::new(0).expect("pool"))).expect("load Gemma 3")
+}
+
 /// `$FORGE_REFERENCE_DIR`, else `../shared/reference` beside the checkout.
 pub fn reference(name: &str) -> PathBuf {
     let dir = std::env::var_os("FORGE_REFERENCE_DIR")

@@ -9,7 +9,7 @@ use std::arch::x86_64::*;
 use super::quant::{BlockQ8, BlockQ8K};
 use super::shared::{prefetch, tile_rows, SharedOut};
 use crate::backend::WeightView;
-use crate::gguf::types::q4k_scale_min;
+use crate::gguf::types::{e8m0_half, q4k_scale_min, IQ4NL_VALUES, MXFP4_VALUES};
 use crate::gguf::{GgmlType, QK_K};
 
 // The helpers below are `inline(always)` plain functions: they are only ever inlined into the
@@ -101,14 +101,23 @@ fn mul_sum_u8_i8(u: __m256i, s: __m256i) -> __m256 {
 // unpacking each weight block once. Every token's accumulator sees the same instruction sequence
 // whatever `NT` is, so results are bitwise identical to the `NT = 1` (decode) call.
 
-/// Rows `rows` of a Q4_0 / Q4_1 / Q8_0 matrix against `n_tok` quantized activation rows
-/// (`acts`: [n_tok, cols / 32]), in token tiles of 4 (then single tokens), written to `out`.
+/// The 32-element block types with a kernel here.
+pub const Q8_TYPES: [GgmlType; 7] = [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0, GgmlType::IQ4NL, GgmlType::MXFP4];
+
+/// Rows `rows` of a matrix of a 32-element block type ([`Q8_TYPES`]) against `n_tok` quantized
+/// activation rows (`acts`: [n_tok, cols / 32]), in token tiles of 4 (then single tokens),
+/// written to `out`.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub fn matmul_rows_q8(w: WeightView<'_>, rows: std::ops::Range<usize>, acts: &[BlockQ8], n_tok: usize, out: &SharedOut) {
     match w.ty {
         GgmlType::Q4_0 => tile_rows(w, rows, acts, n_tok, out, dot_q4_0::<4>, dot_q4_0::<1>),
         GgmlType::Q4_1 => tile_rows(w, rows, acts, n_tok, out, dot_q4_1::<4>, dot_q4_1::<1>),
-        _ => tile_rows(w, rows, acts, n_tok, out, dot_q8_0::<4>, dot_q8_0::<1>),
+        GgmlType::Q5_0 => tile_rows(w, rows, acts, n_tok, out, dot_q5_0::<4>, dot_q5_0::<1>),
+        GgmlType::Q5_1 => tile_rows(w, rows, acts, n_tok, out, dot_q5_1::<4>, dot_q5_1::<1>),
+        GgmlType::IQ4NL => tile_rows(w, rows, acts, n_tok, out, dot_iq4nl::<4>, dot_iq4nl::<1>),
+        GgmlType::MXFP4 => tile_rows(w, rows, acts, n_tok, out, dot_mxfp4::<4>, dot_mxfp4::<1>),
+        GgmlType::Q8_0 => tile_rows(w, rows, acts, n_tok, out, dot_q8_0::<4>, dot_q8_0::<1>),
+        other => unreachable!("avx2::matmul_rows_q8 called for {other:?}"),
     }
 }
 
@@ -121,13 +130,15 @@ fn blocks<'a, const BB: usize, const NT: usize>(w: &'a [u8], x: [&'a [BlockQ8]; 
     (blocks, x.map(|xt| &xt[..nb]))
 }
 
-/// Blocks of an f16 scale followed by 32 signed weights (`weights(block)` gives them as i8 lanes):
-/// the Q4_0 and Q8_0 dot, with the sign trick for `maddubs`.
+/// Blocks of a scale (`scale(block)`) and 32 signed weights (`weights(block)` gives them as i8
+/// lanes, elements in order): the Q4_0, Q5_0, Q8_0, IQ4_NL and MXFP4 dot, with the sign trick
+/// for `maddubs`.
 #[inline(always)]
 fn dot_signed<const BB: usize, const NT: usize>(
     w: &[u8],
     x: [&[BlockQ8]; NT],
     out: &mut [f32; NT],
+    scale: impl Fn(&[u8; BB]) -> f32,
     weights: impl Fn(&[u8; BB]) -> __m256i,
 ) {
     let (blocks, x) = blocks::<BB, NT>(w, x);
@@ -136,7 +147,7 @@ fn dot_signed<const BB: usize, const NT: usize>(
         let mut acc = [_mm256_setzero_ps(); NT];
         for (ib, wb) in blocks.iter().enumerate() {
             prefetch(w, ib * BB);
-            let d = f16x1(&wb[..2]);
+            let d = scale(wb);
             let q = weights(wb);
             let qa = _mm256_sign_epi8(q, q);
             for t in 0..NT {
@@ -152,14 +163,85 @@ fn dot_signed<const BB: usize, const NT: usize>(
 }
 
 #[inline(always)]
+fn f16_scale<const BB: usize>(wb: &[u8; BB]) -> f32 {
+    f16x1(&wb[..2])
+}
+
+#[inline(always)]
 fn dot_q4_0<const NT: usize>(w: &[u8], x: [&[BlockQ8]; NT], out: &mut [f32; NT]) {
     // SAFETY: AVX2 enabled in every caller; nibbles minus 8 are the signed weights.
-    dot_signed::<18, NT>(w, x, out, |wb: &[u8; 18]| unsafe { _mm256_sub_epi8(nibbles(&wb[2..18]), _mm256_set1_epi8(8)) })
+    dot_signed::<18, NT>(w, x, out, f16_scale, |wb: &[u8; 18]| unsafe { _mm256_sub_epi8(nibbles(&wb[2..18]), _mm256_set1_epi8(8)) })
 }
 
 #[inline(always)]
 fn dot_q8_0<const NT: usize>(w: &[u8], x: [&[BlockQ8]; NT], out: &mut [f32; NT]) {
-    dot_signed::<34, NT>(w, x, out, |wb: &[u8; 34]| load32(&wb[2..34]))
+    dot_signed::<34, NT>(w, x, out, f16_scale, |wb: &[u8; 34]| load32(&wb[2..34]))
+}
+
+/// 0xFF in byte j where bit j of the little-endian u32 at `b[..4]` is set (a Q5 block's `qh`).
+#[inline(always)]
+fn bit_bytes(b: &[u8]) -> __m256i {
+    let bits = i32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+    // SAFETY: AVX2 is enabled in every caller (see above).
+    unsafe {
+        // byte j takes byte j / 8 of the word, then the mask with every bit but j % 8 set
+        let spread = _mm256_shuffle_epi8(_mm256_set1_epi32(bits), _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0));
+        let probe = _mm256_or_si256(spread, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe));
+        _mm256_cmpeq_epi8(probe, _mm256_set1_epi64x(-1))
+    }
+}
+
+#[inline(always)]
+fn dot_q5_0<const NT: usize>(w: &[u8], x: [&[BlockQ8]; NT], out: &mut [f32; NT]) {
+    // q - 16 = the nibble where the fifth bit is set, the nibble with 0xF0 (i.e. - 16) where not.
+    // SAFETY: AVX2 enabled in every caller.
+    dot_signed::<22, NT>(w, x, out, f16_scale, |wb: &[u8; 22]| unsafe {
+        _mm256_or_si256(nibbles(&wb[6..22]), _mm256_andnot_si256(bit_bytes(&wb[2..6]), _mm256_set1_epi8(0xF0u8 as i8)))
+    })
+}
+
+/// Nibbles looked up in a 16-entry table of i8 levels (IQ4_NL, MXFP4).
+#[inline(always)]
+fn levels(qs: &[u8], table: &[i8; 16]) -> __m256i {
+    // SAFETY: AVX2 is enabled in every caller; the table is 16 readable bytes.
+    unsafe {
+        let t = _mm_loadu_si128(table.as_ptr() as *const __m128i);
+        _mm256_shuffle_epi8(_mm256_set_m128i(t, t), nibbles(qs))
+    }
+}
+
+#[inline(always)]
+fn dot_iq4nl<const NT: usize>(w: &[u8], x: [&[BlockQ8]; NT], out: &mut [f32; NT]) {
+    dot_signed::<18, NT>(w, x, out, f16_scale, |wb: &[u8; 18]| levels(&wb[2..18], &IQ4NL_VALUES))
+}
+
+#[inline(always)]
+fn dot_mxfp4<const NT: usize>(w: &[u8], x: [&[BlockQ8]; NT], out: &mut [f32; NT]) {
+    dot_signed::<17, NT>(w, x, out, |wb: &[u8; 17]| e8m0_half(wb[0]), |wb: &[u8; 17]| levels(&wb[1..17], &MXFP4_VALUES))
+}
+
+#[inline(always)]
+fn dot_q5_1<const NT: usize>(w: &[u8], x: [&[BlockQ8]; NT], out: &mut [f32; NT]) {
+    let (blocks, x) = blocks::<24, NT>(w, x);
+    // SAFETY (whole body): only inlined into `matmul_rows_q8` (avx2, fma, f16c enabled).
+    unsafe {
+        let mut acc = [_mm256_setzero_ps(); NT];
+        let mut summ = [0f32; NT];
+        for (ib, wb) in blocks.iter().enumerate() {
+            prefetch(w, ib * 24);
+            let (d, m) = f16x2(&wb[..4]);
+            let q = _mm256_or_si256(nibbles(&wb[8..24]), _mm256_and_si256(bit_bytes(&wb[4..8]), _mm256_set1_epi8(0x10)));
+            for t in 0..NT {
+                let xb = &x[t][ib];
+                let p = mul_sum_u8_i8(q, load_qs(xb));
+                acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * xb.d), p, acc[t]);
+                summ[t] += m * xb.s;
+            }
+        }
+        for t in 0..NT {
+            out[t] = hsum(acc[t]) + summ[t];
+        }
+    }
 }
 
 #[inline(always)]
@@ -385,6 +467,9 @@ fn dot8(a: &[f32], b: &[f32]) -> f32 {
     hsum(acc)
 }
 
+
+/// The K-quant types with a kernel here.
+pub const Q8K_TYPES: [GgmlType; 2] = [GgmlType::Q4K, GgmlType::Q6K];
 
 /// Rows `rows` of a Q4_K / Q6_K matrix against `n_tok` Q8_K activation rows (`acts`:
 /// [n_tok, cols / 256]). The integer sums are exactly those of `quant::dot_q8k_scalar` and the

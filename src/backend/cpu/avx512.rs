@@ -95,6 +95,9 @@ pub fn pack_pair(b0: &BlockQ8, b1: &BlockQ8, p: &mut PairQ8) {
     p.s = [b0.s, b1.s, 0.0, 0.0];
 }
 
+/// The weight types with a pair kernel here.
+pub const PAIR_TYPES: [GgmlType; 2] = [GgmlType::Q4_0, GgmlType::Q4_1];
+
 /// Rows `rows` of a Q4_0 / Q4_1 matrix against `n_tok` activation rows (`acts`:
 /// (Q8_0 runs the AVX2 kernel at this level: its pair form needed two loads and a two-source
 /// permute per pair and measured slower, decode 216 -> 228 t/s without it; docs/perf.md)

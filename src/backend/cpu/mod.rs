@@ -157,15 +157,16 @@ impl CpuBackend {
         best
     }
 
-    /// Rows of a Q4_0 / Q4_1 / Q8_0 matrix against quantized activations, at this SIMD level.
+    /// Rows of a matrix of a 32-element block type against quantized activations, at this SIMD
+    /// level (the scalar reference for types a level has no kernel for).
     fn rows_q8(&self, w: WeightView<'_>, rows: std::ops::Range<usize>, acts: &[BlockQ8], n_tok: usize, out: &SharedOut) {
         match self.simd {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: `SimdLevel::Avx2` (and `Avx512Vnni`, which also takes this path for
             // types of its own when called directly) is only set after detecting avx2, fma, f16c.
-            SimdLevel::Avx2 | SimdLevel::Avx512Vnni => unsafe { avx2::matmul_rows_q8(w, rows, acts, n_tok, out) },
+            SimdLevel::Avx2 | SimdLevel::Avx512Vnni if avx2::Q8_TYPES.contains(&w.ty) => unsafe { avx2::matmul_rows_q8(w, rows, acts, n_tok, out) },
             #[cfg(target_arch = "aarch64")]
-            SimdLevel::Neon => neon::matmul_rows_q8(w, rows, acts, n_tok, out),
+            SimdLevel::Neon if neon::Q8_TYPES.contains(&w.ty) => neon::matmul_rows_q8(w, rows, acts, n_tok, out),
             _ => quant::matmul_rows_q8_scalar(w, rows, acts, n_tok, out),
         }
     }
@@ -259,7 +260,7 @@ impl Backend for CpuBackend {
                 let mut s = self.scratch.lock().unwrap_or_else(|p| p.into_inner());
                 #[cfg(target_arch = "x86_64")]
                 // Q8_0 keeps the AVX2 kernel at this level (measured faster; see `avx512`).
-                if self.simd == SimdLevel::Avx512Vnni && first.ty != GgmlType::Q8_0 {
+                if self.simd == SimdLevel::Avx512Vnni && ws.iter().all(|w| avx512::PAIR_TYPES.contains(&w.ty)) {
                     let np = nb.div_ceil(2);
                     s.pairs.resize(n_tok * np, avx512::PairQ8::default());
                     // SAFETY: `Avx512Vnni` is only set after detecting every feature
@@ -285,7 +286,9 @@ impl Backend for CpuBackend {
                 self.rows_parallel(ws, outs, &|m, rows, out| match self.simd {
                     #[cfg(target_arch = "x86_64")]
                     // SAFETY: `Avx2` and `Avx512Vnni` are only set after detecting avx2, fma, f16c.
-                    SimdLevel::Avx2 | SimdLevel::Avx512Vnni => unsafe { avx2::matmul_rows_q8k(ws[m], rows, q8k, n_tok, out) },
+                    SimdLevel::Avx2 | SimdLevel::Avx512Vnni if avx2::Q8K_TYPES.contains(&ws[m].ty) => unsafe {
+                        avx2::matmul_rows_q8k(ws[m], rows, q8k, n_tok, out)
+                    },
                     _ => {
                         for t in 0..n_tok {
                             for r in rows.clone() {

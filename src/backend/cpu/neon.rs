@@ -11,6 +11,9 @@ use super::shared::{tile_rows, SharedOut};
 use crate::backend::WeightView;
 use crate::gguf::GgmlType;
 
+/// The 32-element block types with a kernel here.
+pub const Q8_TYPES: [GgmlType; 3] = [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0];
+
 pub fn matmul_rows_q8(w: WeightView<'_>, rows: std::ops::Range<usize>, acts: &[BlockQ8], n_tok: usize, out: &SharedOut) {
     let ty = w.ty;
     tile_rows(w, rows, acts, n_tok, out, |row, x, o| *o = dot::<4>(ty, row, x), |row, x, o| *o = dot::<1>(ty, row, x));

@@ -8,16 +8,8 @@ use super::{ops, CpuBackend, SimdLevel};
 use crate::backend::{AttentionArgs, Backend, WeightView};
 use crate::gguf::GgmlType;
 
-const TYPES: [GgmlType; 8] = [
-    GgmlType::F32,
-    GgmlType::F16,
-    GgmlType::BF16,
-    GgmlType::Q4_0,
-    GgmlType::Q4_1,
-    GgmlType::Q8_0,
-    GgmlType::Q4K,
-    GgmlType::Q6K,
-];
+/// Every weight type the CPU runs.
+const TYPES: [GgmlType; 15] = GgmlType::ALL;
 
 fn matrix(ty: GgmlType, rows: usize, cols: usize) -> Vec<u8> {
     (0..rows).flat_map(|r| rand_row(ty, cols, 100 + r as u64)).collect()
@@ -28,10 +20,10 @@ fn backends(threads: usize) -> Vec<CpuBackend> {
     SimdLevel::available().into_iter().map(|l| CpuBackend::with_simd(threads, l).expect("pool")).collect()
 }
 
-/// Every type at 512 columns, and the 32-block types at an odd block count (17: the AVX-512
+/// Every type at `cols` columns, and the 32-block types at an odd block count (the AVX-512
 /// kernels' lone last block).
 fn shapes(cols: usize, odd_cols: usize) -> impl Iterator<Item = (GgmlType, usize)> {
-    let odd = [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0].map(|t| (t, odd_cols));
+    let odd = TYPES.into_iter().filter(|t| t.block_elems() == 32).map(move |t| (t, odd_cols));
     TYPES.map(|t| (t, cols)).into_iter().chain(odd)
 }
 
@@ -178,7 +170,7 @@ fn check_attention(cap: usize, positions: Vec<u32>, window: Option<usize>, hd: u
 fn k_quant_simd_equals_reference_bitwise() {
     let (rows, cols, n_tok) = (9, 768, 3);
     let x = rand_f32(21, n_tok * cols);
-    for ty in [GgmlType::Q4K, GgmlType::Q6K] {
+    for ty in TYPES.into_iter().filter(|t| t.block_elems() == 256) {
         let data = matrix(ty, rows, cols);
         let w = WeightView::new(ty, rows, cols, &data).expect("view");
         let outs: Vec<Vec<u32>> = backends(2)

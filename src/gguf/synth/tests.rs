@@ -14,7 +14,9 @@ fn synthetic_tokenizers_load_and_round_trip() {
         for text in ["hello synthetic world", "The capital of France is Paris.", "naïve café 🚀 12345"] {
             let ids = tok.encode(text, false).expect("encode");
             assert!(!ids.is_empty() && ids.iter().all(|&i| (i as usize) < 1000));
-            assert_eq!(tok.decode(&ids, false).expect("decode"), text, "{arch:?}");
+            // SentencePiece with a space prefix (Phi-3's) decodes to the text after one space.
+            let prefix = if arch == SynthArch::Phi3 { " " } else { "" };
+            assert_eq!(tok.decode(&ids, false).expect("decode"), format!("{prefix}{text}"), "{arch:?}");
         }
         // Learned merges make ordinary words shorter than their bytes.
         let n = tok.encode("The capital of France", false).expect("encode").len();
