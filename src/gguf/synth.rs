@@ -84,8 +84,10 @@ pub struct SynthShape {
     pub swa_pattern: usize,
     /// Standard deviation of the layers' weight matrices (and biases).
     pub weight_std: f32,
-    /// Standard deviation of the token embedding and output matrices.
+    /// Standard deviation of the output matrix (and of a tied embedding).
     pub output_std: f32,
+    /// Standard deviation of an untied token embedding (`None`: `output_std`).
+    pub embed_std: Option<f32>,
 }
 
 /// Names accepted by [`SynthShape::preset`].
@@ -112,6 +114,7 @@ impl SynthShape {
             swa_pattern: 0,
             weight_std: 0.02,
             output_std: 0.02,
+            embed_std: None,
         };
         match name {
             "smollm2-135m" => Some(s(576, 30, 9, 3, 1536, 49152, 8192, 100000.0, true)),
@@ -141,6 +144,7 @@ impl SynthShape {
             swa_pattern: 0,
             weight_std: 0.06,
             output_std: 0.1,
+            embed_std: None,
         };
         match arch {
             SynthArch::Llama => {}
@@ -161,10 +165,13 @@ impl SynthShape {
                 s.head_dim = Some(128);
                 s.rope_base = 1_000_000.0;
                 s.rms_eps = 1e-6;
-                s.tied_output = true;
+                // Untied (llama.cpp reads an `output.weight` if there is one): with random weights
+                // a tied output over embeddings scaled by √n_embd picks the input token again and
+                // again, whatever the layers compute. (The real Gemma 3 checks the tied path.)
                 s.sliding_window = Some(8);
                 s.swa_pattern = 3;
-                s.output_std = 0.02;
+                s.embed_std = Some(0.05);
+                s.output_std = 0.15;
             }
         }
         s
@@ -326,15 +333,17 @@ fn synthetic_tokenizer(arch: SynthArch, vocab: usize) -> Vec<(String, Value)> {
             vocab::bpe(vocab, "qwen2", &sp, &ids(Some(0), Some(2), None, None, Some(0)), false)
         }
         SynthArch::Phi3 => {
-            let sp: [Special; 6] = [
+            // llama.cpp requires `<|endoftext|>` in a vocabulary of a model named Phi-3.
+            let sp: [Special; 7] = [
                 Special { text: "<unk>", ty: 2 },
                 control("<s>"),
                 control("</s>"),
+                control("<|endoftext|>"),
                 control("<|user|>"),
                 control("<|assistant|>"),
                 control("<|end|>"),
             ];
-            vocab::spm(vocab, &sp, &ids(Some(1), Some(2), Some(5), Some(0), None), true, true)
+            vocab::spm(vocab, &sp, &ids(Some(1), Some(2), Some(6), Some(0), None), true, true)
         }
         SynthArch::Gemma3 => {
             let sp: [Special; 6] = [
@@ -407,7 +416,8 @@ fn tensor_plan(s: &SynthShape) -> Vec<(String, Fill)> {
     let m = |cols, rows| Fill::Matrix { cols, rows, std: ws };
     let norm = |n| Fill::Vector { n, mean: 1.0, std: 0.02 };
     let bias = |n| Fill::Vector { n, mean: 0.0, std: ws * 2.0 };
-    let mut plan: Vec<(String, Fill)> = vec![("token_embd.weight".into(), Fill::Matrix { cols: e, rows: s.vocab, std: s.output_std })];
+    let embed_std = if s.tied_output { s.output_std } else { s.embed_std.unwrap_or(s.output_std) };
+    let mut plan: Vec<(String, Fill)> = vec![("token_embd.weight".into(), Fill::Matrix { cols: e, rows: s.vocab, std: embed_std })];
     if s.arch == SynthArch::Llama3 {
         plan.push(("rope_freqs.weight".into(), Fill::Values(llama3_rope_factors(hd, s.rope_base))));
     }

@@ -178,6 +178,9 @@ pub struct Tokenizer {
     piece_offsets: Vec<usize>,
     /// Control, unknown and user-defined tokens, longest text first (partitioning order).
     specials: Vec<u32>,
+    /// Specials that swallow the whitespace after them in the input (llama.cpp's RSTRIP
+    /// attribute, which it sets for models named Phi-3), sorted.
+    rstrip: Vec<u32>,
     bos: Option<u32>,
     eos: Option<u32>,
     unk: Option<u32>,
@@ -311,6 +314,7 @@ impl Tokenizer {
             })
             .collect();
         specials.sort_by(|&a, &b| tokens[b as usize].len().cmp(&tokens[a as usize].len()).then(a.cmp(&b)));
+        let rstrip = rstrip_tokens(meta, &tokens, &specials);
 
         let text_id = |t: &str| match &model {
             Model::Bpe { inner, .. } => inner.token_to_id(t),
@@ -331,6 +335,7 @@ impl Tokenizer {
             piece_bytes,
             piece_offsets,
             specials,
+            rstrip,
             bos,
             eos,
             unk,
@@ -559,8 +564,39 @@ impl Tokenizer {
             }
             frags = next;
         }
+        if !self.rstrip.is_empty() {
+            // Whitespace right after an RSTRIP token is dropped (C's isspace set, as llama.cpp).
+            for i in 1..frags.len() {
+                if let (Fragment::Token(id), Fragment::Text(s)) = (frags[i - 1], frags[i]) {
+                    if self.rstrip.binary_search(&id).is_ok() {
+                        let skip = s.as_bytes().iter().take_while(|b| matches!(b, b' ' | b'\t' | b'\n' | 0x0B | 0x0C | b'\r')).count();
+                        frags[i] = Fragment::Text(s.slice(skip..s.len()));
+                    }
+                }
+            }
+            frags.retain(|f| !matches!(f, Fragment::Text(s) if s.len() == 0));
+        }
         frags
     }
+}
+
+/// llama.cpp's per-model token attributes that change tokenization: for a model whose
+/// `general.name` contains "phi-3" or "phi3" (any case), every special token but `<unk>`, `<s>`
+/// and `<|endoftext|>` (and `</s>`) strips the whitespace after it.
+fn rstrip_tokens(meta: &BTreeMap<String, Value>, tokens: &[String], specials: &[u32]) -> Vec<u32> {
+    let name = match meta.get("general.name") {
+        Some(Value::String(s)) => s.to_lowercase(),
+        _ => return Vec::new(),
+    };
+    if !(name.contains("phi-3") || name.contains("phi3")) {
+        return Vec::new();
+    }
+    let mut ids: Vec<u32> = specials.to_vec();
+    ids.extend(tokens.iter().position(|t| t == "</s>").map(|i| i as u32));
+    ids.retain(|&i| !["<unk>", "<s>", "<|endoftext|>"].contains(&tokens[i as usize].as_str()));
+    ids.sort_unstable();
+    ids.dedup();
+    ids
 }
 
 /// Turns generated token ids into text as they arrive, holding back the bytes of a UTF-8

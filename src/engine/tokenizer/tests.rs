@@ -222,3 +222,17 @@ fn sentencepiece_space_prefix_at_start_and_after_specials() {
     let no_prefix = Tokenizer::from_metadata(&spm_meta(false)).expect("spm");
     assert_eq!(no_prefix.encode("ab", false).expect("enc"), vec![id("ab")]);
 }
+
+#[test]
+fn phi3_specials_strip_the_whitespace_after_them() {
+    let mut m = spm_meta(true);
+    let t = Tokenizer::from_metadata(&m).expect("spm");
+    let plain = t.encode("<start_of_turn>\n ab", true).expect("enc");
+    m.insert("general.name".into(), Value::String("Phi 3 mini (PHI3)".into()));
+    let phi = Tokenizer::from_metadata(&m).expect("spm");
+    let id = |s: &str| phi.token_id(s).unwrap_or_else(|| panic!("{s}"));
+    assert_eq!(phi.encode("<start_of_turn>\n ab", true).expect("enc"), vec![3, id("\u{2581}ab")]);
+    assert_ne!(plain, vec![3, id("\u{2581}ab")], "without the name the whitespace is text");
+    // <s> is exempt.
+    assert_eq!(phi.encode("<s> ab", true).expect("enc")[..2], [1, id("\u{2581}")]);
+}
