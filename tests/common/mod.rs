@@ -85,10 +85,55 @@ use forge_cache::server::{self, proto, RunningServer, ServerConfig};
 pub const SYSTEM: &str = "You are a helpful assistant.";
 pub const FRANCE: &str = "What is the capital of France?";
 
+/// The real models the service tests run on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RealModel {
+    /// SmolLM2-135M-Instruct Q4_1 (llama, byte-level BPE), the default.
+    SmolLM2,
+    /// Gemma 3 270M Q4_K_M (gemma3, SentencePiece, sliding-window layers).
+    Gemma3,
+}
+
+impl RealModel {
+    pub fn path(self) -> PathBuf {
+        match self {
+            RealModel::SmolLM2 => smollm2_path(),
+            RealModel::Gemma3 => gemma3_path(),
+        }
+    }
+
+    /// The model on the fastest CPU kernels.
+    pub fn load(self) -> Model {
+        Model::load(self.path(), Arc::new(CpuBackend::new(0).expect("pool"))).expect("load")
+    }
+}
+
+/// Two tests of the async `$body(RealModel)`: `$name::smollm2` and `$name::gemma3`.
+#[macro_export]
+macro_rules! on_both_models {
+    ($name:ident, $body:path) => {
+        mod $name {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn smollm2() {
+                $body($crate::common::RealModel::SmolLM2).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn gemma3() {
+                $body($crate::common::RealModel::Gemma3).await
+            }
+        }
+    };
+}
+
 /// A service config on the real model and `db`, one model thread (tests run two at a time on
 /// a 2-core machine).
 pub fn server_config(db: &std::path::Path) -> ServerConfig {
-    let mut c = ServerConfig::new(smollm2_path(), db);
+    server_config_on(RealModel::SmolLM2, db)
+}
+
+/// [`server_config`] on `model`.
+pub fn server_config_on(model: RealModel, db: &std::path::Path) -> ServerConfig {
+    let mut c = ServerConfig::new(model.path(), db);
     c.threads = 1;
     c
 }
@@ -116,8 +161,13 @@ pub fn scratch() -> Scratch {
 
 /// The service on a fresh database, its config changed by `tweak`, and a client.
 pub async fn service_with(tweak: impl FnOnce(&mut ServerConfig, &Scratch)) -> (Scratch, RunningServer, Client) {
+    service_with_on(RealModel::SmolLM2, tweak).await
+}
+
+/// [`service_with`] on `model`.
+pub async fn service_with_on(model: RealModel, tweak: impl FnOnce(&mut ServerConfig, &Scratch)) -> (Scratch, RunningServer, Client) {
     let s = scratch();
-    let mut config = server_config(&s.db);
+    let mut config = server_config_on(model, &s.db);
     tweak(&mut config, &s);
     let server = start(config).await;
     let c = client(&server).await;
@@ -126,6 +176,11 @@ pub async fn service_with(tweak: impl FnOnce(&mut ServerConfig, &Scratch)) -> (S
 
 pub async fn service() -> (Scratch, RunningServer, Client) {
     service_with(|_, _| {}).await
+}
+
+/// [`service`] on `model`.
+pub async fn service_on(model: RealModel) -> (Scratch, RunningServer, Client) {
+    service_with_on(model, |_, _| {}).await
 }
 
 /// A greedy chat request with the helpful-assistant system prompt.
