@@ -184,6 +184,15 @@ pub fn place(model: &mut Model, opts: &PlacementOptions) -> Result<Placement, Pl
         model.offload_none();
         return Ok(cpu_only("--tensor-split".into()));
     }
+    if let Some(why) = model.gpu_unsupported() {
+        // An architecture the GPU layers cannot run: the automatic split keeps it on the CPU, an
+        // explicit request is an error that says why.
+        model.offload_none();
+        if opts.backend == BackendChoice::Split && explicit.is_none() {
+            return Ok(cpu_only(format!("auto: {why}")));
+        }
+        return Err(ModelError::GpuUnsupported(why).into());
+    }
     let ctx = match WgpuContext::new(WgpuOptions { allow_software: opts.allow_software, matmul_lanes: None, decode_kernels: None, attention_one: None }) {
         Ok(c) => c,
         Err(e) if opts.backend == BackendChoice::Split && explicit.is_none() => {

@@ -6,11 +6,11 @@
 
 use std::arch::x86_64::*;
 
-use super::quant::{BlockQ8, BlockQ8K};
+use super::quant::BlockQ8;
 use super::shared::{prefetch, tile_rows, SharedOut};
 use crate::backend::WeightView;
-use crate::gguf::types::{e8m0_half, q4k_scale_min, IQ4NL_VALUES, MXFP4_VALUES};
-use crate::gguf::{GgmlType, QK_K};
+use crate::gguf::types::{e8m0_half, IQ4NL_VALUES, MXFP4_VALUES};
+use crate::gguf::GgmlType;
 
 // The helpers below are `inline(always)` plain functions: they are only ever inlined into the
 // `#[target_feature]` entry points of this file (which the backend calls after run-time
@@ -25,7 +25,7 @@ fn load16(b: &[u8]) -> __m128i {
 }
 
 #[inline(always)]
-fn load32(b: &[u8]) -> __m256i {
+pub(super) fn load32(b: &[u8]) -> __m256i {
     assert!(b.len() >= 32);
     // SAFETY: the assert guarantees 32 readable bytes; loadu has no alignment requirement.
     unsafe { _mm256_loadu_si256(b.as_ptr() as *const __m256i) }
@@ -56,7 +56,7 @@ fn f16x2(b: &[u8]) -> (f32, f32) {
 }
 
 #[inline(always)]
-fn f16x1(b: &[u8]) -> f32 {
+pub(super) fn f16x1(b: &[u8]) -> f32 {
     let bits = u16::from_le_bytes([b[0], b[1]]) as i32;
     // SAFETY: F16C is enabled in every caller (see above).
     unsafe { _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits))) }
@@ -468,129 +468,6 @@ fn dot8(a: &[f32], b: &[f32]) -> f32 {
 }
 
 
-/// The K-quant types with a kernel here.
-pub const Q8K_TYPES: [GgmlType; 2] = [GgmlType::Q4K, GgmlType::Q6K];
-
-/// Rows `rows` of a Q4_K / Q6_K matrix against `n_tok` Q8_K activation rows (`acts`:
-/// [n_tok, cols / 256]). The integer sums are exactly those of `quant::dot_q8k_scalar` and the
-/// final float arithmetic is the same, so results equal the reference bitwise.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub fn matmul_rows_q8k(w: WeightView<'_>, rows: std::ops::Range<usize>, acts: &[BlockQ8K], n_tok: usize, out: &SharedOut) {
-    let nb = w.cols / QK_K;
-    for t in 0..n_tok {
-        let x = &acts[t * nb..(t + 1) * nb];
-        for r in rows.clone() {
-            let v = match w.ty {
-                GgmlType::Q4K => dot_q4k(w.row(r), x),
-                _ => dot_q6k(w.row(r), x),
-            };
-            out.write(t, r, v);
-        }
-    }
-}
-
-/// Sum of 8 i32 lanes.
-#[inline(always)]
-fn hsum_i32(v: __m256i) -> i32 {
-    // SAFETY: AVX2 enabled in every caller.
-    unsafe {
-        let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-        let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b01_00_11_10));
-        let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b10_11_00_01));
-        _mm_cvtsi128_si32(s)
-    }
-}
-
-#[inline(always)]
-fn i8x32(x: &[i8]) -> __m256i {
-    assert!(x.len() >= 32);
-    // SAFETY: 32 readable bytes (asserted); unaligned load.
-    unsafe { _mm256_loadu_si256(x.as_ptr() as *const __m256i) }
-}
-
-#[inline(always)]
-fn dot_q4k(w: &[u8], x: &[BlockQ8K]) -> f32 {
-    let mut acc = 0f32;
-    for (wb, xb) in w.chunks_exact(144).zip(x) {
-        let d = f16x1(wb) * xb.d;
-        let dmin = f16x1(&wb[2..]) * xb.d;
-        let scales = &wb[4..16];
-        // SAFETY: AVX2 enabled in every caller; loads stay inside the 144-byte block.
-        let sum_sc = unsafe {
-            let ones = _mm256_set1_epi16(1);
-            let mask = _mm256_set1_epi8(0x0F);
-            let mut s = _mm256_setzero_si256();
-            for pair in 0..4 {
-                let q = load32(&wb[16 + 32 * pair..]);
-                let lo = _mm256_and_si256(q, mask);
-                let hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), mask);
-                let (sc1, _) = q4k_scale_min(2 * pair, scales);
-                let (sc2, _) = q4k_scale_min(2 * pair + 1, scales);
-                let p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, i8x32(&xb.qs[64 * pair..])), ones);
-                let p2 = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, i8x32(&xb.qs[64 * pair + 32..])), ones);
-                s = _mm256_add_epi32(s, _mm256_mullo_epi32(p1, _mm256_set1_epi32(sc1 as i32)));
-                s = _mm256_add_epi32(s, _mm256_mullo_epi32(p2, _mm256_set1_epi32(sc2 as i32)));
-            }
-            hsum_i32(s)
-        };
-        let mut sum_min = 0i32;
-        for j in 0..8 {
-            let (_, m) = q4k_scale_min(j, scales);
-            sum_min += m as i32 * (xb.bsums[2 * j] as i32 + xb.bsums[2 * j + 1] as i32);
-        }
-        acc += d * sum_sc as f32 - dmin * sum_min as f32;
-    }
-    acc
-}
-
-#[inline(always)]
-fn dot_q6k(w: &[u8], x: &[BlockQ8K]) -> f32 {
-    let mut acc = 0f32;
-    for (wb, xb) in w.chunks_exact(210).zip(x) {
-        let d = f16x1(&wb[208..]) * xb.d;
-        let sc = &wb[192..208];
-        // Σ (q - 32)·x = Σ q·x - 32·Σ x per group of 16 (q in 0..64 is unsigned for maddubs).
-        // SAFETY: AVX2 enabled in every caller; loads stay inside the 210-byte block.
-        let sum_qx = unsafe {
-            let ones = _mm256_set1_epi16(1);
-            let m4 = _mm256_set1_epi8(0x0F);
-            let m2 = _mm256_set1_epi8(3);
-            let mut s = _mm256_setzero_si256();
-            for half in 0..2 {
-                let ql0 = load32(&wb[64 * half..]);
-                let ql1 = load32(&wb[64 * half + 32..]);
-                let qh = load32(&wb[128 + 32 * half..]);
-                let hi = |shift: i32| match shift {
-                    0 => _mm256_slli_epi16(_mm256_and_si256(qh, m2), 4),
-                    2 => _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m2), 4),
-                    4 => _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m2), 4),
-                    _ => _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m2), 4),
-                };
-                let q = [
-                    _mm256_or_si256(_mm256_and_si256(ql0, m4), hi(0)),
-                    _mm256_or_si256(_mm256_and_si256(ql1, m4), hi(2)),
-                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4), hi(4)),
-                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4), hi(6)),
-                ];
-                for (g, qg) in q.iter().enumerate() {
-                    // lanes 0..4 hold elements 0..16 (scale group 2g), lanes 4..8 elements 16..32
-                    let p = _mm256_madd_epi16(_mm256_maddubs_epi16(*qg, i8x32(&xb.qs[128 * half + 32 * g..])), ones);
-                    let s_lo = (sc[8 * half + 2 * g] as i8) as i32;
-                    let s_hi = (sc[8 * half + 2 * g + 1] as i8) as i32;
-                    s = _mm256_add_epi32(s, _mm256_mullo_epi32(p, _mm256_setr_epi32(s_lo, s_lo, s_lo, s_lo, s_hi, s_hi, s_hi, s_hi)));
-                }
-            }
-            hsum_i32(s)
-        };
-        let mut sum_bs = 0i32;
-        for (g, &b) in xb.bsums.iter().enumerate() {
-            sum_bs += (sc[g] as i8) as i32 * b as i32;
-        }
-        acc += d * (sum_qx - 32 * sum_bs) as f32;
-    }
-    acc
-}
-
 /// GELU (erf form) of every element, four at a time in f64: `ops::gelu`'s formula with the
 /// same erf fit, and exp from range reduction plus a degree-11 Taylor series (relative error
 /// below 1e-14, far under the f32 rounding of the result; tested against `ops::gelu`). Every
@@ -654,5 +531,63 @@ fn exp_pd(a: __m256d) -> __m256d {
         let bits = _mm256_slli_epi64::<52>(_mm256_add_epi64(_mm256_cvtepi32_epi64(_mm256_cvtpd_epi32(k)), _mm256_set1_epi64x(1023)));
         let e = _mm256_mul_pd(p, _mm256_castsi256_pd(bits));
         _mm256_and_pd(e, _mm256_cmp_pd::<_CMP_GE_OQ>(a, _mm256_set1_pd(-708.0)))
+    }
+}
+
+/// gate = gelu_tanh(gate) · up (GeGLU), eight at a time: `ops::gelu_tanh` in f32 as
+/// x / (1 + e^(-2u)) (the same function), e^x from range reduction and a degree-6 polynomial
+/// (relative error ~1e-7; tested against `ops::gelu_tanh`). Every element takes the same path (a
+/// short tail is padded to eight), so results do not depend on the slice's length.
+#[target_feature(enable = "avx2,fma")]
+pub fn gelu_tanh_mul(gate: &mut [f32], up: &[f32]) {
+    assert!(up.len() >= gate.len());
+    let len = gate.len();
+    let mut chunks = gate.chunks_exact_mut(8);
+    let mut ups = up.chunks_exact(8);
+    for (g, u) in (&mut chunks).zip(&mut ups) {
+        geglu8(g, u);
+    }
+    let rest = chunks.into_remainder();
+    if !rest.is_empty() {
+        let n = rest.len();
+        let (mut g, mut u) = ([0f32; 8], [0f32; 8]);
+        g[..n].copy_from_slice(rest);
+        u[..n].copy_from_slice(&up[len - n..len]);
+        geglu8(&mut g, &u);
+        rest.copy_from_slice(&g[..n]);
+    }
+}
+
+#[inline(always)]
+fn geglu8(g: &mut [f32], u: &[f32]) {
+    assert!(g.len() == 8 && u.len() == 8);
+    // SAFETY: AVX2/FMA are enabled in the only caller; loads and stores touch g[0..8], u[0..8].
+    unsafe {
+        let x = _mm256_loadu_ps(g.as_ptr());
+        let x2 = _mm256_mul_ps(x, x);
+        let inner = _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(super::ops::SQRT_2_OVER_PI), x), _mm256_fmadd_ps(_mm256_set1_ps(super::ops::GELU_COEF_A), x2, _mm256_set1_ps(1.0)));
+        // 0.5·x·(1 + tanh(u)) = x / (1 + e^(-2u)): no cancellation where tanh(u) is near -1.
+        let e = exp8(_mm256_mul_ps(inner, _mm256_set1_ps(-2.0)));
+        let gelu = _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0), e));
+        _mm256_storeu_ps(g.as_mut_ptr(), _mm256_mul_ps(gelu, _mm256_loadu_ps(u.as_ptr())));
+    }
+}
+
+/// e^x for eight f32, x clamped to [-88, 88] (so 0 < e^x < ∞): x = k·ln2 + r, e^r by a
+/// degree-6 Taylor polynomial (|r| <= ln2/2), times 2^k through the exponent bits.
+#[inline(always)]
+fn exp8(x: __m256) -> __m256 {
+    // SAFETY: AVX2/FMA are enabled in every caller.
+    unsafe {
+        let x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-88.0)), _mm256_set1_ps(88.0));
+        let k = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm256_mul_ps(x, _mm256_set1_ps(std::f32::consts::LOG2_E)));
+        let r = _mm256_fnmadd_ps(k, _mm256_set1_ps(0.693_145_75), x);
+        let r = _mm256_fnmadd_ps(k, _mm256_set1_ps(1.428_606_8e-6), r);
+        let mut p = _mm256_set1_ps(1.0 / 720.0);
+        for c in [1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0] {
+            p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c));
+        }
+        let bits = _mm256_slli_epi32::<23>(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)));
+        _mm256_mul_ps(p, _mm256_castsi256_ps(bits))
     }
 }

@@ -17,6 +17,8 @@ pub mod team;
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]
+mod avx2_k;
+#[cfg(target_arch = "x86_64")]
 mod avx512;
 #[cfg(target_arch = "aarch64")]
 mod neon;
@@ -171,6 +173,17 @@ impl CpuBackend {
         }
     }
 
+    /// Whether the AVX-512 level has a pair kernel for `ty` (never on other architectures).
+    fn has_pair_kernel(ty: GgmlType) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        return avx512::PAIR_TYPES.contains(&ty);
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            let _ = ty;
+            false
+        }
+    }
+
     /// Rows per dynamically scheduled chunk: enough chunks to balance the threads, enough rows
     /// that a chunk's weights are reused across all tokens while they sit in L1/L2.
     fn row_chunk(&self, rows: usize) -> usize {
@@ -258,24 +271,38 @@ impl Backend for CpuBackend {
             ActFormat::Q8 => {
                 let nb = cols / QK;
                 let mut s = self.scratch.lock().unwrap_or_else(|p| p.into_inner());
+                let s = &mut *s;
+                // At the AVX-512 level, the types with a pair kernel read pairs; the others (Q8_0
+                // among them: measured faster on AVX2, see `avx512`) read blocks. A call whose
+                // matrices need both gets both.
+                let pairs_for = |w: &WeightView<'_>| self.simd == SimdLevel::Avx512Vnni && Self::has_pair_kernel(w.ty);
                 #[cfg(target_arch = "x86_64")]
-                // Q8_0 keeps the AVX2 kernel at this level (measured faster; see `avx512`).
-                if self.simd == SimdLevel::Avx512Vnni && ws.iter().all(|w| avx512::PAIR_TYPES.contains(&w.ty)) {
+                let pairs: &[avx512::PairQ8] = if ws.iter().any(pairs_for) {
                     let np = nb.div_ceil(2);
                     s.pairs.resize(n_tok * np, avx512::PairQ8::default());
                     // SAFETY: `Avx512Vnni` is only set after detecting every feature
                     // `avx512::quantize_pairs` enables.
                     self.quantize(x, n_tok, cols, np, &mut s.pairs[..n_tok * np], |x, p| unsafe { avx512::quantize_pairs(x, p) });
-                    let pairs = &s.pairs[..n_tok * np];
-                    // SAFETY: `SimdLevel::Avx512Vnni` is only set after detecting every feature
-                    // `avx512::matmul_rows_q8` enables.
-                    self.rows_parallel(ws, outs, &|m, rows, out| unsafe { avx512::matmul_rows_q8(ws[m], rows, pairs, n_tok, out) });
-                    return;
-                }
-                s.q8.resize(n_tok * nb, BlockQ8::default());
-                self.quantize(x, n_tok, cols, nb, &mut s.q8[..n_tok * nb], quant::quantize_q8);
-                let q8 = &s.q8[..n_tok * nb];
-                self.rows_parallel(ws, outs, &|m, rows, out| self.rows_q8(ws[m], rows, q8, n_tok, out));
+                    &s.pairs[..n_tok * np]
+                } else {
+                    &[]
+                };
+                let q8: &[BlockQ8] = if ws.iter().any(|w| !pairs_for(w)) {
+                    s.q8.resize(n_tok * nb, BlockQ8::default());
+                    self.quantize(x, n_tok, cols, nb, &mut s.q8[..n_tok * nb], quant::quantize_q8);
+                    &s.q8[..n_tok * nb]
+                } else {
+                    &[]
+                };
+                self.rows_parallel(ws, outs, &|m, rows, out| {
+                    #[cfg(target_arch = "x86_64")]
+                    if pairs_for(&ws[m]) {
+                        // SAFETY: `SimdLevel::Avx512Vnni` is only set after detecting every feature
+                        // `avx512::matmul_rows_q8` enables.
+                        return unsafe { avx512::matmul_rows_q8(ws[m], rows, pairs, n_tok, out) };
+                    }
+                    self.rows_q8(ws[m], rows, q8, n_tok, out)
+                });
             }
             ActFormat::Q8K => {
                 let nb = cols / QK_K;
@@ -286,9 +313,11 @@ impl Backend for CpuBackend {
                 self.rows_parallel(ws, outs, &|m, rows, out| match self.simd {
                     #[cfg(target_arch = "x86_64")]
                     // SAFETY: `Avx2` and `Avx512Vnni` are only set after detecting avx2, fma, f16c.
-                    SimdLevel::Avx2 | SimdLevel::Avx512Vnni if avx2::Q8K_TYPES.contains(&ws[m].ty) => unsafe {
-                        avx2::matmul_rows_q8k(ws[m], rows, q8k, n_tok, out)
+                    SimdLevel::Avx2 | SimdLevel::Avx512Vnni if avx2_k::Q8K_TYPES.contains(&ws[m].ty) => unsafe {
+                        avx2_k::matmul_rows_q8k(ws[m], rows, q8k, n_tok, out)
                     },
+                    #[cfg(target_arch = "aarch64")]
+                    SimdLevel::Neon if neon::Q8K_TYPES.contains(&ws[m].ty) => neon::matmul_rows_q8k(ws[m], rows, q8k, n_tok, out),
                     _ => {
                         for t in 0..n_tok {
                             for r in rows.clone() {
@@ -361,6 +390,19 @@ impl Backend for CpuBackend {
     fn silu_mul(&self, gate: &mut [f32], up: &[f32]) {
         for (g, u) in gate.iter_mut().zip(up) {
             *g = ops::silu(*g) * u;
+        }
+    }
+
+    fn gelu_tanh_mul(&self, gate: &mut [f32], up: &[f32]) {
+        match self.simd {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `Avx2` and `Avx512Vnni` are only set after detecting avx2 and fma.
+            SimdLevel::Avx2 | SimdLevel::Avx512Vnni => unsafe { avx2::gelu_tanh_mul(gate, up) },
+            _ => {
+                for (g, u) in gate.iter_mut().zip(up) {
+                    *g = ops::gelu_tanh(*g) * u;
+                }
+            }
         }
     }
 
