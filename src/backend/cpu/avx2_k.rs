@@ -8,7 +8,7 @@
 
 use std::arch::x86_64::*;
 
-use super::avx2::{f16x1, load32};
+use super::avx2::{blocks, f16x1, load32};
 use super::quant::BlockQ8K;
 use super::shared::{prefetch, tile_rows_with, SharedOut};
 use crate::backend::WeightView;
@@ -60,14 +60,6 @@ fn dot32(q: __m256i, x: &[i8]) -> __m256i {
     unsafe { _mm256_madd_epi16(_mm256_maddubs_epi16(q, i8x32(x)), _mm256_set1_epi16(1)) }
 }
 
-/// The row's blocks and every token's activation blocks, cut to the same count.
-#[inline(always)]
-fn blocks<'a, const BB: usize, const NT: usize>(w: &'a [u8], x: [&'a [BlockQ8K]; NT]) -> (&'a [[u8; BB]], [&'a [BlockQ8K]; NT]) {
-    let (blocks, _) = w.as_chunks::<BB>();
-    let nb = blocks.len();
-    (blocks, x.map(|xt| &xt[..nb]))
-}
-
 /// Q4_K (`FIFTH` false) and Q5_K (`FIFTH` true): per block the 8 sub-blocks' u8 weights, then
 /// per token Σ sc·Σ q·x and Σ m·bsum as in the reference.
 #[inline(always)]
@@ -83,7 +75,7 @@ fn dot_q45k<const FIFTH: bool, const NT: usize>(w: &[u8], x: [&[BlockQ8K]; NT], 
 
 #[inline(always)]
 fn dot_q45k_blocks<const BB: usize, const FIFTH: bool, const NT: usize>(w: &[u8], x: [&[BlockQ8K]; NT], out: &mut [f32; NT]) {
-    let (blocks, x) = blocks::<BB, NT>(w, x);
+    let (blocks, x) = blocks::<BlockQ8K, BB, NT>(w, x);
     let mut acc = [0f32; NT];
     // SAFETY (whole body): AVX2 enabled in every caller; loads stay inside the block.
     unsafe {
@@ -137,7 +129,7 @@ fn dot_q45k_blocks<const BB: usize, const FIFTH: bool, const NT: usize>(w: &[u8]
 /// token Σ sc·(Σ q·x - 32·bsum) per 16 values as in the reference.
 #[inline(always)]
 fn dot_q6k<const NT: usize>(w: &[u8], x: [&[BlockQ8K]; NT], out: &mut [f32; NT]) {
-    let (blocks, x) = blocks::<210, NT>(w, x);
+    let (blocks, x) = blocks::<BlockQ8K, 210, NT>(w, x);
     let mut acc = [0f32; NT];
     // SAFETY (whole body): AVX2 enabled in every caller; loads stay inside the 210-byte block.
     unsafe {

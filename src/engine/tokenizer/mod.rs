@@ -285,7 +285,14 @@ impl Tokenizer {
         for (text, ty) in tokens.iter().zip(&types) {
             match ty {
                 // SentencePiece pieces are text with `▁` for spaces.
-                TokenType::Normal if spm => piece_bytes.extend_from_slice(text.replace(spm::SPACE, " ").as_bytes()),
+                TokenType::Normal if spm => {
+                    for (i, part) in text.split(spm::SPACE).enumerate() {
+                        if i > 0 {
+                            piece_bytes.push(b' ');
+                        }
+                        piece_bytes.extend_from_slice(part.as_bytes());
+                    }
+                }
                 TokenType::Normal => {
                     for c in text.chars() {
                         match char_to_byte.get(&c) {

@@ -69,26 +69,19 @@ pub fn dequantize_q3k(b: &[u8], y: &mut [f32]) {
 /// Q4_K: 8 sub-blocks of 32; sub-block pair (2i, 2i+1) shares 32 bytes of `qs`: low nibbles for
 /// 2i, high nibbles for 2i+1.
 pub fn dequantize_q4k(b: &[u8], y: &mut [f32]) {
-    let (d, dmin) = (f16_at(b, 0), f16_at(b, 2));
-    let (scales, qs) = (&b[4..16], &b[16..144]);
-    for pair in 0..4 {
-        let (sc1, m1) = q4k_scale_min(2 * pair, scales);
-        let (sc2, m2) = q4k_scale_min(2 * pair + 1, scales);
-        let (d1, mm1) = (d * sc1 as f32, dmin * m1 as f32);
-        let (d2, mm2) = (d * sc2 as f32, dmin * m2 as f32);
-        let q = &qs[32 * pair..32 * pair + 32];
-        for l in 0..32 {
-            y[64 * pair + l] = d1 * (q[l] & 0x0F) as f32 - mm1;
-            y[64 * pair + 32 + l] = d2 * (q[l] >> 4) as f32 - mm2;
-        }
-    }
+    dequantize_q45k(b, &b[16..144], None, y)
 }
 
 /// Q5_K: Q4_K's layout plus a fifth bit: element 64·p + l (sub-block 2p) has bit 2p of qh[l],
 /// element 64·p + 32 + l (sub-block 2p + 1) bit 2p + 1.
 pub fn dequantize_q5k(b: &[u8], y: &mut [f32]) {
+    dequantize_q45k(b, &b[48..176], Some(&b[16..48]), y)
+}
+
+/// Q4_K / Q5_K (with `qh`): y = d·sc·q - dmin·m per sub-block of 32.
+fn dequantize_q45k(b: &[u8], qs: &[u8], qh: Option<&[u8]>, y: &mut [f32]) {
     let (d, dmin) = (f16_at(b, 0), f16_at(b, 2));
-    let (scales, qh, qs) = (&b[4..16], &b[16..48], &b[48..176]);
+    let scales = &b[4..16];
     for pair in 0..4 {
         let (sc1, m1) = q4k_scale_min(2 * pair, scales);
         let (sc2, m2) = q4k_scale_min(2 * pair + 1, scales);
@@ -96,8 +89,10 @@ pub fn dequantize_q5k(b: &[u8], y: &mut [f32]) {
         let (d2, mm2) = (d * sc2 as f32, dmin * m2 as f32);
         let q = &qs[32 * pair..32 * pair + 32];
         for l in 0..32 {
-            let h1 = ((qh[l] >> (2 * pair)) & 1) << 4;
-            let h2 = ((qh[l] >> (2 * pair + 1)) & 1) << 4;
+            let (h1, h2) = match qh {
+                Some(h) => (((h[l] >> (2 * pair)) & 1) << 4, ((h[l] >> (2 * pair + 1)) & 1) << 4),
+                None => (0, 0),
+            };
             y[64 * pair + l] = d1 * ((q[l] & 0x0F) | h1) as f32 - mm1;
             y[64 * pair + 32 + l] = d2 * ((q[l] >> 4) | h2) as f32 - mm2;
         }
