@@ -127,6 +127,8 @@ impl Weights {
                 let need = |cond: bool, name: String, len: usize| -> Result<Option<Vec<f32>>, GgufError> {
                     if cond { ld.vector(&name, len).map(Some) } else { Ok(None) }
                 };
+                // In file order (norm first), so the first missing tensor is the one reported.
+                let attn_norm = ld.vector(&n("attn_norm"), e)?;
                 let (wq, wk, wv) = if c.fused {
                     let qkv = ld.matrix(&n("attn_qkv"), e, qd + 2 * kvd)?;
                     (qkv.rows(0, qd), qkv.rows(qd, kvd), qkv.rows(qd + kvd, kvd))
@@ -140,7 +142,7 @@ impl Weights {
                     (ld.matrix(&n("ffn_gate"), e, ff)?, ld.matrix(&n("ffn_up"), e, ff)?)
                 };
                 Ok(LayerWeights {
-                    attn_norm: ld.vector(&n("attn_norm"), e)?,
+                    attn_norm,
                     wq,
                     wk,
                     wv,
