@@ -20,6 +20,8 @@ mod avx2;
 mod avx2_k;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+#[cfg(target_arch = "x86_64")]
+mod avx512_k;
 #[cfg(target_arch = "aarch64")]
 mod neon;
 
@@ -312,8 +314,14 @@ impl Backend for CpuBackend {
                 let q8k = &s.q8k[..n_tok * nb];
                 self.rows_parallel(ws, outs, &|m, rows, out| match self.simd {
                     #[cfg(target_arch = "x86_64")]
-                    // SAFETY: `Avx2` and `Avx512Vnni` are only set after detecting avx2, fma, f16c.
-                    SimdLevel::Avx2 | SimdLevel::Avx512Vnni if avx2_k::Q8K_TYPES.contains(&ws[m].ty) => unsafe {
+                    // SAFETY: `Avx512Vnni` is only set after detecting every feature
+                    // `avx512_k::matmul_rows_q8k` enables.
+                    SimdLevel::Avx512Vnni if avx2_k::Q8K_TYPES.contains(&ws[m].ty) => unsafe {
+                        avx512_k::matmul_rows_q8k(ws[m], rows, q8k, n_tok, out)
+                    },
+                    #[cfg(target_arch = "x86_64")]
+                    // SAFETY: `Avx2` is only set after detecting avx2, fma, f16c.
+                    SimdLevel::Avx2 if avx2_k::Q8K_TYPES.contains(&ws[m].ty) => unsafe {
                         avx2_k::matmul_rows_q8k(ws[m], rows, q8k, n_tok, out)
                     },
                     #[cfg(target_arch = "aarch64")]
