@@ -27,7 +27,7 @@ SERVER=""
 start() { # $1 = db, rest = serve flags
   local db=$1; shift
   rm -f "$db" "$db-wal" "$db-shm"
-  "$BIN" serve --db "$db" --addr 127.0.0.1:$PORT "$@" >"$OUT/serve.log" 2>&1 &
+  "$BIN" serve --db "$db" --addr 127.0.0.1:$PORT --no-http "$@" >"$OUT/serve.log" 2>&1 &
   SERVER=$!
   "$BIN" health --server http://127.0.0.1:$PORT --wait 60 >/dev/null
 }

@@ -147,7 +147,7 @@ fn every_architecture_is_bitwise_batch_invariant_on_every_cpu_level() {
 
 #[test]
 fn logits_are_bitwise_batch_invariant_on_wgpu_and_split() {
-    match WgpuContext::new(WgpuOptions { allow_software: true, matmul_lanes: None, decode_kernels: None, attention_one: None }) {
+    match WgpuContext::new(WgpuOptions { allow_software: true, ..WgpuOptions::default() }) {
         Err(e) if e.is_unavailable() => return eprintln!("skipped: {e}"),
         Err(e) => panic!("wgpu context: {e}"),
         Ok(_) => {}

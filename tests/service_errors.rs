@@ -175,7 +175,7 @@ async fn a_corrupt_database_is_refused_and_left_alone() {
 
     // The CLI says the same and exits non-zero.
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_forge-cache"))
-        .args(["serve", "--addr", "127.0.0.1:0", "--db"])
+        .args(["serve", "--addr", "127.0.0.1:0", "--no-http", "--db"])
         .arg(&db)
         .output()
         .expect("run serve");

@@ -33,7 +33,7 @@ const MARGIN: f32 = 0.3;
 const TOKENS: usize = 32;
 
 fn context() -> Option<Arc<WgpuContext>> {
-    match WgpuContext::new(WgpuOptions { allow_software: true, matmul_lanes: None, decode_kernels: None, attention_one: None }) {
+    match WgpuContext::new(WgpuOptions { allow_software: true, ..WgpuOptions::default() }) {
         Ok(c) => {
             eprintln!("wgpu adapter: {:?}", c.adapter());
             Some(c)

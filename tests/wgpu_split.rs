@@ -66,7 +66,7 @@ fn compare(what: &str, id: &str, prompt: &[u32], a: &[u32], b: &[u32], reference
 
 #[test]
 fn split_greedy_matches_cpu_and_wgpu_alone() {
-    match WgpuContext::new(WgpuOptions { allow_software: true, matmul_lanes: None, decode_kernels: None, attention_one: None }) {
+    match WgpuContext::new(WgpuOptions { allow_software: true, ..WgpuOptions::default() }) {
         Err(e) if e.is_unavailable() => return eprintln!("skipped: {e}"),
         Err(e) => panic!("wgpu context: {e}"),
         Ok(_) => {}

@@ -17,7 +17,7 @@ use std::path::Path;
 
 use serde::{Serialize, Serializer};
 
-use crate::backend::cpu::SimdLevel;
+use super::simd::SimdLevel;
 
 /// PCI vendor ids.
 pub const VENDOR_INTEL: u16 = 0x8086;

@@ -3,9 +3,18 @@
 //! activations and read-only weight views. Capability queries ([`Backend::supports`]) say what a
 //! backend can run; nothing panics for an unsupported op.
 //!
+//! A second seam serves accelerators that hold whole layers: [`offload::LayerOffload`], through
+//! which the engine runs layers `[a, b)` of a model on a device, their activations and each
+//! sequence's KV behind opaque handles (`offload` module docs). Everything a backend needs from
+//! the model comes through types of that module, so nothing here imports the engine.
+//!
 //! * `cpu` — scalar reference kernels (kept forever, the ground truth for every other kernel)
 //!   plus SIMD variants chosen at run time.
+//! * `wgpu` — WGSL kernels: the `Backend` trait op by op, and `GpuLayers`, a `LayerOffload`
+//!   segment; every knob in `WgpuOptions`.
+//! * `offload` — the layer-offload interface (wgpu implements it; HIP is to).
 //! * `hardware` — detection of CPU features and GPUs, and the execution tier derived from them.
+//! * `simd` — the CPU instruction-set levels (`SimdLevel`), shared by `hardware` and `cpu`.
 //!
 //! Batch invariance: every kernel computes a token's output with the same reduction order
 //! whether it is alone or in a batch, so logits and KV are bitwise identical across decode,
@@ -13,6 +22,8 @@
 
 pub mod cpu;
 pub mod hardware;
+pub mod offload;
+pub mod simd;
 pub mod wgpu;
 
 use crate::gguf::GgmlType;

@@ -134,7 +134,7 @@ fn worker(s: &Shared, config: IndexerConfig, idle: &IdleFn, index: &IndexFn) {
         let done = match index(&tenant, config.batch.max(1)) {
             Ok(n) => n < config.batch.max(1),
             Err(e) => {
-                eprintln!("forge-cache: embedding new facts of tenant {tenant:?} failed (retried at its next answer): {e}");
+                tracing::warn!(tenant = %tenant, error = %e, "embedding new facts failed (retried at its next answer)");
                 true
             }
         };

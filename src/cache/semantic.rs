@@ -15,7 +15,7 @@ use sha2::{Digest, Sha256};
 use super::indexer::IdleFn;
 use crate::backend::Backend;
 use crate::embed::{EmbedError, Embedder};
-use crate::engine::generate::StopReason;
+use crate::vocab::StopReason;
 use crate::engine::scheduler::Draft;
 use crate::store::semantic::{Neighbour, Outcome};
 use crate::store::{Store, StoreError};

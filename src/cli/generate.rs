@@ -127,7 +127,7 @@ struct JsonOut<'a> {
     text: String,
     prefill_tok_s: f64,
     decode_tok_s: f64,
-    stop_reason: forge_cache::engine::generate::StopReason,
+    stop_reason: forge_cache::vocab::StopReason,
     /// Start to the first token: offline, the prefill; with --server, as the service measured it.
     ttft_ms: f64,
 }
@@ -250,10 +250,14 @@ async fn remote(a: &GenerateArgs, url: &str) -> anyhow::Result<()> {
         })
         .await?;
     let o = &g.outcome;
-    let served_from = proto::ServedFrom::try_from(o.served_from).map_or("UNSPECIFIED", |s| s.as_str_name());
+    // The vocabulary's names (MODEL, EXACT, ...), not the proto's prefixed ones.
+    let served_from = proto::ServedFrom::try_from(o.served_from)
+        .ok()
+        .and_then(|s| forge_cache::vocab::ServedFrom::try_from(s).ok())
+        .map_or("UNSPECIFIED", |s| s.as_str());
     let stop = proto::StopReason::try_from(o.stop_reason)
         .ok()
-        .and_then(|s| forge_cache::engine::generate::StopReason::try_from(s).ok())
+        .and_then(|s| forge_cache::vocab::StopReason::try_from(s).ok())
         .context("the server sent no stop reason")?;
     let decode_steps = (o.tokens_computed as usize).saturating_sub(o.prompt_token_ids.len());
     let rate = |n: usize, ms: f64| if n == 0 || ms <= 0.0 { 0.0 } else { n as f64 / (ms / 1e3) };

@@ -27,7 +27,7 @@ pub struct HardwareArgs {
 
 pub fn run(args: &HardwareArgs) -> anyhow::Result<()> {
     let info = hardware::detect();
-    let opts = WgpuOptions { allow_software: args.igpu_allow_software, matmul_lanes: None, decode_kernels: None, attention_one: None };
+    let opts = WgpuOptions { allow_software: args.igpu_allow_software, ..WgpuOptions::from_env()? };
     let wgpu = match WgpuContext::new(opts) {
         Ok(c) => {
             let a = c.adapter();

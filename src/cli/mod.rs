@@ -32,7 +32,7 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Run the gRPC service: the model, the exact cache, the knowledge store.
+    /// Run the service (gRPC + OpenAI-compatible HTTP): the model, the caches, the knowledge store.
     Serve(serve::ServeArgs),
     /// Answer one prompt: offline with the model here, or through a running service (--server).
     Generate(generate::GenerateArgs),

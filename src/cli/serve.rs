@@ -1,4 +1,5 @@
-//! `forge-cache serve`: the gRPC service on one model and one database, until Ctrl-C or SIGTERM.
+//! `forge-cache serve`: the gRPC service and the OpenAI-compatible HTTP API on one model and one
+//! database, in one process, until Ctrl-C or SIGTERM.
 
 use forge_cache::cache::semantic::SemanticConfig;
 use forge_cache::cache::trust::TrustParams;
@@ -8,7 +9,7 @@ use anyhow::Context;
 use clap::Args;
 
 use forge_cache::engine::scheduler::SchedulerConfig;
-use forge_cache::server::{start_with_shutdown, ServerConfig};
+use forge_cache::server::{start_listening, Listen, ServerConfig, DEFAULT_HTTP_ADDR};
 use forge_cache::workload::{Codec, KvConfig, Storage};
 
 use super::EmbedWeights;
@@ -21,9 +22,16 @@ pub struct ServeArgs {
     /// SQLite database: request log, exact cache, facts (created when missing).
     #[arg(long, default_value = super::DEFAULT_DB)]
     pub db: PathBuf,
-    /// Address to listen on (port 0 = any free port).
+    /// gRPC address to listen on (port 0 = any free port).
     #[arg(long, default_value = super::DEFAULT_ADDR)]
     pub addr: String,
+    /// OpenAI-compatible HTTP API address (/v1/chat/completions, /v1/completions, /v1/models,
+    /// /health, /metrics); it answers /health with 503 while the model loads.
+    #[arg(long, default_value = DEFAULT_HTTP_ADDR)]
+    pub http_addr: String,
+    /// No HTTP API (gRPC only).
+    #[arg(long)]
+    pub no_http: bool,
     /// CPU threads for the model (default: physical cores).
     #[arg(long, default_value_t = 0)]
     pub threads: usize,
@@ -135,23 +143,25 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
     config.kv = a.kv_config()?;
     config.scheduler = SchedulerConfig { queue_depth: a.queue_depth, max_active: a.max_batch, ..SchedulerConfig::default() };
     let config_kv = config.kv.clone();
+    let listen = Listen { grpc: a.addr.clone(), http: (!a.no_http).then(|| a.http_addr.clone()) };
     super::runtime()?.block_on(async {
-        let server = start_with_shutdown(config, &a.addr, shutdown_signal()).await.context("starting the service")?;
-        eprintln!(
-            "forge-cache: serving {} (sha256 {}) on {} | database {} | cache {} | KV reuse {} | tenants {}",
-            server.model_name,
-            &server.model_id[..12],
-            server.url(),
-            a.db.display(),
-            if a.no_cache { "off" } else { "on" },
-            match &config_kv {
+        let server = start_listening(config, listen, shutdown_signal()).await.context("starting the service")?;
+        tracing::info!(
+            model = %server.model_name,
+            sha256 = &server.model_id[..12],
+            grpc = %server.url(),
+            http = %server.http_url().unwrap_or_else(|| "off".into()),
+            database = %a.db.display(),
+            cache = if a.no_cache { "off" } else { "on" },
+            kv_reuse = %match &config_kv {
                 Some(k) => format!("{} MiB memory, {} MiB disk, {}-token blocks, {}", k.memory_bytes >> 20, k.disk_bytes >> 20, k.block_tokens, k.codec),
                 None => "off".into(),
             },
-            a.tenants.as_ref().map_or("by x-forge-tenant header".to_string(), |p| format!("by API key ({})", p.display())),
+            tenants = %a.tenants.as_ref().map_or("by x-forge-tenant header".to_string(), |p| format!("by API key ({})", p.display())),
+            "serving"
         );
         server.wait().await.context("serving")?;
-        eprintln!("forge-cache: stopped");
+        tracing::info!("stopped");
         Ok(())
     })
 }

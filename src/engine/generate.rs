@@ -17,18 +17,8 @@ pub struct GenerateParams {
     pub stop_ids: Vec<u32>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum StopReason {
-    /// A stop token (end of turn / end of text).
-    Stop,
-    /// The max_tokens budget.
-    Length,
-    /// The KV cache (context) is full.
-    ContextFull,
-    /// The caller's callback asked to stop (client went away).
-    Cancelled,
-}
+/// The shared vocabulary's stop reason ([`crate::vocab`]), re-exported for the engine's callers.
+pub use crate::vocab::StopReason;
 
 #[derive(Debug, Clone)]
 pub struct Generation {

@@ -3,14 +3,15 @@
 //! nothing grows during decode.
 //!
 //! KV for a layer lives on the tier that runs it: the host arrays hold only the layers the CPU
-//! runs; a model with layers on the GPU keeps theirs in [`GpuKv`] (allocated by the model on the
-//! sequence's first forward call). One length covers both parts, so `truncate` is exact for
-//! both, and `copy_prefix_from` copies both (the GPU part on the GPU).
+//! runs; a model with offloaded segments keeps their layers' KV in one opaque [`OffloadKv`] per
+//! segment (made by the segment on the sequence's first forward call). One length covers every
+//! part, so `truncate` is exact for all, and `copy_prefix_from` copies all (each segment's part
+//! on its device).
 
 use half::f16;
 
 use super::config::LlamaConfig;
-use crate::backend::wgpu::GpuKv;
+use crate::backend::offload::OffloadKv;
 
 pub struct KvCache {
     /// [n_cpu_layers, n_head_kv, capacity, head_dim]
@@ -24,8 +25,9 @@ pub struct KvCache {
     head_dim: usize,
     /// Per model layer: its index in `k` / `v`, or `None` when another tier runs it.
     slot: Vec<Option<usize>>,
-    /// Keys and values of the layers on the GPU (see `Model::forward`).
-    pub(crate) gpu: Option<GpuKv>,
+    /// Per offloaded segment of the model (same order): its layers' keys and values, made on
+    /// the first forward call that runs the segment (see `Model::forward`).
+    pub(crate) offload: Vec<Option<OffloadKv>>,
 }
 
 impl KvCache {
@@ -54,7 +56,7 @@ impl KvCache {
             n_head_kv: c.n_head_kv,
             head_dim: c.head_dim,
             slot,
-            gpu: None,
+            offload: Vec::new(),
         }
     }
 
@@ -73,20 +75,24 @@ impl KvCache {
 
     /// Makes this cache hold positions 0..n of `src` (another sequence's cache, any capacity):
     /// the primitive behind prefix reuse. Fails when either side lacks the positions or the two
-    /// place their layers on different tiers. Layers on the GPU are copied there.
+    /// place their layers on different tiers. Offloaded layers are copied on their device.
     pub fn copy_prefix_from(&mut self, src: &KvCache, n: usize) -> Result<(), String> {
         if n > src.len || n > self.capacity || src.n_head_kv != self.n_head_kv || src.head_dim != self.head_dim || src.slot != self.slot {
             return Err(format!("cannot copy {n} positions from a cache of {} into one of capacity {}", src.len, self.capacity));
         }
-        match (&src.gpu, &mut self.gpu) {
-            (Some(s), Some(d)) => d.copy_prefix_from(s, n).map_err(|e| e.to_string())?,
-            (Some(s), None) => {
-                let mut d = GpuKv::new_like(s, self.capacity).map_err(|e| e.to_string())?;
-                d.copy_prefix_from(s, n).map_err(|e| e.to_string())?;
-                self.gpu = Some(d);
+        if self.offload.len() < src.offload.len() {
+            self.offload.resize_with(src.offload.len(), || None);
+        }
+        // A source that never ran a forward call has no part for a segment, and n = 0.
+        for (s, d) in src.offload.iter().zip(self.offload.iter_mut()).filter_map(|(s, d)| Some((s.as_ref()?, d))) {
+            match d {
+                Some(d) => d.copy_prefix_from(s, n).map_err(|e| e.to_string())?,
+                None => {
+                    let mut new = s.empty_like(self.capacity).map_err(|e| e.to_string())?;
+                    new.copy_prefix_from(s, n).map_err(|e| e.to_string())?;
+                    *d = Some(new);
+                }
             }
-            // A source that never ran a forward call has no GPU part and n = 0.
-            (None, _) => {}
         }
         let hd = self.head_dim;
         let heads = self.k.len() / (self.capacity * hd);
@@ -152,7 +158,7 @@ impl KvCache {
         }
     }
 
-    /// Whether the host part holds `layer` (false for layers on the GPU).
+    /// Whether the host part holds `layer` (false for offloaded layers).
     pub fn on_host(&self, layer: usize) -> bool {
         matches!(self.slot.get(layer), Some(Some(_)))
     }

@@ -11,6 +11,8 @@
 //! * `generate` — prefill + decode loop on token ids, with timings
 //! * `scheduler` — continuous batching: one engine thread, a bounded queue, shared forward passes
 //! * `eval` — perplexity (llama.cpp's method)
+//! * `offload` — the model's side of the layer-offload seam: its tensors for a backend, its list of
+//!   offloaded segments (`backend::offload::LayerOffload`)
 //! * `placement` — which layers run on the CPU and which on the GPU (`--backend`, `--tensor-split`)
 //! * `bench` — llama-bench-style speed tests (ppN, tgN, tgN@dD)
 
@@ -21,6 +23,7 @@ pub mod eval;
 pub mod generate;
 pub mod kv;
 pub mod model;
+pub mod offload;
 pub mod placement;
 pub mod sampler;
 pub mod scheduler;

@@ -7,12 +7,11 @@
 //! several sequences (continuous batching): matmuls run over all of them at once, attention per
 //! sequence.
 
-use std::ops::Range;
 use std::path::Path;
 use std::sync::Arc;
 
-use crate::backend::wgpu::{GpuActivations, GpuLayers, KvPrecision, SeqSpan, WgpuContext, WgpuError};
 use crate::backend::cpu::ops;
+use crate::backend::offload::{LayerOffload, LogitRows, OffloadActs, OffloadError, SeqSpan};
 use crate::backend::{AttentionArgs, Backend};
 use crate::gguf::{dequantize_row, GgufError, GgufFile};
 
@@ -25,8 +24,9 @@ pub struct Model {
     pub gguf: GgufFile,
     pub weights: Weights,
     backend: Arc<dyn Backend>,
-    /// Layers run on the GPU (see [`Model::offload`]); the backend runs the others.
-    gpu: Option<GpuLayers>,
+    /// Runs of layers on accelerators, in layer order (see [`Model::offload`], engine/offload.rs);
+    /// the backend runs the others.
+    pub(super) segments: Vec<Box<dyn LayerOffload>>,
 }
 
 /// Which logits a sequence wants from a forward call.
@@ -96,8 +96,9 @@ pub struct RunState {
     pub logits: Vec<f32>,
     /// Number of valid rows in `logits` after the last call.
     pub n_logits: usize,
-    /// GPU activations for the model's GPU layers, made on the first forward call that needs them.
-    gpu: Option<GpuActivations>,
+    /// Per offloaded segment of the model (same order): its activations, made on the first
+    /// forward call that runs it.
+    offload: Vec<Option<OffloadActs>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -114,8 +115,10 @@ pub enum ModelError {
     Unsupported { ty: &'static str, backend: String },
     #[error("the GPU tier cannot run this model yet: {0}")]
     GpuUnsupported(String),
-    #[error("GPU layers: {0}")]
-    Gpu(#[from] WgpuError),
+    #[error("offloaded layers: {0}")]
+    Offload(#[from] OffloadError),
+    #[error("cannot offload {0}")]
+    BadOffload(String),
 }
 
 impl Model {
@@ -131,7 +134,7 @@ impl Model {
                 }
             }
         }
-        Ok(Model { config, gguf, weights, backend, gpu: None })
+        Ok(Model { config, gguf, weights, backend, segments: Vec::new() })
     }
 
     /// Why the GPU tier cannot run this model's layers yet, if it cannot (its kernels cover the
@@ -158,53 +161,6 @@ impl Model {
         &self.backend
     }
 
-    /// Moves layers `layers` to the GPU of `ctx` (weights uploaded now; each sequence's KV for
-    /// them lives on the GPU). Embedding, the other layers, the output norm, logits and sampling
-    /// stay on the backend. Call before making run states or KV caches; an empty range undoes it.
-    pub fn offload(&mut self, ctx: Arc<WgpuContext>, layers: Range<usize>) -> Result<(), ModelError> {
-        self.gpu = None;
-        if let (false, Some(why)) = (layers.is_empty(), self.gpu_unsupported()) {
-            return Err(ModelError::GpuUnsupported(why));
-        }
-        if !layers.is_empty() {
-            let last = layers.end == self.config.n_layer;
-            let g = GpuLayers::new(ctx, self, layers, self.config.n_ctx_train, KvPrecision::F16)?;
-            // When the GPU runs the last layer, the output norm and logits run there too.
-            self.gpu = Some(if last { g.with_head(self)? } else { g });
-        }
-        Ok(())
-    }
-
-    /// Runs every layer on the backend again (drops the GPU layers).
-    pub fn offload_none(&mut self) {
-        self.gpu = None;
-    }
-
-    /// The layers on the GPU, if any.
-    pub fn gpu_layers(&self) -> Option<Range<usize>> {
-        self.gpu.as_ref().map(|g| g.layers())
-    }
-
-    /// Whether the output norm and logits run on the GPU (its layers end the model).
-    pub fn gpu_logits(&self) -> bool {
-        self.gpu.as_ref().is_some_and(|g| g.has_head())
-    }
-
-    /// Where the layers run, e.g. "cpu-avx2 (16 threads)" or
-    /// "cpu-avx2 (16 threads): layers 0..10 + wgpu NVIDIA H100 (DiscreteGpu, Vulkan): layers 10..30".
-    pub fn placement(&self) -> String {
-        let Some(g) = &self.gpu else { return self.backend.name() };
-        let r = g.layers();
-        let a = g.context().adapter();
-        let gpu = format!("wgpu {} ({}, {}): layers {}..{}", a.name, a.device_type, a.backend, r.start, r.end);
-        let cpu_layers = self.config.n_layer - r.len();
-        let logits = if g.has_head() { "logits on the GPU" } else { "logits on the CPU" };
-        if cpu_layers == 0 {
-            return format!("{gpu}, {logits}; embedding on {}", self.backend.name());
-        }
-        format!("{}: {cpu_layers} layers + {gpu}, {logits}", self.backend.name())
-    }
-
     pub fn new_state(&self, max_tokens: usize) -> RunState {
         let c = &self.config;
         let max_tokens = max_tokens.max(1);
@@ -228,21 +184,31 @@ impl Model {
             tok_rows: (0..max_tokens as u32).collect(),
             logits: Vec::new(),
             n_logits: 0,
-            gpu: None,
+            offload: Vec::new(),
         }
     }
 
     /// A KV cache for a sequence of up to `capacity` tokens (clamped to the trained context).
-    /// Its part for GPU layers is allocated on the sequence's first forward call.
+    /// Its parts for offloaded layers are allocated on the sequence's first forward call.
     pub fn new_kv(&self, capacity: usize) -> KvCache {
-        let on_gpu = self.gpu_layers().unwrap_or(0..0);
-        KvCache::with_cpu_layers(&self.config, capacity.min(self.config.n_ctx_train), |l| !on_gpu.contains(&l))
+        KvCache::with_cpu_layers(&self.config, capacity.min(self.config.n_ctx_train), |l| self.segment_of(l).is_none())
     }
 
-    /// Allocates the GPU part of `kv` now (otherwise its first forward call does).
+    /// Allocates the offloaded parts of `kv` now (otherwise its first forward call does).
     pub fn prepare_kv(&self, kv: &mut KvCache) -> Result<(), ModelError> {
-        if let (Some(g), None) = (&self.gpu, &kv.gpu) {
-            kv.gpu = Some(g.new_kv(kv.capacity)?);
+        for i in 0..self.segments.len() {
+            self.segment_kv(i, kv)?;
+        }
+        Ok(())
+    }
+
+    /// Makes segment `i`'s part of `kv` unless it exists.
+    fn segment_kv(&self, i: usize, kv: &mut KvCache) -> Result<(), ModelError> {
+        if kv.offload.len() < self.segments.len() {
+            kv.offload.resize_with(self.segments.len(), || None);
+        }
+        if kv.offload[i].is_none() {
+            kv.offload[i] = Some(self.segments[i].new_kv(kv.capacity)?);
         }
         Ok(())
     }
@@ -284,13 +250,12 @@ impl Model {
             }
         }
         self.fill_rope(state, n);
-        let on_gpu = self.gpu_layers().unwrap_or(0..0);
-        let gpu_logits = self.gpu_logits();
+        let offload_logits = self.offload_logits();
         let n_rows: usize = seqs.iter().map(|s| s.logits.rows(s.tokens.len()).len()).sum();
         if state.logits.len() < n_rows * c.vocab_size {
             state.logits.resize(n_rows * c.vocab_size, 0.0);
         }
-        if gpu_logits {
+        if offload_logits {
             // The rows that want logits, in batch order (as the CPU path below).
             state.rows.clear();
             let mut t0 = 0;
@@ -302,9 +267,10 @@ impl Model {
             }
         }
         for li in 0..c.n_layer {
-            if on_gpu.contains(&li) {
-                if li == on_gpu.start {
-                    self.gpu_layers_forward(state, seqs, n, gpu_logits)?;
+            if let Some(i) = self.segment_of(li) {
+                if li == self.segments[i].layers().start {
+                    let logits = offload_logits && i + 1 == self.segments.len();
+                    self.segment_forward(i, state, seqs, n, logits)?;
                 }
                 continue;
             }
@@ -313,7 +279,7 @@ impl Model {
         for s in seqs.iter_mut() {
             s.kv.advance(s.tokens.len());
         }
-        if gpu_logits {
+        if offload_logits {
             state.n_logits = state.rows.len();
             return Ok(());
         }
@@ -487,34 +453,33 @@ impl Model {
         }
     }
 
-    /// The GPU layers for the `n` tokens of `seqs`: the residual stream goes up, comes back.
-    /// With `logits`, the GPU's output head writes the logits of `state.rows` instead.
-    fn gpu_layers_forward(&self, state: &mut RunState, seqs: &mut [SeqBatch<'_>], n: usize, logits: bool) -> Result<(), ModelError> {
-        let Some(g) = &self.gpu else { return Ok(()) };
-        if state.gpu.is_none() {
-            state.gpu = Some(g.activations(state.max_tokens)?);
+    /// Segment `i`'s layers for the `n` tokens of `seqs`: the residual stream goes to its
+    /// device and comes back. With `logits`, the segment's output head writes the logits of
+    /// `state.rows` instead.
+    fn segment_forward(&self, i: usize, state: &mut RunState, seqs: &mut [SeqBatch<'_>], n: usize, logits: bool) -> Result<(), ModelError> {
+        let seg = &self.segments[i];
+        if state.offload.len() < self.segments.len() {
+            state.offload.resize_with(self.segments.len(), || None);
+        }
+        if state.offload[i].is_none() {
+            state.offload[i] = Some(seg.new_acts(state.max_tokens)?);
         }
         for s in seqs.iter_mut() {
-            if s.kv.gpu.is_none() {
-                s.kv.gpu = Some(g.new_kv(s.kv.capacity)?);
-            }
+            self.segment_kv(i, s.kv)?;
         }
         // One small vector per call (the spans borrow the caches); buffers and bind groups are reused.
         let mut spans: Vec<SeqSpan<'_>> = Vec::with_capacity(seqs.len());
         for s in seqs.iter_mut() {
             let (start, n_tok) = (s.kv.len(), s.tokens.len());
-            if let Some(kv) = s.kv.gpu.as_mut() {
+            if let Some(kv) = s.kv.offload[i].as_mut() {
                 spans.push(SeqSpan { kv, start, n_tok });
             }
         }
         let e = self.config.n_embd;
-        let act = state.gpu.as_mut().ok_or_else(|| WgpuError::Unsupported("no GPU activations".into()))?;
-        if logits {
-            let k = state.rows.len() * self.config.vocab_size;
-            g.forward_logits(act, &mut state.x[..n * e], &state.pos[..n], &mut spans, &state.rows, &mut state.logits[..k])?;
-        } else {
-            g.forward(act, &mut state.x[..n * e], &state.pos[..n], &mut spans)?;
-        }
+        let Some(acts) = state.offload[i].as_mut() else { return Err(ModelError::BadOffload("a segment without activations".into())) };
+        let k = state.rows.len() * self.config.vocab_size;
+        let logits = logits.then(|| LogitRows { rows: &state.rows, out: &mut state.logits[..k] });
+        seg.forward(acts, &mut state.x[..n * e], &state.pos[..n], &mut spans, logits)?;
         Ok(())
     }
 

@@ -21,7 +21,8 @@ use std::time::Instant;
 
 use super::model::{Model, ModelError, SeqBatch};
 use crate::backend::hardware;
-use crate::backend::wgpu::{GpuLayers, KvPrecision, SeqSpan, WgpuContext, WgpuError, WgpuOptions};
+use crate::backend::offload::{LayerOffload, OffloadError, SeqSpan};
+use crate::backend::wgpu::{GpuLayers, KvPrecision, WgpuContext, WgpuError, WgpuOptions};
 
 /// A processor kind of `--tensor-split`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -61,6 +62,8 @@ pub enum PlacementError {
     Model(#[from] ModelError),
     #[error("GPU: {0}")]
     Gpu(#[from] WgpuError),
+    #[error("offloaded layers: {0}")]
+    Offload(#[from] OffloadError),
 }
 
 /// `cpu:N,igpu:M[,dgpu:K]`, in layer order.
@@ -193,7 +196,9 @@ pub fn place(model: &mut Model, opts: &PlacementOptions) -> Result<Placement, Pl
         }
         return Err(ModelError::GpuUnsupported(why).into());
     }
-    let ctx = match WgpuContext::new(WgpuOptions { allow_software: opts.allow_software, matmul_lanes: None, decode_kernels: None, attention_one: None }) {
+    // The wgpu knobs come from FORGE_WGPU_* (the command line's; defaults when unset).
+    let wgpu_opts = WgpuOptions { allow_software: opts.allow_software, ..WgpuOptions::from_env()? };
+    let ctx = match WgpuContext::new(wgpu_opts) {
         Ok(c) => c,
         Err(e) if opts.backend == BackendChoice::Split && explicit.is_none() => {
             model.offload_none();
@@ -206,8 +211,21 @@ pub fn place(model: &mut Model, opts: &PlacementOptions) -> Result<Placement, Pl
         (_, Some(r)) => (r, "--tensor-split".to_string()),
         _ => auto_split(model, &ctx)?,
     };
-    model.offload(ctx, layers.clone())?;
+    let segment = wgpu_segment(model, ctx, layers.clone())?;
+    model.offload(vec![segment])?;
     Ok(Placement { n_layer, gpu_layers: layers, reason })
+}
+
+/// Layers `layers` of `model` on the wgpu adapter of `ctx` (weights uploaded now, f16 KV, a
+/// RoPE table for the trained context); with the model's last layer, the output norm and logits
+/// too.
+pub fn wgpu_segment(model: &Model, ctx: Arc<WgpuContext>, layers: Range<usize>) -> Result<Box<dyn LayerOffload>, WgpuError> {
+    if let Some(why) = model.gpu_unsupported() {
+        return Err(WgpuError::Unsupported(why));
+    }
+    let last = layers.end == model.config.n_layer;
+    let g = GpuLayers::new(ctx, model, layers, model.config.n_ctx_train, KvPrecision::F16)?;
+    Ok(Box::new(if last { g.with_head(model)? } else { g }))
 }
 
 /// The last layers that fit the adapter's memory budget go to the GPU when it is faster per layer.
@@ -299,20 +317,21 @@ pub fn calibrate(model: &Model, ctx: &Arc<WgpuContext>) -> Result<Calibration, P
     Ok(Calibration { cpu_ms, gpu_ms, gpu_overhead_ms: overhead_ms })
 }
 
-/// Best time of one decode token through a GPU stack of layers 0..n.
+/// Best time of one decode token through a GPU stack of layers 0..n, through the offload
+/// interface as `Model::forward` runs it.
 fn gpu_step_ms(model: &Model, ctx: &Arc<WgpuContext>, n: usize, depth: usize, reps: usize) -> Result<f64, PlacementError> {
     let e = model.config.n_embd;
-    let stack = GpuLayers::new(ctx.clone(), model, 0..n, depth + reps + 2, KvPrecision::F16)?;
-    let mut act = stack.activations(depth)?;
+    let stack: Box<dyn LayerOffload> = Box::new(GpuLayers::new(ctx.clone(), model, 0..n, depth + reps + 2, KvPrecision::F16)?);
+    let mut act = stack.new_acts(depth)?;
     let mut gkv = stack.new_kv(depth + reps + 2)?;
     let mut hidden = vec![0.01f32; depth * e];
     let pos: Vec<u32> = (0..(depth + reps + 1) as u32).collect();
-    stack.forward(&mut act, &mut hidden, &pos[..depth], &mut [SeqSpan { kv: &mut gkv, start: 0, n_tok: depth }])?;
+    stack.forward(&mut act, &mut hidden, &pos[..depth], &mut [SeqSpan { kv: &mut gkv, start: 0, n_tok: depth }], None)?;
     let mut best = f64::MAX;
     for i in 0..=reps {
         let t = Instant::now();
         let mut one = vec![0.01f32; e];
-        stack.forward(&mut act, &mut one, &pos[depth + i..depth + i + 1], &mut [SeqSpan { kv: &mut gkv, start: depth + i, n_tok: 1 }])?;
+        stack.forward(&mut act, &mut one, &pos[depth + i..depth + i + 1], &mut [SeqSpan { kv: &mut gkv, start: depth + i, n_tok: 1 }], None)?;
         if i > 0 {
             best = best.min(t.elapsed().as_secs_f64() * 1e3);
         }

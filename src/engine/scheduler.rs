@@ -27,7 +27,7 @@
 //! the same tokens as [`super::generate::generate`]: the same sampling and stop checks in the
 //! same order.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, SyncSender, TryRecvError, TrySendError};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -35,7 +35,8 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc::UnboundedSender;
 
-use super::generate::{GenerateError, GenerateParams, StopReason};
+use super::generate::{GenerateError, GenerateParams};
+use crate::vocab::StopReason;
 use super::model::{Logits, Model, RunState, SeqBatch};
 use super::sampler::Sampler;
 use super::tokenizer::{StreamDecoder, Tokenizer, TokenizerError};
@@ -156,10 +157,18 @@ struct Queued {
     at: Instant,
 }
 
+/// How busy the engine is, for metrics: jobs waiting in the queue, sequences running.
+#[derive(Debug, Default)]
+struct Load {
+    queued: AtomicUsize,
+    active: AtomicUsize,
+}
+
 /// Handle to the engine thread. Dropping it stops the thread (running requests are cancelled).
 pub struct Scheduler {
     tx: Option<SyncSender<Queued>>,
     stop: Arc<AtomicBool>,
+    load: Arc<Load>,
     thread: Option<JoinHandle<()>>,
     config: SchedulerConfig,
 }
@@ -175,20 +184,38 @@ impl Scheduler {
         let (tx, rx) = mpsc::sync_channel(config.queue_depth);
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
+        let load = Arc::new(Load::default());
+        let engine_load = load.clone();
         let thread = std::thread::Builder::new()
             .name("forge-engine".into())
-            .spawn(move || Engine { model: &model, tok: &tokenizer, config, stop: &flag }.run(rx))?;
-        Ok(Scheduler { tx: Some(tx), stop, thread: Some(thread), config })
+            .spawn(move || Engine { model: &model, tok: &tokenizer, config, stop: &flag, load: &engine_load }.run(rx))?;
+        Ok(Scheduler { tx: Some(tx), stop, load, thread: Some(thread), config })
     }
 
     /// Queues a job, or refuses it at once when the queue is full.
     pub fn submit(&self, job: Job) -> Result<(), SubmitError> {
         let tx = self.tx.as_ref().ok_or(SubmitError::Stopped)?;
-        match tx.try_send(Queued { job, at: Instant::now() }) {
+        // Counted before sending: the engine may take the job before `try_send` returns.
+        self.load.queued.fetch_add(1, Ordering::Relaxed);
+        let sent = tx.try_send(Queued { job, at: Instant::now() });
+        if sent.is_err() {
+            self.load.queued.fetch_sub(1, Ordering::Relaxed);
+        }
+        match sent {
             Ok(()) => Ok(()),
             Err(TrySendError::Full(_)) => Err(SubmitError::QueueFull(self.config.queue_depth)),
             Err(TrySendError::Disconnected(_)) => Err(SubmitError::Stopped),
         }
+    }
+
+    /// Jobs waiting for a slot.
+    pub fn queued(&self) -> usize {
+        self.load.queued.load(Ordering::Relaxed)
+    }
+
+    /// Sequences in the engine (prefilling or decoding).
+    pub fn active(&self) -> usize {
+        self.load.active.load(Ordering::Relaxed)
     }
 }
 
@@ -323,6 +350,7 @@ struct Engine<'a> {
     tok: &'a Tokenizer,
     config: SchedulerConfig,
     stop: &'a AtomicBool,
+    load: &'a Load,
 }
 
 /// What happened to a sequence after a token.
@@ -353,13 +381,16 @@ impl Engine<'_> {
                 }
             }
             active.retain(|s| !s.job.events.is_closed());
+            self.load.active.store(active.len(), Ordering::Relaxed);
             if !active.is_empty() {
                 self.step(&mut state, &mut active);
             }
+            self.load.active.store(active.len(), Ordering::Relaxed);
         }
     }
 
     fn admit(&self, q: Queued, active: &mut Vec<Seq>) {
+        self.load.queued.fetch_sub(1, Ordering::Relaxed);
         let mut job = q.job;
         let context = self.model.config.n_ctx_train;
         let fail = |e: GenerateError| {

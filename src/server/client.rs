@@ -44,6 +44,12 @@ impl Generated {
     pub fn served_from(&self) -> proto::ServedFrom {
         proto::ServedFrom::try_from(self.outcome.served_from).unwrap_or(proto::ServedFrom::Unspecified)
     }
+
+    /// The tier's name as the store and the stats print it (`MODEL`, `EXACT`, ...), or
+    /// `UNSPECIFIED` when the server sent none.
+    pub fn served_from_name(&self) -> &'static str {
+        crate::vocab::ServedFrom::try_from(self.served_from()).map_or("UNSPECIFIED", |s| s.as_str())
+    }
 }
 
 #[derive(Clone)]
@@ -53,7 +59,19 @@ pub struct Client {
     api_key: Option<String>,
 }
 
+/// `http://HOST:PORT` for a bare `HOST:PORT` (what `serve` prints as its address, and what
+/// grpcurl takes); a URL with a scheme is kept.
+pub fn normalize_url(url: &str) -> String {
+    let url = url.trim();
+    if url.contains("://") {
+        url.to_string()
+    } else {
+        format!("http://{url}")
+    }
+}
+
 async fn channel(url: &str) -> Result<Channel, ClientError> {
+    let url = &normalize_url(url);
     let endpoint = Channel::from_shared(url.to_string()).map_err(|_| ClientError::Address(url.to_string()))?;
     endpoint.connect().await.map_err(|source| ClientError::Connect { url: url.to_string(), source })
 }
@@ -152,5 +170,17 @@ pub async fn wait_healthy(url: &str, timeout: Duration) -> Result<(), ClientErro
             return Err(ClientError::NotHealthy(timeout));
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bare_host_port_gets_a_scheme() {
+        assert_eq!(normalize_url("127.0.0.1:50051"), "http://127.0.0.1:50051");
+        assert_eq!(normalize_url(" localhost:1 "), "http://localhost:1");
+        assert_eq!(normalize_url("https://example.com:443"), "https://example.com:443");
     }
 }

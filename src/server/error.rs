@@ -1,36 +1,11 @@
-//! The errors of a request and their one mapping to gRPC status codes.
+//! The one mapping of the pipeline's request errors ([`ServiceError`]) to gRPC status codes.
 
 use tonic::{Code, Status};
 
 use crate::engine::generate::GenerateError;
 use crate::engine::scheduler::{JobError, SubmitError};
+pub use crate::pipeline::ServiceError;
 use crate::store::StoreError;
-
-#[derive(Debug, thiserror::Error)]
-pub enum ServiceError {
-    #[error("{0}")]
-    InvalidArgument(String),
-    #[error("{0}")]
-    Unauthenticated(String),
-    #[error("{0}")]
-    PermissionDenied(String),
-    #[error("unknown model {requested:?}: this server serves {served:?} (id {id})")]
-    UnknownModel { requested: String, served: String, id: String },
-    #[error(transparent)]
-    Submit(#[from] SubmitError),
-    #[error(transparent)]
-    Store(#[from] StoreError),
-    #[error(transparent)]
-    Job(#[from] JobError),
-    #[error("internal error: {0}")]
-    Internal(String),
-}
-
-impl From<tokio::task::JoinError> for ServiceError {
-    fn from(e: tokio::task::JoinError) -> Self {
-        ServiceError::Internal(format!("a background task failed: {e}"))
-    }
-}
 
 impl ServiceError {
     pub fn code(&self) -> Code {
@@ -56,7 +31,7 @@ impl From<ServiceError> for Status {
     fn from(e: ServiceError) -> Status {
         let code = e.code();
         if code == Code::Internal {
-            eprintln!("forge-cache: internal error: {e}");
+            tracing::error!(error = %e, "internal error");
         }
         Status::new(code, e.to_string())
     }

@@ -1,133 +1,58 @@
-//! The gRPC service (`proto/forge/v1/forge.proto`, tonic): `Generate` through the tiers FACT →
-//! EXACT → MODEL, `GetStats`, `SearchFacts`, `PutFact`, `InvalidateFacts`, plus server
-//! reflection (v1 and v1alpha) and `grpc.health.v1`, so `grpcurl` works unchanged.
+//! The front ends and the process that runs them: the gRPC service (`proto/forge/v1/forge.proto`,
+//! tonic) with server reflection (v1 and v1alpha) and `grpc.health.v1`, so `grpcurl` works
+//! unchanged, and the OpenAI-compatible HTTP API ([`http`], axum) with `/metrics` and `/health`,
+//! both on one tokio runtime in one process over one [`Pipeline`]. The front ends only
+//! translate: validation, the tiers, the engine and recording live in [`crate::pipeline`].
 //!
-//! * `proto` — generated code, descriptor set, enum conversions
-//! * `error` — [`ServiceError`] and its one mapping to `tonic::Status`
-//! * `tenants` — tenant from header or API key
-//! * `generate` — validating a request, the tiers, streaming, recording
+//! * `proto` — generated code, descriptor set, conversions to and from the pipeline's words
+//! * `error` — the one mapping of [`ServiceError`] to `tonic::Status`
 //! * `service` — the tonic trait implementation
-//! * `client` — a small client (tenant / key headers, collecting a Generate stream), used by the
-//!   CLI and the tests
+//! * `http` — the HTTP API (routes, OpenAI JSON, SSE, its one error mapping)
+//! * `client` — a small gRPC client (tenant / key headers, collecting a Generate stream), used by
+//!   the CLI and the tests
 //!
-//! Threads: the engine runs on its own thread ([`crate::engine::scheduler`]) with the CPU
-//! backend's pool; SQLite calls and question embeddings run on tokio's blocking pool; new facts
-//! are embedded on the fact indexer's low-priority thread while no request is in flight
-//! ([`crate::cache::indexer`]); the async runtime itself needs only a couple of workers.
+//! Start-up: the HTTP listener comes up first and answers `/health` with 503 while the model
+//! loads; the gRPC listener comes up once the pipeline is ready.
 
 pub mod client;
 mod error;
-mod generate;
+pub mod http;
 pub mod proto;
 mod service;
-pub mod tenants;
 
 use std::future::Future;
 use std::net::SocketAddr;
-use std::path::PathBuf;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use tokio::net::TcpListener;
-use tokio::sync::oneshot;
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::TcpListenerStream;
 
-pub use error::ServiceError;
-pub use tenants::{TenantAuth, TenantsError};
+pub use crate::pipeline::tenants::{self, TenantAuth, TenantsError};
+pub use crate::pipeline::{LoadError, Pipeline, PipelineConfig, ServiceError};
 
-use crate::backend::cpu::CpuBackend;
-use crate::cache::indexer::{FactIndexer, IdleFn, IndexFn, IndexerConfig};
-use crate::cache::semantic::{SemanticCache, SemanticConfig};
-use crate::cache::ExactCache;
-use crate::embed::{Embedder, MatrixFormat};
-use crate::engine::chat::{ChatError, ChatTemplate};
-use crate::engine::scheduler::{Scheduler, SchedulerConfig};
-use crate::engine::tokenizer::{Tokenizer, TokenizerError};
-use crate::engine::placement::{place, PlacementOptions};
-use crate::engine::{Model, ModelError};
-use crate::store::{sha256_file, Store, StoreError};
-use crate::workload::{KvConfig, KvWorkload, WorkloadError};
+/// How to run the service (the pipeline's configuration; the addresses are given to
+/// [`start_listening`]).
+pub type ServerConfig = PipelineConfig;
 
-/// How to run the service.
+/// The HTTP API's address unless told otherwise.
+pub const DEFAULT_HTTP_ADDR: &str = "127.0.0.1:8080";
+
+/// Where the service listens.
 #[derive(Debug, Clone)]
-pub struct ServerConfig {
-    pub model: PathBuf,
-    pub db: PathBuf,
-    /// CPU threads for the model (0 = physical cores).
-    pub threads: usize,
-    /// `false` (`--no-cache`): every request runs as BYPASS.
-    pub cache: bool,
-    /// API keys per tenant; `None` = tenants named by the `x-forge-tenant` header.
-    pub tenants: Option<PathBuf>,
-    pub scheduler: SchedulerConfig,
-    /// max_tokens of a request that does not set it.
-    pub default_max_tokens: usize,
-    /// Answers the exact cache keeps in memory.
-    pub memory_cache_entries: u64,
-    /// The sentence embedder's folder (semantic tier); `None` or a missing folder turns the
-    /// semantic tier off.
-    pub embedder: Option<PathBuf>,
-    /// How the embedder holds its matrices (F16: half the bytes per question; see `MatrixFormat`).
-    pub embed_weights: MatrixFormat,
-    pub semantic: SemanticConfig,
-    /// Which layers run on the CPU and which on the GPU (`--backend`, `--tensor-split`).
-    pub placement: PlacementOptions,
-    /// KV-block reuse (`None`: off).
-    pub kv: Option<KvConfig>,
+pub struct Listen {
+    /// The gRPC address (port 0 = any free port).
+    pub grpc: String,
+    /// The HTTP address (`None`: no HTTP API).
+    pub http: Option<String>,
 }
 
-impl ServerConfig {
-    pub fn new(model: impl Into<PathBuf>, db: impl Into<PathBuf>) -> ServerConfig {
-        ServerConfig {
-            model: model.into(),
-            db: db.into(),
-            threads: 0,
-            cache: true,
-            tenants: None,
-            scheduler: SchedulerConfig::default(),
-            default_max_tokens: 256,
-            memory_cache_entries: 10_000,
-            embedder: Some(crate::models::default_embedder()),
-            embed_weights: MatrixFormat::F16,
-            semantic: SemanticConfig::default(),
-            placement: PlacementOptions::default(),
-            kv: Some(KvConfig::default()),
-        }
-    }
-}
-
-/// Why the service could not start.
+/// Why the service could not start or stopped with an error.
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
-    #[error("{}", crate::models::missing_hint(.0))]
-    MissingModel(PathBuf),
-    #[error("loading {}: {source}", path.display())]
-    Model {
-        path: PathBuf,
-        #[source]
-        source: ModelError,
-    },
-    #[error("reading {}: {source}", path.display())]
-    ModelFile {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("the model's tokenizer: {0}")]
-    Tokenizer(#[from] TokenizerError),
-    #[error("the model's chat template: {0}")]
-    Chat(#[from] ChatError),
     #[error(transparent)]
-    Store(#[from] StoreError),
-    #[error("tenants file {0}")]
-    Tenants(#[from] TenantsError),
-    #[error("the sentence embedder: {0}")]
-    Embedder(#[source] crate::embed::EmbedError),
-    #[error("the backend: {0}")]
-    Backend(String),
-    #[error("starting the engine thread: {0}")]
-    Engine(std::io::Error),
+    Load(#[from] LoadError),
     #[error("binding {addr}: {source}")]
     Bind {
         addr: String,
@@ -138,126 +63,24 @@ pub enum ServerError {
     Reflection(String),
     #[error("gRPC transport: {0}")]
     Transport(#[from] tonic::transport::Error),
-    #[error("KV-block reuse: {0}")]
-    Kv(#[from] WorkloadError),
+    #[error("HTTP server: {0}")]
+    Http(std::io::Error),
     #[error("start-up task failed: {0}")]
     Join(String),
 }
 
-/// What the request handlers share: the model's tokenizer and template, the engine, the store,
-/// the exact cache, tenant auth.
-pub struct ForgeState {
-    pub(crate) model_name: String,
-    pub(crate) model_id: String,
-    pub(crate) context: usize,
-    pub(crate) backend: String,
-    pub(crate) tokenizer: Arc<Tokenizer>,
-    pub(crate) template: Option<ChatTemplate>,
-    pub(crate) scheduler: Scheduler,
-    pub(crate) store: Arc<Store>,
-    pub(crate) exact: ExactCache,
-    pub(crate) auth: TenantAuth,
-    pub(crate) cache_enabled: bool,
-    pub(crate) default_max_tokens: usize,
-    pub(crate) semantic: Option<Arc<SemanticCache>>,
-    /// KV-block reuse (`None`: off).
-    pub(crate) kv: Option<Arc<KvWorkload>>,
-    /// Generate calls in progress (from arrival to their last message).
-    pub(crate) in_flight: Arc<AtomicUsize>,
-    /// Embeds new facts while no request runs (with the semantic tier).
-    pub(crate) fact_indexer: Option<FactIndexer>,
-}
-
-impl ForgeState {
-    /// Opens the store (first: a bad database fails fast), loads the model, starts the engine.
-    /// Blocking.
-    pub fn load(config: &ServerConfig) -> Result<ForgeState, ServerError> {
-        let auth = match &config.tenants {
-            Some(path) => TenantAuth::load(path)?,
-            None => TenantAuth::Open,
-        };
-        let store = Arc::new(Store::open(&config.db)?);
-        if !config.model.is_file() {
-            return Err(ServerError::MissingModel(config.model.clone()));
-        }
-        let backend = Arc::new(CpuBackend::new(config.threads).map_err(|e| ServerError::Backend(e.to_string()))?);
-        let engine_cpu = backend.clone();
-        let mut model = Model::load(&config.model, backend).map_err(|source| ServerError::Model { path: config.model.clone(), source })?;
-        let placement = place(&mut model, &config.placement).map_err(|e| ServerError::Backend(e.to_string()))?;
-        eprintln!("forge-cache: layers {placement}: {}", model.placement());
-        let model_id = sha256_file(&config.model).map_err(|source| ServerError::ModelFile { path: config.model.clone(), source })?;
-        let tokenizer = Arc::new(Tokenizer::from_gguf(&model.gguf)?);
-        let template = ChatTemplate::from_gguf(&model.gguf)?;
-        let model_name = config.model.file_stem().map_or_else(|| "model".into(), |s| s.to_string_lossy().into_owned());
-        let context = model.config.n_ctx_train;
-        let backend = model.placement();
-        let kv = match &config.kv {
-            Some(c) => Some(Arc::new(KvWorkload::open(c, store.clone(), &model.config, &model_id)?)),
-            None => None,
-        };
-        let in_flight = Arc::new(AtomicUsize::new(0));
-        let scheduler = Scheduler::start(Arc::new(model), tokenizer.clone(), config.scheduler).map_err(ServerError::Engine)?;
-        let semantic = match &config.embedder {
-            Some(dir) if config.cache && dir.join("tokenizer.json").is_file() => {
-                // One thread: embedding runs beside the engine's own thread team. A question
-                // arriving while no other request is in flight (the engine is idle) borrows the
-                // engine's team instead: the hit path is mostly this embedding.
-                let backend = Arc::new(CpuBackend::new(1).map_err(|e| ServerError::Backend(e.to_string()))?);
-                let embedder = Embedder::load_with(dir, backend, config.embed_weights).map_err(ServerError::Embedder)?;
-                let mut sem = SemanticCache::new(Arc::new(embedder), store.clone(), config.semantic);
-                if engine_cpu.threads() > 1 {
-                    let busy = in_flight.clone();
-                    let alone: Arc<IdleFn> = Arc::new(move || busy.load(Ordering::Relaxed) <= 1);
-                    sem = sem.with_idle_backend(engine_cpu, alone);
-                }
-                Some(Arc::new(sem))
-            }
-            Some(dir) if config.cache => {
-                eprintln!(
-                    "forge-cache: semantic cache off: no embedder in {} (scripts/fetch-models.sh fetches it)",
-                    dir.display()
-                );
-                None
-            }
+impl ServerError {
+    /// The database or model problem behind a start-up failure, when it is one.
+    pub fn load_error(&self) -> Option<&LoadError> {
+        match self {
+            ServerError::Load(e) => Some(e),
             _ => None,
-        };
-        let fact_indexer = match &semantic {
-            Some(sem) => {
-                let (sem, busy) = (sem.clone(), in_flight.clone());
-                let index: Arc<IndexFn> = Arc::new(move |tenant: &str, limit: usize| sem.index_new_facts(tenant, limit).map_err(|e| e.to_string()));
-                let idle: Arc<IdleFn> = Arc::new(move || busy.load(Ordering::Relaxed) == 0);
-                let ix = FactIndexer::spawn(IndexerConfig::default(), idle, index).map_err(ServerError::Engine)?;
-                // Facts left unindexed by an earlier run.
-                for tenant in store.tenants_with_unindexed_facts()? {
-                    ix.notify(&tenant);
-                }
-                Some(ix)
-            }
-            None => None,
-        };
-        Ok(ForgeState {
-            in_flight,
-            fact_indexer,
-            model_name,
-            model_id,
-            context,
-            backend,
-            tokenizer,
-            template,
-            scheduler,
-            exact: ExactCache::new(store.clone(), config.memory_cache_entries),
-            store,
-            auth,
-            cache_enabled: config.cache,
-            default_max_tokens: config.default_max_tokens,
-            semantic,
-            kv,
-        })
+        }
     }
 }
 
 /// Serves `state` on `listener` until `shutdown` completes.
-pub async fn serve(state: Arc<ForgeState>, listener: TcpListener, shutdown: impl Future<Output = ()>) -> Result<(), ServerError> {
+pub async fn serve(state: Arc<Pipeline>, listener: TcpListener, shutdown: impl Future<Output = ()>) -> Result<(), ServerError> {
     use proto::forge_server::ForgeServer;
     let (health_reporter, health) = tonic_health::server::health_reporter();
     health_reporter.set_serving::<ForgeServer<service::ForgeService>>().await;
@@ -280,34 +103,41 @@ pub async fn serve(state: Arc<ForgeState>, listener: TcpListener, shutdown: impl
 
 /// A service running in the current tokio runtime.
 pub struct RunningServer {
+    /// The gRPC address.
     pub addr: SocketAddr,
+    /// The HTTP API's address (`None`: off).
+    pub http_addr: Option<SocketAddr>,
     pub model_name: String,
     pub model_id: String,
-    shutdown: Option<oneshot::Sender<()>>,
+    shutdown: watch::Sender<bool>,
     task: JoinHandle<Result<(), ServerError>>,
 }
 
 impl RunningServer {
-    /// `http://ADDR`, for clients.
+    /// `http://ADDR` of the gRPC service, for clients.
     pub fn url(&self) -> String {
         format!("http://{}", self.addr)
     }
 
+    /// `http://ADDR` of the HTTP API (`None`: off).
+    pub fn http_url(&self) -> Option<String> {
+        self.http_addr.map(|a| format!("http://{a}"))
+    }
+
     /// Stops accepting calls, ends the running ones, waits for the server to finish.
     pub async fn stop(mut self) -> Result<(), ServerError> {
-        if let Some(tx) = self.shutdown.take() {
-            let _ = tx.send(());
-        }
+        let _ = self.shutdown.send(true);
         (&mut self.task).await.map_err(|e| ServerError::Join(e.to_string()))?
     }
 
-    /// Waits until the server ends (an error, or the shutdown future of [`start_with_shutdown`]).
+    /// Waits until the server ends (an error, or the shutdown future of [`start_listening`]).
     pub async fn wait(mut self) -> Result<(), ServerError> {
         (&mut self.task).await.map_err(|e| ServerError::Join(e.to_string()))?
     }
 }
 
-/// Loads everything (off the async workers) and serves on `addr` (`127.0.0.1:0` = any free port).
+/// Loads everything (off the async workers) and serves gRPC on `addr` (`127.0.0.1:0` = any free
+/// port); no HTTP API.
 pub async fn start(config: ServerConfig, addr: &str) -> Result<RunningServer, ServerError> {
     start_with_shutdown(config, addr, std::future::pending()).await
 }
@@ -318,23 +148,78 @@ pub async fn start_with_shutdown(
     addr: &str,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<RunningServer, ServerError> {
-    let state = tokio::task::spawn_blocking(move || ForgeState::load(&config)).await.map_err(|e| ServerError::Join(e.to_string()))??;
-    let listener = TcpListener::bind(addr).await.map_err(|source| ServerError::Bind { addr: addr.to_string(), source })?;
-    let local = listener.local_addr().map_err(|source| ServerError::Bind { addr: addr.to_string(), source })?;
-    let (tx, rx) = oneshot::channel::<()>();
-    let (model_name, model_id) = (state.model_name.clone(), state.model_id.clone());
-    let state = Arc::new(state);
-    let task = tokio::spawn(async move {
-        let stop = async move {
-            tokio::select! {
-                _ = rx => {}
-                _ = shutdown => {}
+    start_listening(config, Listen { grpc: addr.to_string(), http: None }, shutdown).await
+}
+
+/// Binds the HTTP API first (it answers `/health` with 503 while loading), loads the pipeline
+/// off the async workers, then serves gRPC; both stop when `shutdown` completes or
+/// [`RunningServer::stop`] is called. Returns once the pipeline is ready.
+pub async fn start_listening(
+    config: ServerConfig,
+    listen: Listen,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<RunningServer, ServerError> {
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let signal = stop_tx.clone();
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = shutdown => { let _ = signal.send(true); }
+            _ = signal.closed() => {}
+        }
+    });
+    let stopped = |mut rx: watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+    let slot = Arc::new(http::Slot::default());
+    let (http_addr, http_task) = match &listen.http {
+        Some(addr) => {
+            let listener = TcpListener::bind(addr).await.map_err(|source| ServerError::Bind { addr: addr.clone(), source })?;
+            let local = listener.local_addr().map_err(|source| ServerError::Bind { addr: addr.clone(), source })?;
+            tracing::info!(addr = %local, "HTTP API listening (health 503 until the model is loaded)");
+            let task = tokio::spawn(http::serve(slot.clone(), listener, stopped(stop_rx.clone())));
+            (Some(local), Some(task))
+        }
+        None => (None, None),
+    };
+    let loaded = tokio::task::spawn_blocking(move || Pipeline::load(&config)).await.map_err(|e| ServerError::Join(e.to_string()));
+    let state = match loaded.and_then(|r| r.map_err(ServerError::from)) {
+        Ok(s) => Arc::new(s),
+        Err(e) => {
+            let _ = stop_tx.send(true);
+            if let Some(t) = http_task {
+                let _ = t.await;
             }
+            return Err(e);
+        }
+    };
+    let bound = match TcpListener::bind(&listen.grpc).await {
+        Ok(l) => l.local_addr().map(|a| (l, a)),
+        Err(e) => Err(e),
+    };
+    let (listener, local) = match bound {
+        Ok(b) => b,
+        Err(source) => {
+            let _ = stop_tx.send(true);
+            if let Some(t) = http_task {
+                let _ = t.await;
+            }
+            let _ = tokio::task::spawn_blocking(move || drop(state)).await;
+            return Err(ServerError::Bind { addr: listen.grpc.clone(), source });
+        }
+    };
+    slot.set(state.clone());
+    let (model_name, model_id) = (state.model_name.clone(), state.model_id.clone());
+    let grpc_stop = stopped(stop_rx.clone());
+    let task = tokio::spawn(async move {
+        let grpc = serve(state.clone(), listener, grpc_stop).await;
+        let http = match http_task {
+            Some(t) => t.await.map_err(|e| ServerError::Join(e.to_string())).and_then(|r| r.map_err(ServerError::Http)),
+            None => Ok(()),
         };
-        let result = serve(state.clone(), listener, stop).await;
+        slot.clear();
         // The engine thread is joined when the last reference goes; do that off the async workers.
         let _ = tokio::task::spawn_blocking(move || drop(state)).await;
-        result
+        grpc.and(http)
     });
-    Ok(RunningServer { addr: local, model_name, model_id, shutdown: Some(tx), task })
+    Ok(RunningServer { addr: local, http_addr, model_name, model_id, shutdown: stop_tx, task })
 }

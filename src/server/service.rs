@@ -1,33 +1,37 @@
-//! The tonic service: resolves the tenant of every call, then hands over to the library.
+//! The tonic service: resolves the tenant of every call, translates the request into the
+//! pipeline's words and the answer back; `Generate` is [`Pipeline::generate`], nothing more.
 //! Store calls run on the blocking pool.
 
+use std::pin::Pin;
 use std::sync::Arc;
 
+use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status};
 
 use super::error::ServiceError;
-use super::generate::{self, GenerateStream};
 use super::proto::{self, forge_server::Forge};
-use super::ForgeState;
+use crate::pipeline::Pipeline;
 use crate::store::InvalidateRequest;
+
+pub type GenerateStream = Pin<Box<dyn Stream<Item = Result<proto::GenerateResponse, Status>> + Send>>;
 
 /// Facts a search returns when the request does not say, and at most.
 const DEFAULT_SEARCH_LIMIT: usize = 20;
 const MAX_SEARCH_LIMIT: usize = 1000;
 
 pub struct ForgeService {
-    state: Arc<ForgeState>,
+    state: Arc<Pipeline>,
 }
 
 impl ForgeService {
-    pub fn new(state: Arc<ForgeState>) -> ForgeService {
+    pub fn new(state: Arc<Pipeline>) -> ForgeService {
         ForgeService { state }
     }
 
     /// Runs `f` on the store off the async workers.
     async fn blocking<T: Send + 'static>(
         &self,
-        f: impl FnOnce(&ForgeState) -> Result<T, ServiceError> + Send + 'static,
+        f: impl FnOnce(&Pipeline) -> Result<T, ServiceError> + Send + 'static,
     ) -> Result<T, ServiceError> {
         let state = self.state.clone();
         tokio::task::spawn_blocking(move || f(&state)).await?
@@ -39,9 +43,21 @@ impl Forge for ForgeService {
     type GenerateStream = GenerateStream;
 
     async fn generate(&self, request: Request<proto::GenerateRequest>) -> Result<Response<GenerateStream>, Status> {
-        let tenant = self.state.auth.resolve(request.metadata(), &request.get_ref().tenant)?;
-        let stream = generate::generate(self.state.clone(), tenant, request.into_inner()).await?;
-        Ok(Response::new(stream))
+        let tenant = match self.state.auth.resolve(request.metadata(), &request.get_ref().tenant) {
+            Ok(t) => t,
+            Err(e) => {
+                self.state.metrics.rejected(&e);
+                return Err(e.into());
+            }
+        };
+        let r = request.into_inner();
+        if let Err(e) = proto::cache_mode(r.cache_mode) {
+            self.state.metrics.rejected(&e);
+            return Err(e.into());
+        }
+        let generation = self.state.generate(tenant, r.into()).await?;
+        let stream = generation.chunks.map(|c| c.map(proto::GenerateResponse::from).map_err(Status::from));
+        Ok(Response::new(Box::pin(stream)))
     }
 
     async fn get_stats(&self, request: Request<proto::GetStatsRequest>) -> Result<Response<proto::GetStatsResponse>, Status> {

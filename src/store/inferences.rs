@@ -4,8 +4,8 @@
 
 use rusqlite::{named_params, OptionalExtension};
 
-use super::{now_sql, CacheMode, ServedFrom, Store, StoreError};
-use crate::engine::generate::StopReason;
+use super::{now_sql, Store, StoreError};
+use crate::vocab::{CacheMode, ServedFrom, StopReason};
 
 /// Everything recorded about one request.
 #[derive(Debug, Clone)]
@@ -56,23 +56,8 @@ pub struct CachedAnswer {
     pub tokens_computed: usize,
 }
 
-pub fn stop_reason_str(s: StopReason) -> &'static str {
-    match s {
-        StopReason::Stop => "stop",
-        StopReason::Length => "length",
-        StopReason::ContextFull => "context_full",
-        StopReason::Cancelled => "cancelled",
-    }
-}
-
 pub(crate) fn parse_stop_reason(s: &str) -> Result<StopReason, StoreError> {
-    Ok(match s {
-        "stop" => StopReason::Stop,
-        "length" => StopReason::Length,
-        "context_full" => StopReason::ContextFull,
-        "cancelled" => StopReason::Cancelled,
-        other => return Err(StoreError::Malformed(format!("stop_reason {other:?}"))),
-    })
+    StopReason::parse(s).ok_or_else(|| StoreError::Malformed(format!("stop_reason {s:?}")))
 }
 
 impl Store {
@@ -101,7 +86,7 @@ impl Store {
                 ":source_inference_id": r.source_inference_id, ":source_fact_id": r.source_fact_id,
                 ":similarity": r.similarity, ":prompt_tokens": r.prompt_tokens as i64,
                 ":completion_tokens": r.completion_tokens as i64, ":tokens_computed": r.tokens_computed as i64,
-                ":tokens_reused": r.tokens_reused as i64, ":stop_reason": stop_reason_str(r.stop_reason),
+                ":tokens_reused": r.tokens_reused as i64, ":stop_reason": r.stop_reason.as_str(),
                 ":response": r.response, ":response_tokens": tokens, ":queue_ms": r.queue_ms,
                 ":prefill_ms": r.prefill_ms, ":decode_ms": r.decode_ms, ":latency_ms": r.latency_ms,
                 ":backend": r.backend, ":ttft_ms": r.ttft_ms, ":kv_tokens_reused": r.kv_tokens_reused as i64,

@@ -32,6 +32,8 @@ pub use facts::{Fact, InvalidateRequest, LearnReport, PutFactReport};
 pub use inferences::{CachedAnswer, NewInference};
 pub use query::QueryResult;
 pub use stats::{KvStats, Stats, StatsFilter, TierStats};
+/// The shared vocabulary ([`crate::vocab`]), re-exported where the store's callers used to find it.
+pub use crate::vocab::{CacheMode, ServedFrom};
 
 /// The current UTC time as the store writes timestamps (sortable ISO-8601 text, milliseconds).
 macro_rules! now_sql {
@@ -214,70 +216,6 @@ fn migrate(conn: &mut Connection, path: &Path) -> Result<(), StoreError> {
         tx.commit().map_err(wrap)?;
     }
     Ok(())
-}
-
-/// How a request used the caches (stored in `inferences.cache_mode`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum CacheMode {
-    /// Facts, the exact cache, then verified semantic reuse.
-    Auto,
-    Bypass,
-    Refresh,
-    /// Like AUTO (the name says what it does).
-    Verified,
-    /// Serve a neighbour's answer without the model when the learned decision allows it.
-    Trust,
-    /// Facts and the exact cache only; no semantic reuse.
-    Exact,
-}
-
-impl CacheMode {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            CacheMode::Auto => "auto",
-            CacheMode::Bypass => "bypass",
-            CacheMode::Refresh => "refresh",
-            CacheMode::Verified => "verified",
-            CacheMode::Trust => "trust",
-            CacheMode::Exact => "exact",
-        }
-    }
-}
-
-/// Where an answer came from (stored in `inferences.served_from`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
-#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
-pub enum ServedFrom {
-    Model,
-    Exact,
-    Fact,
-    /// A neighbour's whole answer, checked by the model token by token.
-    Verified,
-    /// A checked prefix of a neighbour's answer, the rest decoded.
-    Partial,
-    /// A neighbour's answer served without running the model.
-    Trust,
-}
-
-impl ServedFrom {
-    pub const ALL: [ServedFrom; 6] =
-        [ServedFrom::Model, ServedFrom::Exact, ServedFrom::Fact, ServedFrom::Verified, ServedFrom::Partial, ServedFrom::Trust];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ServedFrom::Model => "MODEL",
-            ServedFrom::Exact => "EXACT",
-            ServedFrom::Fact => "FACT",
-            ServedFrom::Verified => "VERIFIED",
-            ServedFrom::Partial => "PARTIAL",
-            ServedFrom::Trust => "TRUST",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<ServedFrom> {
-        ServedFrom::ALL.into_iter().find(|t| t.as_str() == s)
-    }
 }
 
 #[cfg(test)]

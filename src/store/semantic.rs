@@ -6,7 +6,7 @@ use rusqlite::{params, OptionalExtension};
 
 use super::inferences::parse_stop_reason;
 use super::{Store, StoreError};
-use crate::engine::generate::StopReason;
+use crate::vocab::StopReason;
 
 /// An earlier answer whose prompt is near a new one.
 #[derive(Debug, Clone, PartialEq)]

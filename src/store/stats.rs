@@ -7,7 +7,8 @@ use std::collections::BTreeMap;
 
 use rusqlite::Connection;
 
-use super::{ServedFrom, Store, StoreError};
+use super::{Store, StoreError};
+use crate::vocab::ServedFrom;
 
 #[derive(Debug, Clone, Default)]
 pub struct StatsFilter {

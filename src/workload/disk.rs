@@ -206,7 +206,7 @@ impl DiskTier {
             let block = match self.read(&d, id, &codec, sum, slot)? {
                 Some(b) => b,
                 None => {
-                    eprintln!("forge-cache: KV block {} failed its checksum; deleted, it will be recomputed", &key_hex(key)[..16]);
+                    tracing::warn!(block = &key_hex(key)[..16], "KV block failed its checksum; deleted, it will be recomputed");
                     d.delete(id)?;
                     return Ok((out, 1));
                 }

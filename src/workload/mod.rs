@@ -113,7 +113,7 @@ impl KvWorkload {
                     hits.extend(blocks);
                     corrupt = bad;
                 }
-                Err(e) => eprintln!("forge-cache: reading stored KV blocks failed ({e}); computing them"),
+                Err(e) => tracing::warn!(error = %e, "reading stored KV blocks failed; computing them"),
             }
         }
         let report = Arc::new(KvReport::default());

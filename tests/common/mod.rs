@@ -107,6 +107,8 @@ pub fn fast_model() -> Model {
     Model::load(smollm2_path(), Arc::new(CpuBackend::new(0).expect("pool"))).expect("load SmolLM2")
 }
 
+pub mod serve;
+
 // ---- the gRPC service on the real model, over loopback ----
 
 use forge_cache::server::client::Client;

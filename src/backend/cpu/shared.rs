@@ -1,7 +1,6 @@
 //! Output buffers shared by a parallel region whose threads write disjoint parts, and the
 //! token-tile row loop every SIMD matmul shares.
 
-use super::quant::BlockQ8;
 use crate::backend::WeightView;
 use crate::gguf::QK;
 
@@ -53,19 +52,20 @@ impl<B> SharedSlice<B> {
     }
 }
 
-/// Rows `rows` of `w` against `n_tok` quantized activation rows (`acts`: [n_tok, cols / 32]) in
-/// token tiles of 4 (`k4`: one weight row against 4 activation rows, each weight block unpacked
-/// once), then single tokens (`k1`). Kernels give every token the same instruction sequence
-/// whatever the tile size, so a token's result does not depend on its batch.
+/// Rows `rows` of `w` against `n_tok` quantized activation rows of one block per 32 values
+/// (`acts`: [n_tok, cols / 32], e.g. `quant::BlockQ8`) in token tiles of 4 (`k4`: one weight row
+/// against 4 activation rows, each weight block unpacked once), then single tokens (`k1`).
+/// Kernels give every token the same instruction sequence whatever the tile size, so a token's
+/// result does not depend on its batch.
 #[inline(always)]
-pub fn tile_rows(
+pub fn tile_rows<A>(
     w: WeightView<'_>,
     rows: std::ops::Range<usize>,
-    acts: &[BlockQ8],
+    acts: &[A],
     n_tok: usize,
     out: &SharedOut,
-    k4: impl Fn(&[u8], [&[BlockQ8]; 4], &mut [f32; 4]),
-    k1: impl Fn(&[u8], [&[BlockQ8]; 1], &mut [f32; 1]),
+    k4: impl Fn(&[u8], [&[A]; 4], &mut [f32; 4]),
+    k1: impl Fn(&[u8], [&[A]; 1], &mut [f32; 1]),
 ) {
     tile_rows_with(w, rows, acts, w.cols / QK, n_tok, out, k4, k1)
 }

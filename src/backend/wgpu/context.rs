@@ -7,8 +7,10 @@
 //! [`WgpuContext::detect`] answers `None` when there is no usable adapter.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+use super::options::{DecodePlan, WgpuOptions};
 use super::WgpuError;
 use crate::gguf::GgmlType;
 
@@ -29,36 +31,17 @@ pub const WEIGHT_TYPES: [GgmlType; 8] = [
 pub const WG: u32 = 256;
 /// Tokens per matmul workgroup (see matmul.wgsl).
 pub const MM_TOKENS: u32 = 8;
-/// Layers per submission of a layer step recorded as it goes (a step recorded ahead, layers/step.rs,
-/// is one command buffer): the GPU runs the first parts while the CPU records the rest. H100, 1.1B model, tg128 in tokens/s, with the Q8 matmuls (two rounds, one call):
-/// 1: 549 / 568, 2: 612 / 587, 3: 633 / 630, 4: 617 / 612, 5: 581 / 572, 6: 605 / 588 (with the
-/// slower kernels of docs/perf.md part 3, 6 was best: the faster the GPU, the more the CPU's
-/// recording of the dispatches shows).
-pub const SUBMIT_LAYERS: usize = 3;
-/// Microseconds a read-back polls before it sleeps (see `WgpuContext::spin`).
-pub const SPIN_US: u64 = 2000;
 /// Largest head_dim the attention kernel takes.
 pub const MAX_HEAD_DIM: usize = 256;
+/// Bytes of one parameter window (16 words) of the layer runner's parameter buffer; its slots are
+/// `slot_stride` bytes apart (layers.rs).
+pub(crate) const PARAM_WINDOW: u64 = 64;
 
-#[derive(Debug, Clone, Copy, Default)]
-pub struct WgpuOptions {
-    /// Accept a software adapter (llvmpipe / lavapipe) when no hardware one exists. Tests set it.
-    pub allow_software: bool,
-    /// Threads per matmul row (1, 2, 4, ..., 256); `None`: `$FORGE_WGPU_MATMUL_LANES` if set, else
-    /// 32 on GPUs, 1 on software adapters.
-    /// It fixes the reduction order, so results are bitwise stable for one setting only.
-    pub matmul_lanes: Option<u32>,
-    /// Decode kernels for one-token steps: `Some(true)`: matmul_vec.wgsl with RMSNorm and SiLU·mul
-    /// folded in, `Some(false)`: the batch kernels, `None`: `$FORGE_WGPU_DECODE` (`fused`, `shared`:
-    /// folded, `shared` without subgroup shuffles; `unfused`: matmul_vec alone; `off`: the batch
-    /// kernels), else matmul_vec alone on GPUs (measured fastest on the H100, docs/perf.md, "wgpu
-    /// tier") and the batch kernels on software adapters. Same bits either way.
-    pub decode_kernels: Option<bool>,
-    /// A sequence of one token in a step runs attention_one.wgsl (RoPE and KV store inside its
-    /// attention: one dispatch instead of two) when `Some(true)`; `None`: `$FORGE_WGPU_ATTN_ONE=1`
-    /// turns it on. Off by default: slower on the H100 (tg128 504-537 vs 576-593 t/s, 1.1B model,
-    /// docs/perf.md). Same bits either way.
-    pub attention_one: Option<bool>,
+/// A fresh id for a layer stack, an activation set or a KV cache (what a bind group or a step
+/// recorded ahead was made for).
+pub(crate) fn next_id() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed)
 }
 
 /// What was chosen, for logs and `forge-cache hardware`.
@@ -86,18 +69,6 @@ pub(crate) enum XSrc {
     /// f32 input quantized to Q8 by every workgroup, RMSNorm optionally folded in
     /// (mvq_x_stage.wgsl, binding 4: the norm weight); integer dot products as `Q8`
     Q8Stage,
-}
-
-/// How steps of one token run (see [`WgpuOptions::decode_kernels`]). Every setting gives the same
-/// bits: the decode kernels keep the batch kernels' reduction order.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum DecodePlan {
-    /// the batch kernels (rmsnorm, matmul, silu_mul) for one token too
-    Off,
-    /// matmul_vec.wgsl for the matmuls, rmsnorm and silu_mul dispatched apart
-    Unfused,
-    /// matmul_vec.wgsl with RMSNorm folded into q|k|v and gate|up, SiLU·mul into the down projection
-    Fused,
 }
 
 /// A compute pipeline and the layout of its one bind group.
@@ -157,26 +128,20 @@ pub struct WgpuContext {
     pub(crate) decode: DecodePlan,
     /// Whether the decode matmuls reduce by subgroup shuffles (subgroups of exactly `lanes`).
     pub(crate) subgroups: bool,
-    /// Whether the layer runner multiplies Q4_0 / Q4_1 / Q8_0 weights by Q8 activations with
-    /// integer dot products (plan.rs); on unless `$FORGE_WGPU_Q8` is `0` (f32 activations, the
-    /// dequantizing kernels: for comparisons).
+    /// [`WgpuOptions::q8`]
     pub(crate) q8: bool,
-    /// Whether one-token Q8 matmuls quantize (and normalize) their own input in workgroup memory
-    /// (mvq_x_stage.wgsl) instead of after a rmsnorm_q8 / quantize_q8 dispatch; on unless
-    /// `$FORGE_WGPU_STAGE` is `0`. Same bits either way.
+    /// [`WgpuOptions::stage`]
     pub(crate) stage: bool,
-    /// Whether a sequence of one token in a step runs attention_one (see [`WgpuOptions::attention_one`]).
+    /// [`WgpuOptions::attention_one`]
     pub(crate) attention_one: bool,
-    /// A layer step is submitted in parts of this many layers (0: whole); [`SUBMIT_LAYERS`] unless
-    /// `$FORGE_WGPU_SUBMIT_LAYERS` says otherwise.
+    /// [`WgpuOptions::submit_layers`]
     pub(crate) submit_layers: usize,
-    /// How long a read-back polls the device in a loop before it sleeps until the GPU is done:
-    /// [`SPIN_US`] µs unless `$FORGE_WGPU_SPIN_US` says otherwise (0: sleep at once).
+    /// [`WgpuOptions::spin_us`]
     pub(crate) spin: std::time::Duration,
-    /// Whether a one-token step's q|k|v matmul does RoPE + KV store in its epilogue
-    /// (mv_y_rope.wgsl; no rope_store dispatch) where it can; on unless `$FORGE_WGPU_QKV_ROPE` is
-    /// `0`. Same bits either way.
+    /// [`WgpuOptions::qkv_rope`]
     pub(crate) qkv_rope: bool,
+    /// The options the context was made with.
+    options: WgpuOptions,
     /// The first error wgpu reported outside an error scope (validation, device loss).
     uncaptured: Arc<Mutex<Option<String>>>,
 }
@@ -305,24 +270,20 @@ impl WgpuContext {
 
     fn with_adapter(adapter: wgpu::Adapter, opts: WgpuOptions) -> Result<Arc<WgpuContext>, WgpuError> {
         let info = adapter.get_info();
-        let env_lanes = std::env::var("FORGE_WGPU_MATMUL_LANES").ok().and_then(|v| v.parse().ok());
-        let lanes = opts.matmul_lanes.or(env_lanes).unwrap_or(if info.device_type == wgpu::DeviceType::Cpu { 1 } else { 32 });
+        let lanes = opts.matmul_lanes.unwrap_or(if info.device_type == wgpu::DeviceType::Cpu { 1 } else { 32 });
         if !lanes.is_power_of_two() || lanes > WG {
             return Err(WgpuError::Unsupported(format!("{lanes} matmul lanes (a power of two up to {WG})")));
         }
         let limits = adapter.limits();
-        let env_decode = std::env::var("FORGE_WGPU_DECODE").unwrap_or_default();
-        let decode = match (opts.decode_kernels, env_decode.as_str()) {
-            (Some(true), _) | (None, "fused" | "shared") => DecodePlan::Fused,
-            (Some(false), _) | (None, "off") => DecodePlan::Off,
-            (None, "unfused") => DecodePlan::Unfused,
-            (None, _) if info.device_type != wgpu::DeviceType::Cpu => DecodePlan::Unfused,
-            _ => DecodePlan::Off,
+        let decode = match opts.decode_kernels {
+            Some(plan) => plan,
+            None if info.device_type != wgpu::DeviceType::Cpu => DecodePlan::Unfused,
+            None => DecodePlan::Off,
         };
         // Shuffles replace the workgroup-memory tree only where a subgroup is exactly one row's
         // lanes (NVIDIA: always 32); elsewhere (lavapipe: 8) the tree stays. Same bits either way.
         let subgroups = decode != DecodePlan::Off
-            && env_decode != "shared"
+            && opts.subgroups
             && lanes == 32
             && adapter.features().contains(wgpu::Features::SUBGROUP)
             && info.subgroup_min_size == 32
@@ -350,7 +311,7 @@ impl WgpuContext {
                 *s = Some(e.to_string());
             }
         }));
-        let kernels = build_kernels(&device, lanes, decode, subgroups)?;
+        let kernels = build_kernels(&device, lanes, decode, subgroups, opts.shader_checks)?;
         let summary = AdapterSummary {
             name: info.name.clone(),
             device_type: format!("{:?}", info.device_type),
@@ -369,18 +330,24 @@ impl WgpuContext {
             timestamps,
             decode,
             subgroups,
-            q8: std::env::var("FORGE_WGPU_Q8").map_or(true, |v| v != "0"),
-            stage: std::env::var("FORGE_WGPU_STAGE").map_or(true, |v| v != "0"),
-            attention_one: opts.attention_one.unwrap_or_else(|| std::env::var("FORGE_WGPU_ATTN_ONE").is_ok_and(|v| v == "1")),
-            submit_layers: std::env::var("FORGE_WGPU_SUBMIT_LAYERS").ok().and_then(|v| v.parse().ok()).unwrap_or(SUBMIT_LAYERS),
-            qkv_rope: std::env::var("FORGE_WGPU_QKV_ROPE").map_or(true, |v| v != "0"),
-            spin: std::time::Duration::from_micros(std::env::var("FORGE_WGPU_SPIN_US").ok().and_then(|v| v.parse().ok()).unwrap_or(SPIN_US)),
+            q8: opts.q8,
+            stage: opts.stage,
+            attention_one: opts.attention_one,
+            submit_layers: opts.submit_layers,
+            qkv_rope: opts.qkv_rope,
+            spin: std::time::Duration::from_micros(opts.spin_us),
+            options: opts,
             uncaptured,
         }))
     }
 
     pub fn adapter(&self) -> &AdapterSummary {
         &self.summary
+    }
+
+    /// The options this context was made with.
+    pub fn options(&self) -> &WgpuOptions {
+        &self.options
     }
 
     /// Threads per matmul row (see [`WgpuOptions::matmul_lanes`]).
@@ -607,8 +574,8 @@ fn with_lanes(name: &str, src: &str, lanes: u32) -> Result<String, WgpuError> {
     Ok(src.replace(l_line, &format!("const LANES: u32 = {lanes}u;")).replace(r_line, &format!("const ROWS: u32 = {}u;", WG / lanes)))
 }
 
-fn build_kernels(device: &wgpu::Device, lanes: u32, decode: DecodePlan, subgroups: bool) -> Result<Kernels, WgpuError> {
-    let k = |name: &str, src: String, binds: &[B]| kernel(device, name, &src, binds);
+fn build_kernels(device: &wgpu::Device, lanes: u32, decode: DecodePlan, subgroups: bool, checks: bool) -> Result<Kernels, WgpuError> {
+    let k = |name: &str, src: String, binds: &[B]| kernel(device, name, &src, binds, checks);
     let mm = [B::Uniform, B::Read, B::Read, B::Rw];
     let matmul_src = with_lanes("matmul", include_str!("../../../kernels/wgsl/matmul.wgsl"), lanes)?;
     let vec_src = with_lanes("matmul_vec", include_str!("../../../kernels/wgsl/matmul_vec.wgsl"), lanes)?;
@@ -708,10 +675,11 @@ fn build_kernels(device: &wgpu::Device, lanes: u32, decode: DecodePlan, subgroup
     })
 }
 
-pub(crate) fn kernel(device: &wgpu::Device, name: &str, src: &str, binds: &[B]) -> Result<Kernel, WgpuError> {
+/// Compiles kernel `name`; `checks`: keep naga's bounds checks ([`WgpuOptions::shader_checks`]).
+pub(crate) fn kernel(device: &wgpu::Device, name: &str, src: &str, binds: &[B], checks: bool) -> Result<Kernel, WgpuError> {
     let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
     let desc = wgpu::ShaderModuleDescriptor { label: Some(name), source: wgpu::ShaderSource::Wgsl(src.into()) };
-    let module = if std::env::var_os("FORGE_WGPU_SHADER_CHECKS").is_some_and(|v| v != "0") {
+    let module = if checks {
         device.create_shader_module(desc)
     } else {
         let mut checks = wgpu::ShaderRuntimeChecks::checked();
@@ -720,7 +688,7 @@ pub(crate) fn kernel(device: &wgpu::Device, name: &str, src: &str, binds: &[B]) 
         // buffer access of the platform stays on, as does loop bounding). Every index in these
         // kernels is derived from parameters the host validated against the buffer sizes, and
         // every kernel is tested against the CPU reference on each adapter. The clamps cost ALU
-        // on every storage access of the matmul inner loops. FORGE_WGPU_SHADER_CHECKS=1 restores them.
+        // on every storage access of the matmul inner loops. `WgpuOptions::shader_checks` restores them.
         unsafe { device.create_shader_module_trusted(desc, checks) }
     };
     let entries: Vec<wgpu::BindGroupLayoutEntry> = binds

@@ -1,4 +1,4 @@
-//! [`GpuKv`]: one sequence's keys and values for the layers of a [`GpuLayers`] stack, in GPU
+//! [`GpuKv`]: one sequence's keys and values for the layers of a `GpuLayers` stack, in GPU
 //! buffers `[n_kv_head, capacity, head_dim]` per layer (f16 pairs or f32), plus the bind groups
 //! of its per-sequence dispatches (built on first use with a run state's activations, then
 //! reused, so decode steps create nothing), and the recording of those dispatches
@@ -14,16 +14,48 @@
 
 use std::sync::Arc;
 
-use super::context::{grid_1d, Kernels, WgpuContext};
-use super::layers::{next_id, GpuActivations, GpuLayers, KvPrecision, SeqSpan, PARAM_WINDOW};
+use super::context::{grid_1d, next_id, Kernel, Kernels, WgpuContext, PARAM_WINDOW};
+use super::plan::Step;
 use super::WgpuError;
-use crate::engine::LlamaConfig;
+use crate::backend::offload::{DeviceKv, LayerShape, OffloadError, OffloadKv, SeqSpan};
+
+/// Element type of the GPU KV cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KvPrecision {
+    /// f16, as the CPU engine's cache (half the memory).
+    F16,
+    F32,
+}
+
+/// The one-token q|k|v matmul with RoPE + KV store as its epilogue (mv_y_rope.wgsl; plan.rs): its
+/// bind group also holds the sequence's caches, so this file builds it ([`GpuKv::bind_for`]).
+pub(super) struct QkvRope {
+    pub kernel: Kernel,
+    pub step: Step,
+    /// byte offset of `step`'s parameter slot
+    pub param_offset: u64,
+    /// bindings 1-4: weights, residual stream, q|k|v rows, norm weight
+    pub bufs: [wgpu::Buffer; 4],
+}
+
+/// What a sequence's bind groups use besides its caches: a run state's activations (`id`) and
+/// the stack's RoPE table.
+pub(super) struct SeqBuffers<'a> {
+    /// the activations' id
+    pub id: u64,
+    pub qkv: &'a wgpu::Buffer,
+    pub att: &'a wgpu::Buffer,
+    pub pos: &'a wgpu::Buffer,
+    pub params: &'a wgpu::Buffer,
+    pub rope: &'a wgpu::Buffer,
+    pub xq: &'a wgpu::Buffer,
+}
 
 pub struct GpuKv {
     /// unique among caches (a step recorded ahead is for these caches: layers/step.rs)
     pub(crate) id: u64,
     ctx: Arc<WgpuContext>,
-    /// The [`GpuLayers`] this cache belongs to.
+    /// The `GpuLayers` this cache belongs to.
     pub(crate) owner: u64,
     pub(crate) capacity: usize,
     n_kv_head: usize,
@@ -39,7 +71,7 @@ pub struct GpuKv {
 }
 
 impl GpuKv {
-    pub(crate) fn new(ctx: Arc<WgpuContext>, owner: u64, c: &LlamaConfig, n_layers: usize, capacity: usize, kv: KvPrecision) -> Result<GpuKv, WgpuError> {
+    pub(crate) fn new(ctx: Arc<WgpuContext>, owner: u64, c: &LayerShape, n_layers: usize, capacity: usize, kv: KvPrecision) -> Result<GpuKv, WgpuError> {
         let elem = if kv == KvPrecision::F16 { 2 } else { 4 };
         let bytes = (c.n_head_kv * capacity * c.head_dim * elem) as u64;
         let mut k = Vec::with_capacity(n_layers);
@@ -61,10 +93,6 @@ impl GpuKv {
             v.push(other.ctx.storage("v_cache", bytes)?);
         }
         Ok(GpuKv { id: next_id(), ctx: other.ctx.clone(), owner: other.owner, capacity, k, v, binds: None, ..*other })
-    }
-
-    pub fn capacity(&self) -> usize {
-        self.capacity
     }
 
     /// Bytes of GPU memory held.
@@ -95,12 +123,14 @@ impl GpuKv {
         self.ctx.check()
     }
 
-    /// Builds the bind groups of this cache's dispatches for `act` unless they exist already.
-    pub(crate) fn bind_for(&mut self, stack: &GpuLayers, act: &GpuActivations) -> Result<(), WgpuError> {
-        if self.binds.as_ref().is_some_and(|(id, _)| *id == act.id) {
+    /// Builds the bind groups of this cache's dispatches for the activations of `b` unless they
+    /// exist already; `qkv_rope(li)`: layer `li`'s one-token q|k|v + RoPE matmul, where the plan
+    /// has one.
+    pub(crate) fn bind_for<'a>(&mut self, b: &SeqBuffers<'a>, qkv_rope: impl Fn(usize) -> Option<&'a QkvRope>) -> Result<(), WgpuError> {
+        if self.binds.as_ref().is_some_and(|(id, _)| *id == b.id) {
             return Ok(());
         }
-        let [qkv, att, pos, params, rope, xq] = stack.seq_buffers(act);
+        let (qkv, att, pos, params, rope, xq) = (b.qkv, b.att, b.pos, b.params, b.rope, b.xq);
         let k = &self.ctx.kernels;
         let p = (params, 0, Some(PARAM_WINDOW));
         let binds = self
@@ -109,7 +139,7 @@ impl GpuKv {
             .zip(&self.v)
             .enumerate()
             .map(|(li, (kc, vc))| {
-                let qkv_rope = act.qkv_rope(li).map(|q| {
+                let qkv_rope = qkv_rope(li).map(|q| {
                     let w = (params, q.param_offset, Some(PARAM_WINDOW));
                     let [b1, b2, b3, b4] = &q.bufs;
                     let bufs = [w, (b1, 0, None), (b2, 0, None), (b3, 0, None), (b4, 0, None), (kc, 0, None), (vc, 0, None), (rope, 0, None), (pos, 0, None), p];
@@ -126,7 +156,7 @@ impl GpuKv {
                 (groups, qkv_rope)
             })
             .collect();
-        self.binds = Some((act.id, binds));
+        self.binds = Some((b.id, binds));
         self.ctx.check()
     }
 
@@ -145,6 +175,34 @@ impl GpuKv {
     }
 }
 
+impl DeviceKv for GpuKv {
+    fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    fn bytes(&self) -> u64 {
+        GpuKv::bytes(self)
+    }
+
+    fn empty_like(&self, capacity: usize) -> Result<OffloadKv, OffloadError> {
+        Ok(OffloadKv::new(GpuKv::new_like(self, capacity)?))
+    }
+
+    fn copy_prefix_from(&mut self, src: &OffloadKv, n: usize) -> Result<(), OffloadError> {
+        let src = src.get::<GpuKv>().ok_or_else(|| WgpuError::Unsupported("copying KV from another backend's cache".into()))?;
+        Ok(GpuKv::copy_prefix_from(self, src, n)?)
+    }
+}
+
+/// The wgpu cache of a step's sequence. A step checks every cache first
+/// (`GpuLayers::check_step`: a [`GpuKv`] of this stack), so there is no other.
+pub(super) fn gpu_kv<'s>(s: &'s SeqSpan<'_>) -> &'s GpuKv {
+    match s.kv.get::<GpuKv>() {
+        Some(kv) => kv,
+        None => unreachable!("a step's caches are checked before it records"),
+    }
+}
+
 /// Dispatches per layer of the sequences of a step (see [`record_seqs`]).
 pub(crate) fn seq_dispatches(seqs: &[SeqSpan<'_>], one: bool) -> usize {
     seqs.iter().map(|s| if one && s.n_tok == 1 { 1 } else { 2 }).sum()
@@ -159,7 +217,7 @@ pub(crate) fn record_seqs<'a>(
     one: bool,
     roped: bool,
     k: &'a Kernels,
-    c: &LlamaConfig,
+    c: &LayerShape,
     seqs: &'a [SeqSpan<'_>],
     li: usize,
     mut emit: impl FnMut(&'static str, &'a wgpu::ComputePipeline, &'a wgpu::BindGroup, usize, (u32, u32)),
@@ -167,20 +225,20 @@ pub(crate) fn record_seqs<'a>(
     let single = |s: &SeqSpan<'_>| one && s.n_tok == 1;
     for (i, s) in seqs.iter().enumerate().filter(|(_, s)| !roped && !single(s)) {
         let grid = grid_1d(s.n_tok * (c.n_head + 2 * c.n_head_kv) * c.head_dim / 2);
-        emit("rope + kv store", &k.rope_store.pipeline, s.kv.bind(li, 0), i, grid);
+        emit("rope + kv store", &k.rope_store.pipeline, gpu_kv(s).bind(li, 0), i, grid);
     }
     for (i, s) in seqs.iter().enumerate() {
         let grid = (c.n_head as u32, s.n_tok as u32);
         match single(s) {
-            true => emit("attention + rope + kv store", &k.attention_one.pipeline, s.kv.bind(li, 2), i, grid),
-            false => emit("attention", &k.attention.pipeline, s.kv.bind(li, 1), i, grid),
+            true => emit("attention + rope + kv store", &k.attention_one.pipeline, gpu_kv(s).bind(li, 2), i, grid),
+            false => emit("attention", &k.attention.pipeline, gpu_kv(s).bind(li, 1), i, grid),
         }
     }
 }
 
 /// Parameters of rope_store.wgsl and attention.wgsl for one sequence (rows t0..t0+n_tok).
 /// `q8_out`: attention also writes its output as Q8 rows (see [`attention_q8`]).
-pub(crate) fn seq_params(c: &LlamaConfig, kv: KvPrecision, capacity: usize, t0: usize, n_tok: usize, q8_out: bool) -> [u32; 12] {
+pub(crate) fn seq_params(c: &LayerShape, kv: KvPrecision, capacity: usize, t0: usize, n_tok: usize, q8_out: bool) -> [u32; 12] {
     let scale = 1.0 / (c.head_dim as f32).sqrt();
     let qkvd = c.n_head * c.head_dim + 2 * c.kv_dim();
     let f16 = (kv == KvPrecision::F16) as u32;
@@ -192,6 +250,6 @@ pub(crate) fn seq_params(c: &LlamaConfig, kv: KvPrecision, capacity: usize, t0: 
 /// Whether the layer runner's attention writes its output as Q8 rows too (attention.wgsl,
 /// `q8_out`), so that no quantize_q8 dispatch runs before a Q8 o projection (plan.rs): with the
 /// integer-dot matmuls on and heads of whole blocks of 32.
-pub(crate) fn attention_q8(q8: bool, c: &LlamaConfig) -> bool {
+pub(crate) fn attention_q8(q8: bool, c: &LayerShape) -> bool {
     q8 && c.head_dim.is_multiple_of(32)
 }

@@ -1,13 +1,15 @@
 //! Layers `[a, b)` of a Llama model resident on the GPU.
 //!
 //! * [`GpuLayers`] — the layers' weights (GGUF blocks, pack.rs) and the RoPE table, uploaded once and
-//!   shared by every sequence and run state (the engine's `Model` owns one).
+//!   shared by every sequence and run state: the engine's offloaded segment (it implements
+//!   `backend::offload::LayerOffload`, segment.rs).
 //! * [`GpuActivations`] — the activation buffers of steps of up to `max_tokens` tokens, the
-//!   parameter slots, and the bind group of every weight dispatch; one per run state.
-//! * [`GpuKv`](super::kv::GpuKv) — one sequence's keys and values for these layers.
-//! * [`WgpuLayers`] — the three together for one sequence (tests, speed measurements).
+//!   parameter slots, and the bind group of every weight dispatch; one per run state (behind the
+//!   engine's `OffloadActs` handle).
+//! * `GpuKv` (kv.rs) — one sequence's keys and values for these layers (behind `OffloadKv`).
+//! * `WgpuLayers` (segment.rs) — the three together for one sequence (tests, speed measurements).
 //!
-//! A step ([`GpuLayers::forward`], layers/step.rs) writes the hidden state of every token of every
+//! A step (layers/step.rs) writes the hidden state of every token of every
 //! sequence, the positions and the parameters, submits the dispatches of all layers (recorded
 //! ahead while the GPU ran the previous step of the same shape, or now), and reads back only the
 //! final hidden state `[n_tok, n_embd]` (or the logits of chosen rows). Per layer:
@@ -18,66 +20,19 @@
 //! Embedding, the output norm, logits and sampling stay with the caller (the CPU).
 
 use std::ops::Range;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use super::context::{grid_1d, Kernel, WgpuContext, MAX_HEAD_DIM};
-use super::kv::{attention_q8, record_seqs, seq_dispatches, seq_params, GpuKv};
-use super::plan::{batch_plan, one_token_plan, q8_bytes, Acts, PlanCtx, PlanItem};
-pub(super) use super::upload::GpuMatrix;
-use super::upload::upload_rows;
+use super::context::{grid_1d, next_id, WgpuContext, MAX_HEAD_DIM, PARAM_WINDOW};
+use super::kv::{attention_q8, gpu_kv, record_seqs, seq_dispatches, seq_params, GpuKv, KvPrecision, QkvRope, SeqBuffers};
+use super::plan::{batch_plan, one_token_plan, q8_bytes, Acts, PlanCtx, PlanItem, Step};
+use super::upload::{upload_rows, GpuLayer, GpuMatrix};
 use super::WgpuError;
 use crate::backend::cpu::ops::rope_table;
-use crate::engine::{LlamaConfig, Model};
+use crate::backend::offload::{LayerShape, ModelTensors, SeqSpan};
 
 mod step;
 pub(crate) use step::Ahead;
-use step::Prof;
-
-/// Element type of the GPU KV cache.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum KvPrecision {
-    /// f16, as the CPU engine's cache (half the memory).
-    F16,
-    F32,
-}
-
-/// Bytes of one parameter window (16 words); slots are `slot_stride` bytes apart.
-pub(crate) const PARAM_WINDOW: u64 = 64;
-
-pub(crate) fn next_id() -> u64 {
-    static NEXT: AtomicU64 = AtomicU64::new(1);
-    NEXT.fetch_add(1, Ordering::Relaxed)
-}
-
-pub(super) struct GpuLayer {
-    /// [n_embd] f32
-    pub attn_norm: wgpu::Buffer,
-    /// wq|wk|wv stacked when they share a type, else the three
-    pub qkv: Vec<GpuMatrix>,
-    pub wo: GpuMatrix,
-    /// [n_embd] f32
-    pub ffn_norm: wgpu::Buffer,
-    /// w_gate|w_up stacked when they share a type, else the two
-    pub gate_up: Vec<GpuMatrix>,
-    pub w_down: GpuMatrix,
-}
-
-/// What one token-wide dispatch computes; with the batch size it gives the parameters and grid.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub(super) enum Step {
-    /// `accumulate`: add into the destination (the residual stream) instead of writing.
-    MatMul { rows: usize, cols: usize, row_bytes: usize, y_stride: usize, y_off: usize, accumulate: bool },
-    /// One token's matmul (matmul_vec.wgsl); `eps` for a folded RMSNorm (mv_x_norm.wgsl,
-    /// mvq_x_stage.wgsl).
-    MatVec { rows: usize, cols: usize, row_bytes: usize, y_off: usize, accumulate: bool, eps: f32 },
-    /// rmsnorm.wgsl or rmsnorm_q8.wgsl (same parameters)
-    RmsNorm { dim: usize, eps: f32 },
-    /// quantize_q8.wgsl: rows of `cols` (swizzled or plain) to Q8 rows
-    Quantize { cols: usize, swizzle: bool },
-    /// `pairs`: gate and up interleaved (upload.rs)
-    SiluMul { pairs: bool },
-}
+pub(super) use step::Prof;
 
 /// One recorded token-wide dispatch: pipeline, bind group (with its parameter slot), what it computes.
 struct Dispatch {
@@ -101,17 +56,6 @@ struct LayerDispatches {
     qkv_rope: Option<QkvRope>,
 }
 
-/// The one-token q|k|v matmul with RoPE + KV store as its epilogue (mv_y_rope.wgsl; plan.rs): its
-/// bind group also holds the sequence's caches, so kv.rs builds it (`GpuKv::bind_for`).
-pub(super) struct QkvRope {
-    pub kernel: Kernel,
-    pub step: Step,
-    /// byte offset of `step`'s parameter slot
-    pub param_offset: u64,
-    /// bindings 1-4: weights, residual stream, q|k|v rows, norm weight
-    pub bufs: [wgpu::Buffer; 4],
-}
-
 impl LayerDispatches {
     /// The lists for a step of `n` tokens.
     fn lists(&self, n: usize) -> (&[Dispatch], &[Dispatch]) {
@@ -130,14 +74,14 @@ struct GpuHead {
     out: GpuMatrix,
 }
 
-/// Logit rows per read-back of [`GpuLayers::forward_logits`] (more are done in several rounds).
+/// Logit rows per read-back of a step with the output head (more are done in several rounds).
 pub const HEAD_ROWS: usize = 64;
 
-
+/// Layers `[a, b)` of a model on the GPU: weights and RoPE table (see the module docs).
 pub struct GpuLayers {
     id: u64,
     pub(crate) ctx: Arc<WgpuContext>,
-    pub(crate) config: LlamaConfig,
+    pub(crate) config: LayerShape,
     layers: Range<usize>,
     pub(crate) kv: KvPrecision,
     gpu: Vec<GpuLayer>,
@@ -197,25 +141,22 @@ pub struct GpuActivations {
 }
 
 impl GpuActivations {
+    /// The most tokens a step may have.
+    pub(super) fn max_tokens(&self) -> usize {
+        self.max_tokens
+    }
+
     /// Layer `li`'s one-token q|k|v matmul with RoPE + KV store, where the plan has one.
     pub(super) fn qkv_rope(&self, li: usize) -> Option<&QkvRope> {
         self.layers.get(li).and_then(|l| l.qkv_rope.as_ref())
     }
 }
 
-/// One sequence's part of a step: its KV cache and its tokens, which are `n_tok` consecutive rows
-/// of the step at positions `start, start + 1, ...` (`start` = the sequence's cached length).
-pub struct SeqSpan<'a> {
-    pub kv: &'a mut GpuKv,
-    pub start: usize,
-    pub n_tok: usize,
-}
-
 impl GpuLayers {
     /// Uploads layers `layers` of `model` (weights as GGUF blocks, pack.rs) and a RoPE table for
     /// `n_pos` positions (clamped to the trained context).
-    pub fn new(ctx: Arc<WgpuContext>, model: &Model, layers: Range<usize>, n_pos: usize, kv: KvPrecision) -> Result<GpuLayers, WgpuError> {
-        let c = model.config.clone();
+    pub fn new(ctx: Arc<WgpuContext>, model: &dyn ModelTensors, layers: Range<usize>, n_pos: usize, kv: KvPrecision) -> Result<GpuLayers, WgpuError> {
+        let c = model.shape();
         if layers.start > layers.end || layers.end > c.n_layer {
             return Err(WgpuError::Unsupported(format!("layers {layers:?} of a {}-layer model", c.n_layer)));
         }
@@ -225,60 +166,54 @@ impl GpuLayers {
         let n_pos = n_pos.clamp(1, c.n_ctx_train);
         let mut gpu = Vec::with_capacity(layers.len());
         for li in layers.clone() {
-            let lw = &model.weights.layers[li];
-            let norm = |v: &[f32], name: &str| ctx.storage_init(&format!("blk.{li}.{name}"), bytemuck::cast_slice(v));
-            gpu.push(GpuLayer {
-                attn_norm: norm(&lw.attn_norm, "attn_norm")?,
-                qkv: upload_rows(&ctx, model, &[&lw.wq, &lw.wk, &lw.wv], &format!("blk.{li}.attn_qkv"), false)?,
-                wo: upload_rows(&ctx, model, &[&lw.wo], &format!("blk.{li}.attn_output"), false)?.remove(0),
-                ffn_norm: norm(&lw.ffn_norm, "ffn_norm")?,
-                gate_up: upload_rows(&ctx, model, &[&lw.w_gate, &lw.w_up], &format!("blk.{li}.ffn_gate_up"), true)?,
-                w_down: upload_rows(&ctx, model, &[&lw.w_down], &format!("blk.{li}.ffn_down"), false)?.remove(0),
-            });
+            gpu.push(GpuLayer::upload(&ctx, li, &model.layer(li))?);
         }
         let rope = ctx.storage_init("rope", bytemuck::cast_slice(&rope_table(n_pos, c.head_dim, c.rope_dims, c.rope_base)))?;
         ctx.check()?;
         Ok(GpuLayers { id: next_id(), ctx, config: c, layers, kv, gpu, rope, n_pos, head: None })
     }
 
-    /// Also uploads the output norm and projection, so that [`forward_logits`](Self::forward_logits)
-    /// can return logits instead of the hidden state. Only for a stack that ends with the last layer.
-    pub fn with_head(mut self, model: &Model) -> Result<GpuLayers, WgpuError> {
+    /// Also uploads the output norm and projection, so that a step can return logits instead of
+    /// the hidden state (`LayerOffload::forward` with logit rows). Only for a stack that ends with
+    /// the last layer.
+    pub fn with_head(mut self, model: &dyn ModelTensors) -> Result<GpuLayers, WgpuError> {
         if self.layers.end != self.config.n_layer {
             return Err(WgpuError::Unsupported(format!("an output head after layers {:?} of {}", self.layers, self.config.n_layer)));
         }
-        let norm = self.ctx.storage_init("output_norm", bytemuck::cast_slice(&model.weights.output_norm))?;
-        let out = upload_rows(&self.ctx, model, &[&model.weights.output], "output", false)?.remove(0);
+        let h = model.head();
+        let norm = self.ctx.storage_init("output_norm", bytemuck::cast_slice(h.norm))?;
+        let out = upload_rows(&self.ctx, &[h.output], "output", false)?.remove(0);
         self.head = Some(GpuHead { norm, out });
         self.ctx.check()?;
         Ok(self)
-    }
-
-    /// Whether logits come from the GPU ([`with_head`](Self::with_head)).
-    pub fn has_head(&self) -> bool {
-        self.head.is_some()
-    }
-
-    pub fn layers(&self) -> Range<usize> {
-        self.layers.clone()
     }
 
     pub fn context(&self) -> &Arc<WgpuContext> {
         &self.ctx
     }
 
+    /// The model layers of this stack.
+    pub(super) fn range(&self) -> Range<usize> {
+        self.layers.clone()
+    }
+
     /// Positions the RoPE table covers (a KV cache longer than this is refused).
-    pub fn max_positions(&self) -> usize {
+    pub(super) fn n_pos(&self) -> usize {
         self.n_pos
     }
 
+    /// Whether the output norm and projection are on the GPU ([`with_head`](Self::with_head)).
+    pub(super) fn head_rows(&self) -> Option<usize> {
+        self.head.as_ref().map(|h| h.out.rows)
+    }
+
     /// Bytes of weights held on the GPU.
-    pub fn weight_bytes(&self) -> u64 {
-        self.gpu.iter().map(|g| g.qkv.iter().chain(&g.gate_up).chain([&g.wo, &g.w_down]).map(|m| m.buf.size()).sum::<u64>()).sum()
+    pub(super) fn weights_on_gpu(&self) -> u64 {
+        self.gpu.iter().map(GpuLayer::bytes).sum()
     }
 
     /// A KV cache of `capacity` positions for these layers.
-    pub fn new_kv(&self, capacity: usize) -> Result<GpuKv, WgpuError> {
+    pub(super) fn new_gpu_kv(&self, capacity: usize) -> Result<GpuKv, WgpuError> {
         if capacity > self.n_pos {
             return Err(WgpuError::ContextFull { needed: capacity, capacity: self.n_pos });
         }
@@ -286,7 +221,7 @@ impl GpuLayers {
     }
 
     /// Activation buffers and bind groups for steps of up to `max_tokens` tokens.
-    pub fn activations(&self, max_tokens: usize) -> Result<GpuActivations, WgpuError> {
+    pub(super) fn activations(&self, max_tokens: usize) -> Result<GpuActivations, WgpuError> {
         let (ctx, c) = (&self.ctx, &self.config);
         let max_tokens = max_tokens.max(1);
         let (e, qd, kvd, ff) = (c.n_embd, c.n_head * c.head_dim, c.kv_dim(), c.n_ff);
@@ -409,39 +344,13 @@ impl GpuLayers {
         })
     }
 
-    /// Runs these layers over `hidden` ([n_tok, n_embd], replaced by the layers' output). The
-    /// step's tokens are the sequences' tokens in order; `positions` holds each token's position
-    /// (for sequence s: `s.start, s.start + 1, ...`). Keys and values go into each sequence's cache.
-    pub fn forward(&self, act: &mut GpuActivations, hidden: &mut [f32], positions: &[u32], seqs: &mut [SeqSpan<'_>]) -> Result<(), WgpuError> {
-        self.step(act, hidden, positions, seqs, Prof::Off, None).map(|_| ())
-    }
-
-    /// [`forward`](Self::forward), then the output norm and projection on the GPU for the step
-    /// rows `rows` (indices into the step's tokens): `logits` [rows.len(), vocab] in that order.
-    /// `hidden` is not read back. Needs [`with_head`](Self::with_head).
-    pub fn forward_logits(
-        &self,
-        act: &mut GpuActivations,
-        hidden: &mut [f32],
-        positions: &[u32],
-        seqs: &mut [SeqSpan<'_>],
-        rows: &[u32],
-        logits: &mut [f32],
-    ) -> Result<(), WgpuError> {
-        let Some(h) = &self.head else { return Err(WgpuError::Unsupported("logits without an output head".into())) };
-        if logits.len() != rows.len() * h.out.rows || rows.iter().any(|&r| r as usize >= positions.len()) {
-            return Err(WgpuError::BadShape { got: logits.len(), expected: rows.len() * h.out.rows });
-        }
-        self.step(act, hidden, positions, seqs, Prof::Off, Some((rows, logits))).map(|_| ())
-    }
-
-    /// [`forward`](Self::forward) measured (`prof`): with `Prof::Dispatches` each dispatch runs in
-    /// its own compute pass between GPU timestamps (milliseconds of GPU time per kind of dispatch,
-    /// in order of first appearance); with `Prof::Span` the step is recorded and submitted as
-    /// usual and timed as a whole (the GPU time from the start of its first pass to the end of
-    /// its last, the CPU's set-up, recording and waiting, the wall time), in ms. `None` (after a
-    /// plain forward) when the adapter has no timestamp queries.
-    fn forward_measured(
+    /// A step measured (`prof`): with `Prof::Dispatches` each dispatch runs in its own compute
+    /// pass between GPU timestamps (milliseconds of GPU time per kind of dispatch, in order of
+    /// first appearance); with `Prof::Span` the step is recorded and submitted as usual and timed
+    /// as a whole (the GPU time from the start of its first pass to the end of its last, the
+    /// CPU's set-up, recording and waiting, the wall time), in ms. `None` (after a plain step)
+    /// when the adapter has no timestamp queries.
+    pub(super) fn measured(
         &self,
         act: &mut GpuActivations,
         hidden: &mut [f32],
@@ -466,11 +375,12 @@ impl GpuLayers {
         }
         let mut t0 = 0;
         for s in seqs.iter_mut() {
-            if s.kv.owner != self.id {
+            let Some(kv) = s.kv.get::<GpuKv>() else { return Err(WgpuError::Unsupported("a KV cache of another backend".into())) };
+            if kv.owner != self.id {
                 return Err(WgpuError::Unsupported("a KV cache of another layer stack".into()));
             }
-            if s.start + s.n_tok > s.kv.capacity {
-                return Err(WgpuError::ContextFull { needed: s.start + s.n_tok, capacity: s.kv.capacity });
+            if s.start + s.n_tok > kv.capacity {
+                return Err(WgpuError::ContextFull { needed: s.start + s.n_tok, capacity: kv.capacity });
             }
             for (i, &p) in positions[t0..t0 + s.n_tok].iter().enumerate() {
                 if p as usize != s.start + i {
@@ -513,104 +423,9 @@ impl GpuLayers {
         }
     }
 
-    /// The buffers a sequence's bind groups use: (qkv, att, pos, params, rope, xq).
-    pub(crate) fn seq_buffers<'a>(&'a self, act: &'a GpuActivations) -> [&'a wgpu::Buffer; 6] {
-        [&act.qkv, &act.att, &act.pos, &act.params, &self.rope, &act.xq]
+    /// The buffers a sequence's bind groups use besides its caches.
+    pub(super) fn seq_buffers<'a>(&'a self, act: &'a GpuActivations) -> SeqBuffers<'a> {
+        SeqBuffers { id: act.id, qkv: &act.qkv, att: &act.att, pos: &act.pos, params: &act.params, rope: &self.rope, xq: &act.xq }
     }
 }
 
-
-/// Layers `[a, b)` of a model on the GPU for one sequence: [`GpuLayers`], its activations and
-/// one KV cache, with the cached length tracked here.
-pub struct WgpuLayers {
-    stack: GpuLayers,
-    act: GpuActivations,
-    kv: GpuKv,
-    /// Positions 0..len of the KV cache are valid.
-    len: usize,
-}
-
-impl WgpuLayers {
-    /// Uploads layers `layers` of `model` with an f16 KV cache of `kv_capacity` positions
-    /// (clamped to the trained context), for steps of up to `max_tokens` tokens.
-    pub fn new(ctx: Arc<WgpuContext>, model: &Model, layers: Range<usize>, max_tokens: usize, kv_capacity: usize) -> Result<WgpuLayers, WgpuError> {
-        WgpuLayers::with_kv(ctx, model, layers, max_tokens, kv_capacity, KvPrecision::F16)
-    }
-
-    pub fn with_kv(
-        ctx: Arc<WgpuContext>,
-        model: &Model,
-        layers: Range<usize>,
-        max_tokens: usize,
-        kv_capacity: usize,
-        kv: KvPrecision,
-    ) -> Result<WgpuLayers, WgpuError> {
-        let capacity = kv_capacity.clamp(1, model.config.n_ctx_train);
-        let stack = GpuLayers::new(ctx, model, layers, capacity, kv)?;
-        let act = stack.activations(max_tokens)?;
-        let kv = stack.new_kv(capacity)?;
-        Ok(WgpuLayers { stack, act, kv, len: 0 })
-    }
-
-    pub fn layers(&self) -> Range<usize> {
-        self.stack.layers()
-    }
-
-    /// Valid KV positions.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    pub fn capacity(&self) -> usize {
-        self.kv.capacity
-    }
-
-    pub fn max_tokens(&self) -> usize {
-        self.act.max_tokens
-    }
-
-    /// Forgets positions `len..` (a rejected draft, a new prompt); the next token goes at `len`.
-    pub fn truncate(&mut self, len: usize) {
-        self.len = self.len.min(len);
-    }
-
-    /// Bytes of weights and KV cache held on the GPU.
-    pub fn gpu_bytes(&self) -> u64 {
-        self.stack.weight_bytes() + self.kv.bytes()
-    }
-
-    /// Runs this range's layers over `hidden` ([n_tok, n_embd], replaced by the layers' output)
-    /// for tokens at `positions`, which must continue the sequence: `len(), len()+1, ...`.
-    /// Their keys and values are appended to the GPU KV cache.
-    pub fn forward(&mut self, hidden: &mut [f32], positions: &[u32]) -> Result<(), WgpuError> {
-        self.step(hidden, positions, Prof::Off).map(|_| ())
-    }
-
-    /// [`forward`](Self::forward) with GPU timestamps per kind of dispatch (see
-    /// [`GpuLayers::forward_measured`]).
-    pub fn forward_profiled(&mut self, hidden: &mut [f32], positions: &[u32]) -> Result<Option<Vec<(&'static str, f64)>>, WgpuError> {
-        self.step(hidden, positions, Prof::Dispatches)
-    }
-
-    /// [`forward`](Self::forward) timed as a whole (see [`GpuLayers::forward_measured`]).
-    pub fn forward_timed(&mut self, hidden: &mut [f32], positions: &[u32]) -> Result<Option<Vec<(&'static str, f64)>>, WgpuError> {
-        self.step(hidden, positions, Prof::Span)
-    }
-
-    fn step(&mut self, hidden: &mut [f32], positions: &[u32], prof: Prof) -> Result<Option<Vec<(&'static str, f64)>>, WgpuError> {
-        let mut seqs = [SeqSpan { kv: &mut self.kv, start: self.len, n_tok: positions.len() }];
-        let r = match prof {
-            Prof::Off => {
-                self.stack.forward(&mut self.act, hidden, positions, &mut seqs)?;
-                None
-            }
-            _ => self.stack.forward_measured(&mut self.act, hidden, positions, &mut seqs, prof)?,
-        };
-        self.len += positions.len();
-        Ok(r)
-    }
-}

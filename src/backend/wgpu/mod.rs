@@ -5,9 +5,16 @@
 //!   when asked), the compute pipelines (compiled once), buffer and read-back helpers.
 //! * `backend` — [`WgpuBackend`]: the [`Backend`](super::Backend) trait op by op (upload, one
 //!   dispatch, read back). Slow by design; it is what the kernel tests compare with the CPU.
-//! * `layers` — [`WgpuLayers`]: a range of a model's layers resident on the GPU (weights uploaded
-//!   once, KV cache on the GPU); a forward step records every dispatch in one command buffer and
-//!   reads back only the final hidden state.
+//! * `options` — [`WgpuOptions`]: every knob (adapter, kernel variants, submission, read-back),
+//!   the measured defaults, `FORGE_WGPU_*` parsed in one function for the command line.
+//! * `layers` — [`GpuLayers`]: a range of a model's layers resident on the GPU (weights uploaded
+//!   once, `upload`; the dispatch lists of each layer, `plan`; a step recorded ahead,
+//!   `layers/step`); `kv` — one sequence's KV on the GPU and its per-sequence dispatches.
+//! * `segment` — `GpuLayers` as the engine's offloaded segment (`super::offload::LayerOffload`),
+//!   and [`WgpuLayers`]: a stack with one sequence's cache, for tests and speed runs.
+//!
+//! Imports run one way: `segment` → `layers` → `kv` → `plan` → `upload` → `context` → `pack`,
+//! `options` (each may also skip down).
 //!
 //! Kernels live in `kernels/wgsl/*.wgsl`, each with a header describing its bindings and layout.
 //! Weights stay GGUF block bytes in storage buffers (Q4_0 / Q4_1 / Q8_0 repacked at upload into
@@ -19,10 +26,12 @@
 
 mod backend;
 mod context;
-mod plan;
 mod kv;
 mod layers;
+mod options;
 mod pack;
+mod plan;
+mod segment;
 mod upload;
 
 #[cfg(test)]
@@ -32,10 +41,14 @@ mod stress;
 #[cfg(test)]
 mod tests;
 
+use super::offload::OffloadError;
+
 pub use backend::WgpuBackend;
-pub use context::{AdapterSummary, WgpuContext, WgpuOptions, WEIGHT_TYPES};
-pub use kv::GpuKv;
-pub use layers::{GpuActivations, GpuLayers, KvPrecision, SeqSpan, WgpuLayers};
+pub use context::{AdapterSummary, WgpuContext, WEIGHT_TYPES};
+pub use options::{DecodePlan, WgpuOptions};
+pub use kv::KvPrecision;
+pub use layers::GpuLayers;
+pub use segment::WgpuLayers;
 
 #[derive(Debug, thiserror::Error)]
 pub enum WgpuError {
@@ -59,6 +72,12 @@ pub enum WgpuError {
     ContextFull { needed: usize, capacity: usize },
     #[error("hidden state has {got} values, expected {expected}")]
     BadShape { got: usize, expected: usize },
+}
+
+impl From<WgpuError> for OffloadError {
+    fn from(e: WgpuError) -> OffloadError {
+        OffloadError { backend: "wgpu", source: Box::new(e) }
+    }
 }
 
 impl WgpuError {

@@ -14,10 +14,27 @@
 //! only: RMSNorm folded into q|k|v and gate|up, SiLU·mul into the down projection) applies to
 //! layers without Q8 matrices.
 
-use super::context::{DecodePlan, Kernel, Kernels, XSrc, STAGE_MAX_COLS};
-use super::layers::{GpuLayer, GpuMatrix, Step};
+use super::context::{Kernel, Kernels, XSrc, STAGE_MAX_COLS};
+use super::options::DecodePlan;
 use super::pack::packed;
+use super::upload::{GpuLayer, GpuMatrix};
 use super::WgpuError;
+
+/// What one token-wide dispatch computes; with the batch size it gives the parameters and grid.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) enum Step {
+    /// `accumulate`: add into the destination (the residual stream) instead of writing.
+    MatMul { rows: usize, cols: usize, row_bytes: usize, y_stride: usize, y_off: usize, accumulate: bool },
+    /// One token's matmul (matmul_vec.wgsl); `eps` for a folded RMSNorm (mv_x_norm.wgsl,
+    /// mvq_x_stage.wgsl).
+    MatVec { rows: usize, cols: usize, row_bytes: usize, y_off: usize, accumulate: bool, eps: f32 },
+    /// rmsnorm.wgsl or rmsnorm_q8.wgsl (same parameters)
+    RmsNorm { dim: usize, eps: f32 },
+    /// quantize_q8.wgsl: rows of `cols` (swizzled or plain) to Q8 rows
+    Quantize { cols: usize, swizzle: bool },
+    /// `pairs`: gate and up interleaved (upload.rs)
+    SiluMul { pairs: bool },
+}
 
 /// Bytes of `n_tok` Q8 rows of `cols` values (q8_act.wgsl: 48 bytes per block of 32).
 pub(crate) fn q8_bytes(n_tok: usize, cols: usize) -> u64 {

@@ -5,7 +5,8 @@
 
 use std::sync::Arc;
 
-use super::context::{kernel, Kernel, WgpuContext, WgpuOptions, XSrc, B};
+use super::context::{kernel, Kernel, WgpuContext, XSrc, B};
+use super::options::WgpuOptions;
 use super::pack::{pack_rows, row_param};
 use crate::gguf::synth::random_matrix;
 use crate::gguf::GgmlType;
@@ -90,7 +91,7 @@ fn probe(ctx: &Arc<WgpuContext>, label: &str, rows: usize, cols: usize) {
     }
     let words = (packed.len() / 16) as u32;
     let ps = uniform_buf(ctx, &[words, 0, 0, 0]);
-    let k = kernel(&ctx.device, "stream", STREAM, &mm4).expect("stream");
+    let k = kernel(&ctx.device, "stream", STREAM, &mm4, ctx.options().shader_checks).expect("stream");
     // a plain read of the same bytes: the bandwidth floor of a dispatch of this size
     report("stream read, 1056 workgroups", time(ctx, &k, &[(&ps, 0, None), (&w, 0, None), (&x, 0, None), (&y, 0, None)], (1056, 1)));
     let p0 = uniform_buf(ctx, &[0, 0, 0, 0]);
@@ -123,7 +124,7 @@ fn probe_q8(ctx: &Arc<WgpuContext>, label: &str, rows: usize, cols: usize) {
 #[test]
 #[ignore]
 fn wgpu_matmul_probe() {
-    let opts = WgpuOptions { allow_software: std::env::var_os("FORGE_PROBE_SOFTWARE").is_some(), matmul_lanes: None, decode_kernels: None, attention_one: None };
+    let opts = WgpuOptions { allow_software: std::env::var_os("FORGE_PROBE_SOFTWARE").is_some(), ..WgpuOptions::from_env().expect("FORGE_WGPU_*") };
     let ctx = match WgpuContext::new(opts) {
         Ok(c) => c,
         Err(e) => return eprintln!("skipped: {e}"),

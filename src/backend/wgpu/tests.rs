@@ -26,7 +26,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use half::f16;
 
-use super::{KvPrecision, WgpuBackend, WgpuContext, WgpuLayers, WgpuOptions, WEIGHT_TYPES};
+use super::{DecodePlan, KvPrecision, WgpuBackend, WgpuContext, WgpuLayers, WgpuOptions, WEIGHT_TYPES};
 use crate::backend::cpu::ops::rope_table;
 use crate::backend::cpu::{CpuBackend, SimdLevel};
 use crate::backend::{AttentionArgs, Backend, WeightView};
@@ -44,20 +44,25 @@ fn gpu_lock() -> MutexGuard<'static, ()> {
     GPU.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// The shared test contexts (software adapters allowed): the default one, plus one with 32
-/// matmul lanes and the decode kernels (software adapters default to 1 lane; the decode kernels
-/// are off by default), so that both reduction layouts and both one-token paths are tested here.
-/// Empty, with a message, when there is no adapter.
+/// The options of every test context: software adapters allowed, the rest as the service runs.
+fn test_options() -> WgpuOptions {
+    WgpuOptions { allow_software: true, ..WgpuOptions::default() }
+}
+
+/// The shared test contexts: the default one, plus two with 32 matmul lanes and the folded
+/// decode kernels (software adapters default to 1 lane and the batch kernels for one token),
+/// without and with attention_one, so that both reduction layouts and the one-token paths are
+/// tested here. Empty, with a message, when there is no adapter.
 fn contexts() -> &'static [Arc<WgpuContext>] {
     static CTX: OnceLock<Vec<Arc<WgpuContext>>> = OnceLock::new();
-    CTX.get_or_init(|| match WgpuContext::new(WgpuOptions { allow_software: true, matmul_lanes: None, decode_kernels: None, attention_one: None }) {
+    CTX.get_or_init(|| match WgpuContext::new(test_options()) {
         Ok(c) => {
             eprintln!("wgpu tests run on {:?}, {} matmul lanes, decode: {}", c.adapter(), c.matmul_lanes(), c.decode_kernels());
             let mut v = vec![c.clone()];
             // 32 lanes with the one-token kernels: the GPUs' default plan (one-token q|k|v with
             // RoPE + KV store), and with attention_one instead
             for one in [false, true] {
-                match WgpuContext::new(WgpuOptions { allow_software: true, matmul_lanes: Some(32), decode_kernels: Some(true), attention_one: Some(one) }) {
+                match WgpuContext::new(WgpuOptions { matmul_lanes: Some(32), decode_kernels: Some(DecodePlan::Fused), attention_one: one, ..test_options() }) {
                     Ok(o) => {
                         eprintln!("and on 32 matmul lanes, decode: {}, attention_one: {one}", o.decode_kernels());
                         v.push(o);
@@ -520,6 +525,81 @@ fn decode_equals_prefill_of(ctx: &Arc<WgpuContext>, ty: GgmlType) {
     }
 }
 
+/// Every option documented "same bits" (`WgpuOptions::bit_neutral_variants`), flipped one at a
+/// time from the GPUs' default plan (32 lanes, one-token kernels on), leaves the layer runner's
+/// output bitwise as it was: prefill, then one-token steps (the first one recorded as it goes,
+/// in parts of `submit_layers`, the next ones recorded ahead), on a Q8 model and an f32-activation
+/// one (where the folded decode kernels apply).
+#[test]
+fn bit_neutral_options_keep_the_bits() {
+    let _gpu = gpu_lock();
+    let base = WgpuOptions { matmul_lanes: Some(32), ..test_options() };
+    let ctx_of = |o: WgpuOptions| match WgpuContext::new(o) {
+        Ok(c) => Some(c),
+        Err(e) if e.is_unavailable() => None,
+        Err(e) => panic!("wgpu context {o:?}: {e}"),
+    };
+    let variants = base.bit_neutral_variants();
+    let Some(first) = ctx_of(variants[1].1) else { return eprintln!("skipped: no wgpu adapter") };
+    let ctxs: Vec<(&str, Arc<WgpuContext>)> =
+        variants.iter().map(|(name, o)| (*name, if *o == variants[1].1 { first.clone() } else { ctx_of(*o).expect("adapter") })).collect();
+    for ty in [GgmlType::Q4_0, GgmlType::F16] {
+        let f = tempfile::NamedTempFile::new().expect("tmp");
+        write_synth_model(&tiny_shape(), ty, 7, None, f.path(), |_| {}).expect("synth");
+        let model = crate::engine::Model::load(f.path(), Arc::new(CpuBackend::new(1).expect("pool"))).expect("load");
+        let e = model.config.n_embd;
+        let hidden = uniform(29, 14 * e);
+        let chunks = [9, 1, 1, 1, 1, 1];
+        let reference = run_chunks(&first, &model, 0..2, KvPrecision::F16, &hidden, &chunks);
+        for (name, ctx) in &ctxs {
+            let out = run_chunks(ctx, &model, 0..2, KvPrecision::F16, &hidden, &chunks);
+            let same = out.iter().zip(&reference).all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(same, "{ty:?}: option {name:?} ({}) changed the bits", ctx.decode_kernels());
+        }
+    }
+}
+
+/// A variable source holding `pairs` (the environment as `WgpuOptions::from_vars` reads it).
+fn vars(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+    let owned: Vec<(String, String)> = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+    move |k| owned.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone())
+}
+
+#[test]
+fn options_from_the_environment() {
+    assert_eq!(WgpuOptions::from_vars(vars(&[])).expect("none"), WgpuOptions::default());
+    let o = WgpuOptions::from_vars(vars(&[
+        ("FORGE_WGPU_MATMUL_LANES", "64"),
+        ("FORGE_WGPU_DECODE", "shared"),
+        ("FORGE_WGPU_ATTN_ONE", "1"),
+        ("FORGE_WGPU_Q8", "0"),
+        ("FORGE_WGPU_STAGE", "0"),
+        ("FORGE_WGPU_QKV_ROPE", "0"),
+        ("FORGE_WGPU_SUBMIT_LAYERS", "6"),
+        ("FORGE_WGPU_SPIN_US", "0"),
+        ("FORGE_WGPU_SHADER_CHECKS", "1"),
+    ]))
+    .expect("all set");
+    let want = WgpuOptions {
+        allow_software: false,
+        matmul_lanes: Some(64),
+        decode_kernels: Some(DecodePlan::Fused),
+        attention_one: true,
+        q8: false,
+        stage: false,
+        qkv_rope: false,
+        subgroups: false,
+        submit_layers: 6,
+        spin_us: 0,
+        shader_checks: true,
+    };
+    assert_eq!(o, want);
+    for (k, v) in [("FORGE_WGPU_Q8", "no"), ("FORGE_WGPU_DECODE", "fast"), ("FORGE_WGPU_SPIN_US", "-1")] {
+        let e = WgpuOptions::from_vars(vars(&[(k, v)])).expect_err("bad value");
+        assert!(e.to_string().contains(k), "{e}");
+    }
+}
+
 #[test]
 fn detection_never_fails() {
     let _gpu = gpu_lock();
@@ -642,6 +722,9 @@ fn layers_match_the_cpu_engine_of(shape: &crate::gguf::synth::SynthShape, ty: Gg
     write_synth_model(shape, ty, 5, None, &path, |_| {}).expect("synth");
     with_f16_v_and_up(&path, &mixed_path);
     let tokens: Vec<u32> = (0..11).map(|i| (i * 37 + 5) % 320).collect();
+    // the test contexts, and f32 activations for the Q8 types (`WgpuOptions::q8` off)
+    let q8_off = WgpuContext::new(WgpuOptions { q8: false, ..test_options() }).expect("adapter");
+    let ctxs: Vec<&Arc<WgpuContext>> = contexts().iter().chain([&q8_off]).collect();
     for path in [&path, &mixed_path] {
         let model = crate::engine::Model::load(path, Arc::new(CpuBackend::with_simd(1, SimdLevel::Scalar).expect("pool"))).expect("load");
         let mut state = model.new_state(tokens.len());
@@ -650,8 +733,8 @@ fn layers_match_the_cpu_engine_of(shape: &crate::gguf::synth::SynthShape, ty: Gg
         model.forward(&mut state, &mut [seq]).expect("cpu forward");
         let cpu: Vec<f32> = (0..tokens.len()).flat_map(|i| model.logits(&state, i).to_vec()).collect();
         let scale = cpu.iter().fold(0f32, |m, v| m.max(v.abs()));
-        for (i, ctx) in contexts().iter().enumerate() {
-            // with `FORGE_WGPU_Q8=0` these types see f32 activations, the CPU Q8 ones: looser
+        for (i, ctx) in ctxs.iter().copied().enumerate() {
+            // with `q8` off these types see f32 activations, the CPU Q8 ones: looser
             let tol = if !ctx.q8 && super::pack::packed(ty) { 3e-2 } else { tol };
             for (how, gpu) in [("prefill", logits_through_wgpu(ctx, &model, &tokens, i == 0)), ("decode", logits_decoded_through_wgpu(ctx, &model, &tokens))] {
                 let worst = gpu.iter().zip(&cpu).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);

@@ -5,9 +5,43 @@
 use super::context::{WgpuContext, XSrc};
 use super::pack;
 use super::WgpuError;
-use crate::engine::weights::Matrix;
-use crate::engine::Model;
+use crate::backend::offload::LayerTensors;
+use crate::backend::WeightView;
 use crate::gguf::GgmlType;
+
+/// One layer's weights on the GPU.
+pub(super) struct GpuLayer {
+    /// [n_embd] f32
+    pub attn_norm: wgpu::Buffer,
+    /// wq|wk|wv stacked when they share a type, else the three
+    pub qkv: Vec<GpuMatrix>,
+    pub wo: GpuMatrix,
+    /// [n_embd] f32
+    pub ffn_norm: wgpu::Buffer,
+    /// w_gate|w_up stacked when they share a type, else the two
+    pub gate_up: Vec<GpuMatrix>,
+    pub w_down: GpuMatrix,
+}
+
+impl GpuLayer {
+    /// Uploads layer `li`'s tensors `lw`.
+    pub(super) fn upload(ctx: &WgpuContext, li: usize, lw: &LayerTensors<'_>) -> Result<GpuLayer, WgpuError> {
+        let norm = |v: &[f32], name: &str| ctx.storage_init(&format!("blk.{li}.{name}"), bytemuck::cast_slice(v));
+        Ok(GpuLayer {
+            attn_norm: norm(lw.attn_norm, "attn_norm")?,
+            qkv: upload_rows(ctx, &[lw.wq, lw.wk, lw.wv], &format!("blk.{li}.attn_qkv"), false)?,
+            wo: upload_rows(ctx, &[lw.wo], &format!("blk.{li}.attn_output"), false)?.remove(0),
+            ffn_norm: norm(lw.ffn_norm, "ffn_norm")?,
+            gate_up: upload_rows(ctx, &[lw.w_gate, lw.w_up], &format!("blk.{li}.ffn_gate_up"), true)?,
+            w_down: upload_rows(ctx, &[lw.w_down], &format!("blk.{li}.ffn_down"), false)?.remove(0),
+        })
+    }
+
+    /// Bytes of the layer's matrices on the GPU.
+    pub(super) fn bytes(&self) -> u64 {
+        self.qkv.iter().chain(&self.gate_up).chain([&self.wo, &self.w_down]).map(|m| m.buf.size()).sum()
+    }
+}
 
 /// Weight rows on the GPU: one matrix, or several of one type stacked (q|k|v, gate|up) so that
 /// a single dispatch computes them all.
@@ -29,13 +63,12 @@ pub(super) struct GpuMatrix {
 /// they share a type (one dispatch), else one buffer each; `y_off` places each in the row.
 /// `pair`: two matrices of one type and shape (gate, up) are interleaved row by row when the
 /// context has the decode matmul with the SiLU·mul epilogue for their type.
-pub(super) fn upload_rows(ctx: &WgpuContext, model: &Model, mats: &[&Matrix], name: &str, pair: bool) -> Result<Vec<GpuMatrix>, WgpuError> {
-    let views: Vec<_> = mats.iter().map(|m| m.view(&model.gguf)).collect();
+pub(super) fn upload_rows(ctx: &WgpuContext, views: &[WeightView<'_>], name: &str, pair: bool) -> Result<Vec<GpuMatrix>, WgpuError> {
     if let Some(v) = views.iter().find(|v| v.cols % 32 != 0 || v.cols != views[0].cols) {
         return Err(WgpuError::Unsupported(format!("{name}: rows of {} values (need a multiple of 32, all alike)", v.cols)));
     }
-    let row_bytes = |v: &crate::backend::WeightView<'_>| pack::row_param(v.ty, v.cols, v.row_bytes());
-    let gm = |buf, ty, rows, v: &crate::backend::WeightView<'_>, y_off, pairs| GpuMatrix { buf, ty, rows, cols: v.cols, row_bytes: row_bytes(v), y_off, pairs };
+    let row_bytes = |v: &WeightView<'_>| pack::row_param(v.ty, v.cols, v.row_bytes());
+    let gm = |buf, ty, rows, v: &WeightView<'_>, y_off, pairs| GpuMatrix { buf, ty, rows, cols: v.cols, row_bytes: row_bytes(v), y_off, pairs };
     // packed types (pack.rs) are repacked on the host first; the rest goes up as it is
     let upload = |parts: &[&[u8]], ty, cols| match pack::packed(ty) {
         true => ctx.storage_init(name, &pack::pack_rows(ty, cols, parts)),

@@ -9,8 +9,7 @@ mod report;
 mod svg;
 mod workload;
 
-use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
@@ -18,6 +17,7 @@ use clap::{Args, ValueEnum};
 use serde::Serialize;
 
 use forge_cache::server::client::Client;
+use indicatif::{ProgressBar, ProgressStyle};
 use forge_cache::server::proto::{self, CacheMode};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
@@ -71,9 +71,10 @@ pub struct AbArgs {
     /// Build a workload from ../shared/data instead of running one.
     #[arg(long, value_enum)]
     pub make_workload: Option<workload::Kind>,
-    /// The shared data folder (--make-workload).
-    #[arg(long, default_value = "../shared/data")]
-    pub data: PathBuf,
+    /// The shared data folder (--make-workload; default: shared/data beside the project root,
+    /// found from the current folder or from this binary's place in the project's target/).
+    #[arg(long)]
+    pub data: Option<PathBuf>,
     /// Lines to write (--make-workload).
     #[arg(long, default_value_t = 500)]
     pub requests: usize,
@@ -115,9 +116,10 @@ pub struct Arm {
 pub fn run(a: &AbArgs) -> anyhow::Result<()> {
     if let Some(kind) = a.make_workload {
         let out = a.output.as_deref().context("--make-workload needs -o FILE")?;
+        let data = data_dir(a.data.as_deref())?;
         let (n, distinct) = workload::make(&workload::MakeArgs {
             kind,
-            data: &a.data,
+            data: &data,
             requests: a.requests,
             offset: a.offset,
             max_tokens: a.max_tokens,
@@ -159,18 +161,53 @@ pub fn run(a: &AbArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The shared data folder: `--data` when given, else the first `shared/data` beside a
+/// forge-cache project root (the current folder or one above it, then the folders above this
+/// binary, e.g. `target/release/`), else `../shared/data`; an error names every place looked at.
+fn data_dir(given: Option<&Path>) -> anyhow::Result<PathBuf> {
+    if let Some(d) = given {
+        if d.is_dir() {
+            return Ok(d.to_path_buf());
+        }
+        bail!("--data {}: no such folder", d.display());
+    }
+    let is_root = |d: &Path| std::fs::read_to_string(d.join("Cargo.toml")).is_ok_and(|t| t.contains("name = \"forge-cache\""));
+    let mut starts: Vec<PathBuf> = std::env::current_dir().into_iter().collect();
+    starts.extend(std::env::current_exe().ok().and_then(|e| e.parent().map(Path::to_path_buf)));
+    let mut looked = Vec::new();
+    for start in &starts {
+        for dir in start.ancestors().filter(|d| is_root(d)) {
+            let candidate = dir.join("../shared/data");
+            if candidate.is_dir() {
+                return Ok(candidate);
+            }
+            looked.push(candidate);
+        }
+    }
+    let fallback = PathBuf::from("../shared/data");
+    if fallback.is_dir() {
+        return Ok(fallback);
+    }
+    looked.push(fallback);
+    bail!(
+        "the shared data folder was not found; looked at {} (pass --data DIR)",
+        looked.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
+    )
+}
+
 /// Runs every line in order, one at a time, drawing a progress bar on stderr.
 async fn arm(client: &Client, lines: &[workload::Line], mode: CacheMode, tenant: impl Fn(&str) -> String, label: &str) -> anyhow::Result<Arm> {
     let start = Instant::now();
     let mut shots = Vec::with_capacity(lines.len());
     let mut hits = 0;
-    for (i, l) in lines.iter().enumerate() {
+    let pb = bar(label, lines.len());
+    for l in lines {
         let (shot, _) = shoot(client, l, mode, &tenant).await;
         hits += usize::from(shot.served_from != "MODEL");
         shots.push(shot);
-        progress(label, i + 1, lines.len(), start.elapsed(), hits);
+        tick(&pb, hits);
     }
-    eprintln!();
+    pb.finish();
     Ok(Arm { shots, wall: start.elapsed() })
 }
 
@@ -184,9 +221,9 @@ async fn interleaved(
     off_tenant: impl Fn(&str) -> String,
     on_tenant: impl Fn(&str) -> String,
 ) -> anyhow::Result<(Arm, Arm)> {
-    let start = Instant::now();
     let (mut off, mut on) = (Arm { shots: Vec::new(), wall: Duration::ZERO }, Arm { shots: Vec::new(), wall: Duration::ZERO });
     let mut hits = 0;
+    let pb = bar("off+on   ", lines.len());
     for (i, l) in lines.iter().enumerate() {
         let order = if i % 2 == 0 { [false, true] } else { [true, false] };
         for is_on in order {
@@ -199,9 +236,9 @@ async fn interleaved(
             arm.shots.push(shot);
             arm.wall += took;
         }
-        progress("off+on   ", i + 1, lines.len(), start.elapsed(), hits);
+        tick(&pb, hits);
     }
-    eprintln!();
+    pb.finish();
     Ok((off, on))
 }
 
@@ -219,7 +256,7 @@ async fn shoot(client: &Client, l: &workload::Line, mode: CacheMode, tenant: &dy
     let shot = match c.generate(req).await {
         Ok(g) => Shot {
             text: g.text.clone(),
-            served_from: g.served_from().as_str_name().to_string(),
+            served_from: g.served_from_name().to_string(),
             latency_ms: g.client_latency.as_secs_f64() * 1e3,
             tokens_computed: g.outcome.tokens_computed,
             draft_tokens: g.outcome.draft_tokens,
@@ -241,18 +278,20 @@ async fn shoot(client: &Client, l: &workload::Line, mode: CacheMode, tenant: &dy
     (shot, t0.elapsed())
 }
 
-fn progress(label: &str, done: usize, total: usize, elapsed: Duration, hits: usize) {
-    const WIDTH: usize = 30;
-    let filled = done * WIDTH / total.max(1);
-    let rate = done as f64 / elapsed.as_secs_f64().max(1e-9);
-    let eta = (total - done) as f64 / rate.max(1e-9);
-    let mut err = std::io::stderr().lock();
-    let _ = write!(
-        err,
-        "\r{label} [{}{}] {done}/{total}  {rate:.2} req/s  hits {:.0}%  eta {eta:.0}s   ",
-        "#".repeat(filled),
-        ".".repeat(WIDTH - filled),
-        100.0 * hits as f64 / done as f64
-    );
-    let _ = err.flush();
+/// The progress bar of a run (indicatif): requests done, rate, hit rate, ETA. Drawn on stderr,
+/// hidden when stderr is not a terminal.
+fn bar(label: &str, total: usize) -> ProgressBar {
+    let pb = ProgressBar::new(total as u64);
+    let style = ProgressStyle::with_template("{prefix} [{bar:30}] {pos}/{len}  {per_sec}  {msg}  eta {eta}")
+        .unwrap_or_else(|_| ProgressStyle::default_bar())
+        .progress_chars("#>.");
+    pb.set_style(style);
+    pb.set_prefix(label.to_string());
+    pb
+}
+
+/// One request done: advance the bar, show the hit rate so far.
+fn tick(pb: &ProgressBar, hits: usize) {
+    pb.inc(1);
+    pb.set_message(format!("hits {:.0}%", 100.0 * hits as f64 / pb.position().max(1) as f64));
 }

@@ -333,7 +333,7 @@ impl Tokenizer {
         stop.dedup();
 
         for w in &warnings {
-            eprintln!("forge-cache: tokenizer warning: {w}");
+            tracing::warn!("tokenizer: {w}");
         }
         Ok(Tokenizer {
             model,

@@ -18,7 +18,7 @@ use super::*;
 
 /// What a step measures: nothing, each dispatch in its own timed pass, or the step as a whole.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Prof {
+pub(in crate::backend::wgpu) enum Prof {
     Off,
     Dispatches,
     Span,
@@ -46,7 +46,7 @@ impl Shape {
     fn set(&mut self, n: usize, seqs: &[SeqSpan<'_>], rows: Option<&[u32]>) {
         self.n = n;
         self.seqs.clear();
-        self.seqs.extend(seqs.iter().map(|s| (s.kv.id, s.n_tok)));
+        self.seqs.extend(seqs.iter().map(|s| (gpu_kv(s).id, s.n_tok)));
         match rows {
             Some(r) => {
                 let v = self.rows.get_or_insert_with(Vec::new);
@@ -60,13 +60,13 @@ impl Shape {
     fn matches(&self, n: usize, seqs: &[SeqSpan<'_>], rows: Option<&[u32]>) -> bool {
         self.n == n
             && self.seqs.len() == seqs.len()
-            && self.seqs.iter().zip(seqs).all(|(a, s)| *a == (s.kv.id, s.n_tok))
+            && self.seqs.iter().zip(seqs).all(|(a, s)| *a == (gpu_kv(s).id, s.n_tok))
             && self.rows.as_deref() == rows
     }
 }
 
 impl GpuLayers {
-    pub(super) fn step(
+    pub(in crate::backend::wgpu) fn step(
         &self,
         act: &mut GpuActivations,
         hidden: &mut [f32],
@@ -81,8 +81,10 @@ impl GpuLayers {
         if n == 0 {
             return Ok(None);
         }
+        let bufs = self.seq_buffers(act);
         for s in seqs.iter_mut() {
-            s.kv.bind_for(self, act)?;
+            let kv = s.kv.get_mut::<GpuKv>().ok_or_else(|| WgpuError::Unsupported("a KV cache of another backend".into()))?;
+            kv.bind_for(&bufs, |li| act.qkv_rope(li))?;
         }
         self.write_inputs(act, hidden, positions, seqs);
         match prof {
@@ -105,7 +107,7 @@ impl GpuLayers {
         }
         let mut t0 = 0;
         for (i, s) in seqs.iter().enumerate() {
-            let p = seq_params(&self.config, self.kv, s.kv.capacity, t0, s.n_tok, attention_q8(self.ctx.q8, &self.config));
+            let p = seq_params(&self.config, self.kv, gpu_kv(s).capacity, t0, s.n_tok, attention_q8(self.ctx.q8, &self.config));
             act.words[(n_wide + i) * stride..(n_wide + i) * stride + 12].copy_from_slice(&p);
             t0 += s.n_tok;
         }
@@ -335,7 +337,7 @@ impl GpuLayers {
             }
             // one token: its sequence's q|k|v matmul does RoPE + KV store (plan.rs, kv.rs)
             let rope = match (n, &ld.qkv_rope) {
-                (1, Some(q)) => seqs.iter().enumerate().find(|(_, s)| s.n_tok == 1).and_then(|(i, s)| s.kv.qkv_rope_bind(li).map(|b| (i, q, b))),
+                (1, Some(q)) => seqs.iter().enumerate().find(|(_, s)| s.n_tok == 1).and_then(|(i, s)| gpu_kv(s).qkv_rope_bind(li).map(|b| (i, q, b))),
                 _ => None,
             };
             if let Some((i, q, bind)) = rope {

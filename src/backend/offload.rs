@@ -1,0 +1,226 @@
+//! The layer-offload interface: how the engine runs layers `[a, b)` of a model on an accelerator.
+//!
+//! The engine keeps a list of offloaded segments (`Box<dyn LayerOffload>`, one per run of layers
+//! on one device) and runs the other layers itself; every backend that can hold layers (wgpu
+//! today, HIP next) implements [`LayerOffload`]. The engine never looks inside what a segment
+//! keeps per run state and per sequence: [`OffloadActs`] (activation buffers for steps of up to
+//! `max_tokens` tokens) and [`OffloadKv`] (one sequence's keys and values for the segment's
+//! layers) are opaque handles that only the backend that made them opens. The engine owns the
+//! cached length of a sequence (so truncating is forgetting positions) and asks the handle to copy
+//! a prefix between two sequences, on the device.
+//!
+//! What a backend needs to build a segment comes through [`ModelTensors`] (the engine's `Model`
+//! implements it): the shape numbers ([`LayerShape`]) and each layer's tensors as views into the
+//! GGUF map ([`LayerTensors`], [`HeadTensors`]). So layers point down: the engine imports this
+//! module and the backends, no backend imports the engine.
+//!
+//! The shape follows llama.cpp's split between `ggml-backend-impl.h` (a backend behind a table of
+//! functions, buffers behind an opaque context) and `llama-memory.h` (the sequence memory behind
+//! its own interface: remove, copy a prefix).
+
+use std::any::Any;
+use std::ops::Range;
+
+use super::WeightView;
+
+/// Hyper-parameters a layer runner needs (numbers only; the engine fills them from its config).
+#[derive(Debug, Clone, PartialEq)]
+pub struct LayerShape {
+    pub n_layer: usize,
+    pub n_embd: usize,
+    pub n_ff: usize,
+    pub n_head: usize,
+    pub n_head_kv: usize,
+    pub head_dim: usize,
+    /// Leading dimensions of a head that RoPE rotates (pairs: GGML's "normal" mode).
+    pub rope_dims: usize,
+    pub rope_base: f32,
+    pub rms_eps: f32,
+    pub vocab_size: usize,
+    /// Context length the model was trained for (the longest RoPE table a segment needs).
+    pub n_ctx_train: usize,
+}
+
+impl LayerShape {
+    /// Width of the K (and V) projection: n_head_kv * head_dim.
+    pub fn kv_dim(&self) -> usize {
+        self.n_head_kv * self.head_dim
+    }
+}
+
+/// One transformer block's weights: views into the GGUF map (never copied).
+#[derive(Debug, Clone, Copy)]
+pub struct LayerTensors<'a> {
+    /// [n_embd]
+    pub attn_norm: &'a [f32],
+    /// [n_head * head_dim, n_embd]
+    pub wq: WeightView<'a>,
+    /// [n_head_kv * head_dim, n_embd]
+    pub wk: WeightView<'a>,
+    /// [n_head_kv * head_dim, n_embd]
+    pub wv: WeightView<'a>,
+    /// [n_embd, n_head * head_dim]
+    pub wo: WeightView<'a>,
+    /// [n_embd]
+    pub ffn_norm: &'a [f32],
+    /// [n_ff, n_embd]
+    pub w_gate: WeightView<'a>,
+    /// [n_ff, n_embd]
+    pub w_up: WeightView<'a>,
+    /// [n_embd, n_ff]
+    pub w_down: WeightView<'a>,
+}
+
+/// The output norm and projection (for a segment that ends the model and computes logits).
+#[derive(Debug, Clone, Copy)]
+pub struct HeadTensors<'a> {
+    /// [n_embd]
+    pub norm: &'a [f32],
+    /// [vocab, n_embd]
+    pub output: WeightView<'a>,
+}
+
+/// A model as a backend sees it when it builds a segment.
+pub trait ModelTensors {
+    fn shape(&self) -> LayerShape;
+    /// Layer `li`'s tensors (`li < shape().n_layer`).
+    fn layer(&self, li: usize) -> LayerTensors<'_>;
+    fn head(&self) -> HeadTensors<'_>;
+}
+
+/// What went wrong in a segment: the backend's own error, kept whole.
+#[derive(Debug, thiserror::Error)]
+#[error("{backend}: {source}")]
+pub struct OffloadError {
+    /// "wgpu", "hip"
+    pub backend: &'static str,
+    #[source]
+    pub source: Box<dyn std::error::Error + Send + Sync>,
+}
+
+/// A segment's activation buffers for steps of up to `max_tokens` tokens (one per run state,
+/// made by [`LayerOffload::new_acts`]). Opaque to the engine.
+pub struct OffloadActs(Box<dyn Any + Send>);
+
+impl OffloadActs {
+    pub(in crate::backend) fn new<T: Any + Send>(inner: T) -> OffloadActs {
+        OffloadActs(Box::new(inner))
+    }
+
+    /// The backend's own activations; `None` for another backend's.
+    pub(in crate::backend) fn get_mut<T: Any>(&mut self) -> Option<&mut T> {
+        self.0.downcast_mut()
+    }
+}
+
+/// What a backend keeps for one sequence's keys and values (behind [`OffloadKv`]).
+pub(in crate::backend) trait DeviceKv: Any + Send {
+    fn capacity(&self) -> usize;
+    /// Device memory held.
+    fn bytes(&self) -> u64;
+    /// An empty cache of `capacity` positions for the same segment.
+    fn empty_like(&self, capacity: usize) -> Result<OffloadKv, OffloadError>;
+    /// Makes positions 0..n equal to those of `src` (a cache of the same segment), on the device.
+    fn copy_prefix_from(&mut self, src: &OffloadKv, n: usize) -> Result<(), OffloadError>;
+}
+
+/// One sequence's keys and values for a segment's layers, on its device (made by
+/// [`LayerOffload::new_kv`]). Opaque to the engine, which keeps the sequence's length.
+pub struct OffloadKv(Box<dyn DeviceKv>);
+
+impl OffloadKv {
+    pub(in crate::backend) fn new<K: DeviceKv>(inner: K) -> OffloadKv {
+        OffloadKv(Box::new(inner))
+    }
+
+    /// The backend's own cache; `None` for another backend's.
+    pub(in crate::backend) fn get<K: DeviceKv>(&self) -> Option<&K> {
+        (&*self.0 as &dyn Any).downcast_ref()
+    }
+
+    pub(in crate::backend) fn get_mut<K: DeviceKv>(&mut self) -> Option<&mut K> {
+        (&mut *self.0 as &mut dyn Any).downcast_mut()
+    }
+
+    /// Positions the cache can hold.
+    pub fn capacity(&self) -> usize {
+        self.0.capacity()
+    }
+
+    /// Device memory held, bytes.
+    pub fn bytes(&self) -> u64 {
+        self.0.bytes()
+    }
+
+    /// An empty cache of `capacity` positions for the same segment.
+    pub fn empty_like(&self, capacity: usize) -> Result<OffloadKv, OffloadError> {
+        self.0.empty_like(capacity)
+    }
+
+    /// Makes positions 0..n of this cache equal to those of `src` (another sequence's cache of
+    /// the same segment, any capacity), copying on the device: the primitive behind prefix reuse.
+    pub fn copy_prefix_from(&mut self, src: &OffloadKv, n: usize) -> Result<(), OffloadError> {
+        self.0.copy_prefix_from(src, n)
+    }
+}
+
+/// One sequence's part of a step: its cache for the segment and its tokens, which are `n_tok`
+/// consecutive rows of the step at positions `start, start + 1, ...` (`start`: the sequence's
+/// cached length).
+pub struct SeqSpan<'a> {
+    pub kv: &'a mut OffloadKv,
+    pub start: usize,
+    pub n_tok: usize,
+}
+
+/// Logit rows a step asks a segment with the output head for.
+pub struct LogitRows<'a> {
+    /// Rows of the step (indices into its tokens), in the order wanted.
+    pub rows: &'a [u32],
+    /// [rows.len(), vocab]
+    pub out: &'a mut [f32],
+}
+
+/// An accelerator running layers `[a, b)` of one model: the weights uploaded once when the
+/// segment is made, the activations per run state and the KV per sequence behind handles.
+///
+/// Contract (every implementation): a token's outputs do not depend on the other tokens of the
+/// step or on how its sequence was cut into steps (batch invariance), keys and values are stored
+/// at the positions given, and nothing is read from `hidden` after the call returns.
+pub trait LayerOffload: Send + Sync {
+    /// The device, for start-up lines: e.g. "wgpu NVIDIA H100 (DiscreteGpu, Vulkan)".
+    fn device(&self) -> String;
+
+    /// The model layers this segment runs.
+    fn layers(&self) -> Range<usize>;
+
+    /// Whether it also runs the output norm and projection ([`LayerOffload::forward`] with
+    /// `logits`); only a segment that ends the model can.
+    fn has_head(&self) -> bool;
+
+    /// Positions a KV cache of this segment may hold.
+    fn max_positions(&self) -> usize;
+
+    /// Weight bytes held on the device.
+    fn weight_bytes(&self) -> u64;
+
+    /// Activation buffers for steps of up to `max_tokens` tokens.
+    fn new_acts(&self, max_tokens: usize) -> Result<OffloadActs, OffloadError>;
+
+    /// An empty KV cache of `capacity` positions for one sequence.
+    fn new_kv(&self, capacity: usize) -> Result<OffloadKv, OffloadError>;
+
+    /// Runs the segment's layers over `hidden` ([n_tok, n_embd], replaced by their output) for
+    /// the step's tokens at `positions` (the sequences' tokens in order; sequence s's are
+    /// `s.start, s.start + 1, ...`); their keys and values go into each sequence's cache. With
+    /// `logits` (needs [`has_head`](Self::has_head)) the output norm and projection run too,
+    /// `hidden` is not written back, and the logits of the chosen rows land in `logits.out`.
+    fn forward(
+        &self,
+        acts: &mut OffloadActs,
+        hidden: &mut [f32],
+        positions: &[u32],
+        seqs: &mut [SeqSpan<'_>],
+        logits: Option<LogitRows<'_>>,
+    ) -> Result<(), OffloadError>;
+}

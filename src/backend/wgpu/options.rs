@@ -1,0 +1,170 @@
+//! [`WgpuOptions`]: every knob of the wgpu backend in one struct (adapter choice, kernel variants,
+//! submission and read-back), with the measured defaults, the `FORGE_WGPU_*` environment variables
+//! parsed in one function for the command line, and the variants tests iterate over.
+
+use super::WgpuError;
+
+/// Layers per submission of a layer step recorded as it goes (a step recorded ahead, layers/step.rs,
+/// is one command buffer): the GPU runs the first parts while the CPU records the rest. H100, 1.1B model, tg128 in tokens/s, with the Q8 matmuls (two rounds, one call):
+/// 1: 549 / 568, 2: 612 / 587, 3: 633 / 630, 4: 617 / 612, 5: 581 / 572, 6: 605 / 588 (with the
+/// slower kernels of docs/perf.md part 3, 6 was best: the faster the GPU, the more the CPU's
+/// recording of the dispatches shows).
+pub const SUBMIT_LAYERS: usize = 3;
+/// Microseconds a read-back polls before it sleeps (default of [`WgpuOptions::spin_us`]).
+pub const SPIN_US: u64 = 2000;
+
+/// How steps of one token run (see [`WgpuOptions::decode_kernels`]). Every setting gives the same
+/// bits: the decode kernels keep the batch kernels' reduction order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DecodePlan {
+    /// the batch kernels (rmsnorm, matmul, silu_mul) for one token too
+    Off,
+    /// matmul_vec.wgsl for the matmuls, rmsnorm and silu_mul dispatched apart
+    Unfused,
+    /// matmul_vec.wgsl with RMSNorm folded into q|k|v and gate|up, SiLU·mul into the down projection
+    Fused,
+}
+
+/// Every knob of the wgpu backend, in one place. [`Default`] is what the service runs (the
+/// settings measured fastest on the H100, docs/perf.md "wgpu tier"); tests build the variants they
+/// compare (see [`bit_neutral_variants`](Self::bit_neutral_variants)); the command line reads the
+/// `FORGE_WGPU_*` environment variables through [`from_env`](Self::from_env), the one place they
+/// are read. Options marked "same bits" change speed only: a token's outputs are bitwise the same
+/// under either setting (tested).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct WgpuOptions {
+    /// Accept a software adapter (llvmpipe / lavapipe) when no hardware one exists. Tests set it.
+    pub allow_software: bool,
+    /// Threads per matmul row (1, 2, 4, ..., 256); `None`: 32 on GPUs, 1 on software adapters.
+    /// It fixes the reduction order, so results are bitwise stable for one setting only.
+    /// `$FORGE_WGPU_MATMUL_LANES`.
+    pub matmul_lanes: Option<u32>,
+    /// Kernels of one-token steps; `None`: [`DecodePlan::Unfused`] on GPUs (measured fastest on
+    /// the H100), [`DecodePlan::Off`] on software adapters. Same bits. `$FORGE_WGPU_DECODE`:
+    /// `off`, `unfused`, `fused`, or `shared` (fused, and `subgroups` off).
+    pub decode_kernels: Option<DecodePlan>,
+    /// A sequence of one token in a step runs attention_one.wgsl (RoPE and KV store inside its
+    /// attention: one dispatch instead of two). Off by default: slower on the H100 (tg128 504-537
+    /// vs 576-593 t/s, 1.1B model, docs/perf.md). Same bits. `$FORGE_WGPU_ATTN_ONE=1`.
+    pub attention_one: bool,
+    /// The layer runner multiplies Q4_0 / Q4_1 / Q8_0 weights by activations quantized to 8 bits
+    /// with integer dot products, as the CPU does (plan.rs); `false`: f32 activations and the
+    /// dequantizing kernels, for comparisons (other bits). `$FORGE_WGPU_Q8=0`.
+    pub q8: bool,
+    /// One-token Q8 matmuls quantize (and normalize) their own input in workgroup memory
+    /// (mvq_x_stage.wgsl) where they can, instead of after a rmsnorm_q8 / quantize_q8 dispatch.
+    /// Same bits. `$FORGE_WGPU_STAGE=0`.
+    pub stage: bool,
+    /// A one-token step's q|k|v matmul does RoPE + KV store in its epilogue (mv_y_rope.wgsl; no
+    /// rope_store dispatch) where it can. Same bits. `$FORGE_WGPU_QKV_ROPE=0`.
+    pub qkv_rope: bool,
+    /// The decode matmuls reduce by subgroup shuffles where a subgroup is exactly one row's
+    /// lanes (NVIDIA: 32); elsewhere (lavapipe: 8) the workgroup-memory tree stays. Same bits.
+    /// `$FORGE_WGPU_DECODE=shared` turns it off.
+    pub subgroups: bool,
+    /// A layer step recorded as it goes is submitted in parts of this many layers (0: whole; a
+    /// step recorded ahead is always one command buffer). Same bits. `$FORGE_WGPU_SUBMIT_LAYERS`.
+    pub submit_layers: usize,
+    /// Microseconds a read-back polls the device before it sleeps until the GPU is done (0: sleep
+    /// at once). Same bits. `$FORGE_WGPU_SPIN_US`.
+    pub spin_us: u64,
+    /// Keep naga's bounds checks in the kernels (off: the platform's robust buffer access stays,
+    /// see `kernel`). Same bits on valid inputs. `$FORGE_WGPU_SHADER_CHECKS=1`.
+    pub shader_checks: bool,
+}
+
+impl Default for WgpuOptions {
+    fn default() -> WgpuOptions {
+        WgpuOptions {
+            allow_software: false,
+            matmul_lanes: None,
+            decode_kernels: None,
+            attention_one: false,
+            q8: true,
+            stage: true,
+            qkv_rope: true,
+            subgroups: true,
+            submit_layers: SUBMIT_LAYERS,
+            spin_us: SPIN_US,
+            shader_checks: false,
+        }
+    }
+}
+
+impl WgpuOptions {
+    /// The defaults with every `FORGE_WGPU_*` variable that is set applied (for the command
+    /// line; the library reads the environment nowhere else). A value that does not parse is an
+    /// error naming the variable.
+    pub fn from_env() -> Result<WgpuOptions, WgpuError> {
+        WgpuOptions::from_vars(|k| std::env::var(k).ok())
+    }
+
+    /// [`from_env`](Self::from_env) over any source of variables.
+    pub fn from_vars(var: impl Fn(&str) -> Option<String>) -> Result<WgpuOptions, WgpuError> {
+        let bad = |name: &str, v: &str, what: &str| WgpuError::Unsupported(format!("{name}={v:?}: expected {what}"));
+        let num = |name: &str, what: &str| -> Result<Option<u64>, WgpuError> {
+            var(name).map(|v| v.trim().parse().map_err(|_| bad(name, &v, what))).transpose()
+        };
+        let flag = |name: &str| -> Result<Option<bool>, WgpuError> {
+            var(name)
+                .map(|v| match v.trim() {
+                    "1" => Ok(true),
+                    "0" => Ok(false),
+                    _ => Err(bad(name, &v, "0 or 1")),
+                })
+                .transpose()
+        };
+        let mut o = WgpuOptions::default();
+        if let Some(n) = num("FORGE_WGPU_MATMUL_LANES", "a power of two up to 256")? {
+            o.matmul_lanes = Some(u32::try_from(n).unwrap_or(u32::MAX));
+        }
+        if let Some(v) = var("FORGE_WGPU_DECODE") {
+            o.decode_kernels = Some(match v.trim() {
+                "off" => DecodePlan::Off,
+                "unfused" => DecodePlan::Unfused,
+                "fused" => DecodePlan::Fused,
+                "shared" => {
+                    o.subgroups = false;
+                    DecodePlan::Fused
+                }
+                _ => return Err(bad("FORGE_WGPU_DECODE", &v, "off, unfused, fused or shared")),
+            });
+        }
+        o.attention_one = flag("FORGE_WGPU_ATTN_ONE")?.unwrap_or(o.attention_one);
+        o.q8 = flag("FORGE_WGPU_Q8")?.unwrap_or(o.q8);
+        o.stage = flag("FORGE_WGPU_STAGE")?.unwrap_or(o.stage);
+        o.qkv_rope = flag("FORGE_WGPU_QKV_ROPE")?.unwrap_or(o.qkv_rope);
+        o.shader_checks = flag("FORGE_WGPU_SHADER_CHECKS")?.unwrap_or(o.shader_checks);
+        if let Some(n) = num("FORGE_WGPU_SUBMIT_LAYERS", "a number of layers")? {
+            o.submit_layers = n as usize;
+        }
+        o.spin_us = num("FORGE_WGPU_SPIN_US", "microseconds")?.unwrap_or(o.spin_us);
+        Ok(o)
+    }
+
+    /// `self` with one "same bits" option changed at a time, each named: a token's outputs must
+    /// be bitwise the same under every one of them (tests run the layer runner on each). The
+    /// one-token kernels are on in every variant but `decode off`, so that the options that only
+    /// touch them are exercised.
+    pub fn bit_neutral_variants(&self) -> Vec<(&'static str, WgpuOptions)> {
+        let base = WgpuOptions { decode_kernels: Some(self.decode_kernels.unwrap_or(DecodePlan::Unfused)), ..*self };
+        let with = |f: fn(&mut WgpuOptions)| {
+            let mut o = base;
+            f(&mut o);
+            o
+        };
+        vec![
+            ("decode off", with(|o| o.decode_kernels = Some(DecodePlan::Off))),
+            ("decode unfused", with(|o| o.decode_kernels = Some(DecodePlan::Unfused))),
+            ("decode fused", with(|o| o.decode_kernels = Some(DecodePlan::Fused))),
+            ("attention_one", with(|o| o.attention_one = !o.attention_one)),
+            ("stage", with(|o| o.stage = !o.stage)),
+            ("qkv_rope", with(|o| o.qkv_rope = !o.qkv_rope)),
+            ("subgroups", with(|o| o.subgroups = !o.subgroups)),
+            ("submit every layer", with(|o| o.submit_layers = 1)),
+            ("submit whole", with(|o| o.submit_layers = 0)),
+            ("spin 0", with(|o| o.spin_us = 0)),
+            ("shader checks", with(|o| o.shader_checks = !o.shader_checks)),
+        ]
+    }
+}

@@ -1,0 +1,283 @@
+//! The one request pipeline every front end calls (gRPC in `server`, OpenAI-compatible HTTP in
+//! `server::http`); the front ends only translate their messages into a [`Request`] and the
+//! [`Chunk`]s back. A request goes through these stages, each in its own file:
+//!
+//! 1. `validation` — every field checked, the prompt rendered (chat template) and tokenized, the
+//!    exact-cache key, semantic scope and KV block keys derived: a [`validation::Plan`]
+//!    (text-generation-inference's `router/src/validation.rs` is the model);
+//! 2. `tiers` — the caches, as calls into `cache/`: FACT, EXACT, then the semantic tier (TRUST
+//!    serves a neighbour's answer, else neighbours become drafts for the engine to verify);
+//! 3. `run` — the engine job (KV plan, drafts) on the continuous-batching scheduler, its tokens
+//!    streamed as they come; a client that goes away cancels the sequence;
+//! 4. `record` — the one place an outcome is recorded: `inferences`, KV blocks, facts, the exact
+//!    cache, the semantic index and TRUST's evidence, the metrics and the request's log line.
+//!
+//! Also here: `tenants` (which tenant a call belongs to, from headers or API keys, for both
+//! front ends), `metrics` (Prometheus counters, gauges and histograms) and the errors.
+//!
+//! Threads: the engine runs on its own thread ([`crate::engine::scheduler`]) with the CPU
+//! backend's pool; SQLite calls and question embeddings run on tokio's blocking pool; new facts
+//! are embedded on the fact indexer's low-priority thread while no request is in flight
+//! ([`crate::cache::indexer`]); the async runtime itself needs only a couple of workers.
+
+pub mod error;
+pub mod metrics;
+mod record;
+pub mod request;
+mod run;
+pub mod tenants;
+mod tiers;
+pub mod validation;
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+pub use error::ServiceError;
+pub use metrics::Metrics;
+pub use request::{ChatMessage, Chunk, ChunkStream, Generation, Outcome, Request};
+pub use tenants::{TenantAuth, TenantsError};
+
+use crate::backend::cpu::CpuBackend;
+use crate::cache::indexer::{FactIndexer, IdleFn, IndexFn, IndexerConfig};
+use crate::cache::semantic::{SemanticCache, SemanticConfig};
+use crate::cache::ExactCache;
+use crate::embed::{Embedder, MatrixFormat};
+use crate::engine::chat::{ChatError, ChatTemplate};
+use crate::engine::placement::{place, PlacementOptions};
+use crate::engine::scheduler::{Scheduler, SchedulerConfig};
+use crate::engine::tokenizer::{Tokenizer, TokenizerError};
+use crate::engine::{Model, ModelError};
+use crate::store::{sha256_file, Store, StoreError};
+use crate::workload::{KvConfig, KvWorkload, WorkloadError};
+
+/// How to run the pipeline: the model, the database, the caches, the engine.
+#[derive(Debug, Clone)]
+pub struct PipelineConfig {
+    pub model: PathBuf,
+    pub db: PathBuf,
+    /// CPU threads for the model (0 = physical cores).
+    pub threads: usize,
+    /// `false` (`--no-cache`): every request runs as BYPASS.
+    pub cache: bool,
+    /// API keys per tenant; `None` = tenants named by the `x-forge-tenant` header.
+    pub tenants: Option<PathBuf>,
+    pub scheduler: SchedulerConfig,
+    /// max_tokens of a request that does not set it.
+    pub default_max_tokens: usize,
+    /// Answers the exact cache keeps in memory.
+    pub memory_cache_entries: u64,
+    /// The sentence embedder's folder (semantic tier); `None` or a missing folder turns the
+    /// semantic tier off.
+    pub embedder: Option<PathBuf>,
+    /// How the embedder holds its matrices (F16: half the bytes per question; see `MatrixFormat`).
+    pub embed_weights: MatrixFormat,
+    pub semantic: SemanticConfig,
+    /// Which layers run on the CPU and which on the GPU (`--backend`, `--tensor-split`).
+    pub placement: PlacementOptions,
+    /// KV-block reuse (`None`: off).
+    pub kv: Option<KvConfig>,
+}
+
+impl PipelineConfig {
+    pub fn new(model: impl Into<PathBuf>, db: impl Into<PathBuf>) -> PipelineConfig {
+        PipelineConfig {
+            model: model.into(),
+            db: db.into(),
+            threads: 0,
+            cache: true,
+            tenants: None,
+            scheduler: SchedulerConfig::default(),
+            default_max_tokens: 256,
+            memory_cache_entries: 10_000,
+            embedder: Some(crate::models::default_embedder()),
+            embed_weights: MatrixFormat::F16,
+            semantic: SemanticConfig::default(),
+            placement: PlacementOptions::default(),
+            kv: Some(KvConfig::default()),
+        }
+    }
+}
+
+/// Why the pipeline could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error("{}", crate::models::missing_hint(.0))]
+    MissingModel(PathBuf),
+    #[error("loading {}: {source}", path.display())]
+    Model {
+        path: PathBuf,
+        #[source]
+        source: ModelError,
+    },
+    #[error("reading {}: {source}", path.display())]
+    ModelFile {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the model's tokenizer: {0}")]
+    Tokenizer(#[from] TokenizerError),
+    #[error("the model's chat template: {0}")]
+    Chat(#[from] ChatError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("tenants file {0}")]
+    Tenants(#[from] TenantsError),
+    #[error("the sentence embedder: {0}")]
+    Embedder(#[source] crate::embed::EmbedError),
+    #[error("the backend: {0}")]
+    Backend(String),
+    #[error("starting the engine thread: {0}")]
+    Engine(std::io::Error),
+    #[error("KV-block reuse: {0}")]
+    Kv(#[from] WorkloadError),
+}
+
+/// What every request shares: the model's tokenizer and template, the engine, the store, the
+/// caches, tenant auth, metrics.
+pub struct Pipeline {
+    pub(crate) model_name: String,
+    pub(crate) model_id: String,
+    pub(crate) context: usize,
+    pub(crate) backend: String,
+    pub(crate) tokenizer: Arc<Tokenizer>,
+    pub(crate) template: Option<ChatTemplate>,
+    pub(crate) scheduler: Scheduler,
+    pub(crate) store: Arc<Store>,
+    pub(crate) exact: ExactCache,
+    pub(crate) auth: TenantAuth,
+    pub(crate) cache_enabled: bool,
+    pub(crate) default_max_tokens: usize,
+    pub(crate) semantic: Option<Arc<SemanticCache>>,
+    /// KV-block reuse (`None`: off).
+    pub(crate) kv: Option<Arc<KvWorkload>>,
+    /// Generate calls in progress (from arrival to their last message).
+    pub(crate) in_flight: Arc<AtomicUsize>,
+    /// Embeds new facts while no request runs (with the semantic tier).
+    pub(crate) fact_indexer: Option<FactIndexer>,
+    pub(crate) metrics: Metrics,
+    /// The next request id (logs and traces).
+    next_request: AtomicU64,
+}
+
+impl Pipeline {
+    /// Opens the store (first: a bad database fails fast), loads the model, starts the engine.
+    /// Blocking.
+    pub fn load(config: &PipelineConfig) -> Result<Pipeline, LoadError> {
+        let auth = match &config.tenants {
+            Some(path) => TenantAuth::load(path)?,
+            None => TenantAuth::Open,
+        };
+        let store = Arc::new(Store::open(&config.db)?);
+        if !config.model.is_file() {
+            return Err(LoadError::MissingModel(config.model.clone()));
+        }
+        let backend = Arc::new(CpuBackend::new(config.threads).map_err(|e| LoadError::Backend(e.to_string()))?);
+        let engine_cpu = backend.clone();
+        let mut model = Model::load(&config.model, backend).map_err(|source| LoadError::Model { path: config.model.clone(), source })?;
+        let placement = place(&mut model, &config.placement).map_err(|e| LoadError::Backend(e.to_string()))?;
+        tracing::info!(placement = %placement, layers = %model.placement(), "model placed");
+        let model_id = sha256_file(&config.model).map_err(|source| LoadError::ModelFile { path: config.model.clone(), source })?;
+        let tokenizer = Arc::new(Tokenizer::from_gguf(&model.gguf)?);
+        let template = ChatTemplate::from_gguf(&model.gguf)?;
+        let model_name = config.model.file_stem().map_or_else(|| "model".into(), |s| s.to_string_lossy().into_owned());
+        let context = model.config.n_ctx_train;
+        let backend = model.placement();
+        let kv = match &config.kv {
+            Some(c) => Some(Arc::new(KvWorkload::open(c, store.clone(), &model.config, &model_id)?)),
+            None => None,
+        };
+        let in_flight = Arc::new(AtomicUsize::new(0));
+        let scheduler = Scheduler::start(Arc::new(model), tokenizer.clone(), config.scheduler).map_err(LoadError::Engine)?;
+        let semantic = match &config.embedder {
+            Some(dir) if config.cache && dir.join("tokenizer.json").is_file() => {
+                // One thread: embedding runs beside the engine's own thread team. A question
+                // arriving while no other request is in flight (the engine is idle) borrows the
+                // engine's team instead: the hit path is mostly this embedding.
+                let backend = Arc::new(CpuBackend::new(1).map_err(|e| LoadError::Backend(e.to_string()))?);
+                let embedder = Embedder::load_with(dir, backend, config.embed_weights).map_err(LoadError::Embedder)?;
+                let mut sem = SemanticCache::new(Arc::new(embedder), store.clone(), config.semantic);
+                if engine_cpu.threads() > 1 {
+                    let busy = in_flight.clone();
+                    let alone: Arc<IdleFn> = Arc::new(move || busy.load(Ordering::Relaxed) <= 1);
+                    sem = sem.with_idle_backend(engine_cpu, alone);
+                }
+                Some(Arc::new(sem))
+            }
+            Some(dir) if config.cache => {
+                tracing::warn!(dir = %dir.display(), "semantic cache off: no embedder there (scripts/fetch-models.sh fetches it)");
+                None
+            }
+            _ => None,
+        };
+        let fact_indexer = match &semantic {
+            Some(sem) => {
+                let (sem, busy) = (sem.clone(), in_flight.clone());
+                let index: Arc<IndexFn> = Arc::new(move |tenant: &str, limit: usize| sem.index_new_facts(tenant, limit).map_err(|e| e.to_string()));
+                let idle: Arc<IdleFn> = Arc::new(move || busy.load(Ordering::Relaxed) == 0);
+                let ix = FactIndexer::spawn(IndexerConfig::default(), idle, index).map_err(LoadError::Engine)?;
+                // Facts left unindexed by an earlier run.
+                for tenant in store.tenants_with_unindexed_facts()? {
+                    ix.notify(&tenant);
+                }
+                Some(ix)
+            }
+            None => None,
+        };
+        Ok(Pipeline {
+            in_flight,
+            fact_indexer,
+            model_name,
+            model_id,
+            context,
+            backend,
+            tokenizer,
+            template,
+            scheduler,
+            exact: ExactCache::new(store.clone(), config.memory_cache_entries),
+            store,
+            auth,
+            cache_enabled: config.cache,
+            default_max_tokens: config.default_max_tokens,
+            semantic,
+            kv,
+            metrics: Metrics::new(),
+            next_request: AtomicU64::new(1),
+        })
+    }
+
+    /// The served model's name (its file name without `.gguf`).
+    pub fn model_name(&self) -> &str {
+        &self.model_name
+    }
+
+    /// sha256 of the served model file.
+    pub fn model_id(&self) -> &str {
+        &self.model_id
+    }
+
+    /// The model's context, in tokens.
+    pub fn context(&self) -> usize {
+        self.context
+    }
+
+    /// Tenant resolution, for the front ends.
+    pub fn auth(&self) -> &TenantAuth {
+        &self.auth
+    }
+
+    pub fn store(&self) -> &Arc<Store> {
+        &self.store
+    }
+
+    /// The Prometheus text exposition of the metrics, with the gauges read now.
+    pub fn render_metrics(&self) -> String {
+        let kv_memory = self.kv.as_ref().map(|kv| kv.usage().0 .0);
+        self.metrics.render(self.scheduler.queued(), self.scheduler.active(), self.in_flight.load(Ordering::Relaxed), kv_memory)
+    }
+
+    fn request_id(&self) -> u64 {
+        self.next_request.fetch_add(1, Ordering::Relaxed)
+    }
+}

@@ -1,0 +1,220 @@
+//! Recording, the pipeline's last stage and the one place an outcome is written: the request's
+//! row in `inferences` (before its last piece is sent, so the outcome carries the row id), the
+//! KV blocks it computed, then — for a computed answer that may use caches — its facts, the
+//! exact cache's entry for its key, the semantic index and TRUST's evidence; the metrics and the
+//! request's one log line. Failures after the row is written are logged: the answer stands.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::error::ServiceError;
+use super::request::Outcome;
+use super::validation::Plan;
+use super::Pipeline;
+use crate::store::semantic::Outcome as SemanticOutcome;
+use crate::store::{CachedAnswer, NewInference};
+use crate::vocab::{CacheMode, ServedFrom, StopReason};
+
+/// Where an answer came from and what it cost.
+pub(crate) struct Answer {
+    pub(crate) from: ServedFrom,
+    pub(crate) text: String,
+    pub(crate) tokens: Vec<u32>,
+    pub(crate) stop: StopReason,
+    pub(crate) source_inference_id: Option<i64>,
+    pub(crate) source_fact_id: Option<i64>,
+    pub(crate) tokens_computed: usize,
+    pub(crate) tokens_reused: usize,
+    pub(crate) queue: Duration,
+    pub(crate) prefill: Duration,
+    pub(crate) decode: Duration,
+    pub(crate) peak_batch: usize,
+    /// Received to first token (`None`: no token).
+    pub(crate) ttft: Option<Duration>,
+    /// Prompt tokens whose KV came from stored blocks.
+    pub(crate) kv_tokens_reused: usize,
+    /// Draft tokens offered / accepted, and the neighbours tried.
+    pub(crate) draft_tokens: usize,
+    pub(crate) draft_accepted: usize,
+    pub(crate) candidates_tried: usize,
+    /// Similarity of the neighbour the answer came from (semantic tiers).
+    pub(crate) similarity: Option<f64>,
+}
+
+impl Answer {
+    /// An answer that no engine work produced (a cache tier), or a cancelled one to complete.
+    pub(crate) fn stored(from: ServedFrom, text: String, tokens: Vec<u32>, stop: StopReason, tokens_reused: usize) -> Answer {
+        Answer {
+            from,
+            text,
+            tokens,
+            stop,
+            source_inference_id: None,
+            source_fact_id: None,
+            tokens_computed: 0,
+            tokens_reused,
+            queue: Duration::ZERO,
+            prefill: Duration::ZERO,
+            decode: Duration::ZERO,
+            peak_batch: 0,
+            ttft: None,
+            kv_tokens_reused: 0,
+            draft_tokens: 0,
+            draft_accepted: 0,
+            candidates_tried: 0,
+            similarity: None,
+        }
+    }
+}
+
+pub(crate) fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+impl Pipeline {
+    /// Records the request, learns from a computed answer, updates the exact cache; returns the
+    /// outcome. Blocking: answers from the caches call it on the blocking thread that found them
+    /// (one thread hop less on the hit path), the engine's answers through [`Pipeline::record`].
+    pub(crate) fn record_now(&self, plan: &Plan, answer: Answer) -> Result<Outcome, ServiceError> {
+        let started = Instant::now();
+        let _span = tracing::debug_span!("record").entered();
+        let latency = plan.received.elapsed();
+        let (p, a) = (plan, &answer);
+        let similarity = a.similarity.unwrap_or(if a.from == ServedFrom::Model { 0.0 } else { 1.0 });
+        let id = self.store.record_inference(&NewInference {
+            tenant: &p.tenant,
+            question: p.question.as_deref(),
+            prompt: &p.prompt,
+            prompt_hash: &p.prompt_hash,
+            model: &self.model_name,
+            model_id: &self.model_id,
+            params: &p.params_json,
+            cache_mode: p.mode,
+            cache_key: p.cache_key.as_deref(),
+            served_from: a.from,
+            source_inference_id: a.source_inference_id,
+            source_fact_id: a.source_fact_id,
+            similarity: a.similarity.or((a.from != ServedFrom::Model).then_some(1.0)),
+            prompt_tokens: p.prompt_ids.len(),
+            completion_tokens: a.tokens.len(),
+            tokens_computed: a.tokens_computed,
+            tokens_reused: a.tokens_reused,
+            stop_reason: a.stop,
+            response: &a.text,
+            response_tokens: &a.tokens,
+            queue_ms: ms(a.queue),
+            prefill_ms: ms(a.prefill),
+            decode_ms: ms(a.decode),
+            latency_ms: ms(latency),
+            backend: &self.backend,
+            ttft_ms: a.ttft.map(ms),
+            kv_tokens_reused: a.kv_tokens_reused,
+            draft_tokens: a.draft_tokens,
+            draft_accepted: a.draft_accepted,
+            candidates_tried: a.candidates_tried,
+        })?;
+        if let (Some(kv), Some(report)) = (&self.kv, &p.kv) {
+            let decode = |t: &[u32]| self.tokenizer.decode(t, false).ok();
+            match kv.finish(&p.tenant, report, id, &p.prompt_ids, decode) {
+                Ok(_) => self.metrics.kv_blocks(&p.tenant, &report.lock()),
+                Err(e) => tracing::warn!(inference_id = id, error = %e, "storing the KV blocks failed"),
+            }
+        }
+        let computed = a.from.computed() && a.stop != StopReason::Cancelled;
+        if computed && p.mode != CacheMode::Bypass {
+            if let Err(e) = self.store.learn(&p.tenant, id, p.question.as_deref(), &p.prompt_hash, &a.text) {
+                tracing::warn!(inference_id = id, error = %e, "fact extraction failed");
+            }
+            self.learn_semantic(p, a, id);
+            if let Some(ix) = &self.fact_indexer {
+                // Fact embeddings are for later lookups: off the answer's path, while no
+                // request runs (`cache::indexer`).
+                ix.notify(&p.tenant);
+            }
+        }
+        if let (true, Some(key)) = (computed, &p.cache_key) {
+            let cached = CachedAnswer {
+                inference_id: id,
+                response: a.text.clone(),
+                response_tokens: a.tokens.clone(),
+                stop_reason: a.stop,
+                tokens_computed: a.tokens_computed,
+            };
+            self.exact.put(key, cached);
+        }
+        let outcome = Outcome {
+            served_from: a.from,
+            stop_reason: a.stop,
+            cache_mode: p.mode,
+            inference_id: id,
+            source_inference_id: a.source_inference_id,
+            source_fact_id: a.source_fact_id,
+            similarity,
+            prompt_token_ids: p.prompt_ids.clone(),
+            completion_tokens: a.tokens.len(),
+            tokens_computed: a.tokens_computed,
+            tokens_reused: a.tokens_reused,
+            kv_tokens_reused: a.kv_tokens_reused,
+            queue_ms: ms(a.queue),
+            prefill_ms: ms(a.prefill),
+            decode_ms: ms(a.decode),
+            latency_ms: ms(latency),
+            ttft_ms: a.ttft.map(ms),
+            peak_batch: a.peak_batch,
+            model: self.model_name.clone(),
+            backend: self.backend.clone(),
+            draft_tokens: a.draft_tokens,
+            draft_tokens_accepted: a.draft_accepted,
+            candidates_tried: a.candidates_tried,
+        };
+        self.metrics.request(&p.tenant, &outcome, (a.queue, a.prefill, a.decode));
+        self.metrics.stage("record", started.elapsed());
+        tracing::info!(
+            request_id = p.request_id,
+            tenant = %p.tenant,
+            inference_id = id,
+            served_from = %a.from,
+            cache_mode = %p.mode,
+            stop = %a.stop,
+            prompt_tokens = p.prompt_ids.len(),
+            completion_tokens = a.tokens.len(),
+            tokens_computed = a.tokens_computed,
+            tokens_reused = a.tokens_reused,
+            ttft_ms = a.ttft.map(ms).unwrap_or_default(),
+            latency_ms = ms(latency),
+            "request"
+        );
+        Ok(outcome)
+    }
+
+    /// [`Pipeline::record_now`] on the blocking pool.
+    pub(crate) async fn record(self: &Arc<Self>, plan: Arc<Plan>, answer: Answer) -> Result<Outcome, ServiceError> {
+        let state = self.clone();
+        let span = tracing::Span::current();
+        tokio::task::spawn_blocking(move || span.in_scope(|| state.record_now(&plan, answer))).await?
+    }
+
+    /// After a computed answer: files the question's embedding for later neighbours, tells TRUST
+    /// what verifying the nearest neighbour found. Failures are logged: the answer itself is
+    /// already recorded.
+    fn learn_semantic(&self, plan: &Plan, answer: &Answer, id: i64) {
+        let (Some(sem), Some(scope), Some(question)) = (&self.semantic, &plan.scope, &plan.question) else { return };
+        let result = (|| -> Result<(), String> {
+            let embedding = match &plan.embedding {
+                Some(e) => e.clone(),
+                None => sem.embed(question).map_err(|e| e.to_string())?,
+            };
+            self.store.index_prompt(&plan.tenant, scope, id, &embedding).map_err(|e| e.to_string())?;
+            if let Some(top) = &plan.top {
+                let correct = answer.from == ServedFrom::Verified && answer.source_inference_id == Some(top.inference_id);
+                let o = SemanticOutcome { source_inference_id: top.inference_id, similarity: top.similarity, correct };
+                self.store.record_outcome(&plan.tenant, &self.model_id, id, &o, answer.draft_tokens, answer.draft_accepted).map_err(|e| e.to_string())?;
+                sem.trust.observe(&self.store, &plan.tenant, &self.model_id, &o).map_err(|e| e.to_string())?;
+            }
+            Ok(())
+        })();
+        if let Err(e) = result {
+            tracing::warn!(inference_id = id, error = %e, "semantic indexing failed");
+        }
+    }
+}

@@ -1,0 +1,196 @@
+//! Validation, the pipeline's first stage: every field of a [`Request`] is checked, the prompt is
+//! rendered with the model's chat template and tokenized, and what the later stages need is
+//! derived once (exact-cache key, semantic scope, KV block keys, the parameters recorded). The
+//! result is a [`Plan`]; nothing after this stage looks at the request again. Errors are
+//! `INVALID_ARGUMENT` (or NOT_FOUND for another model) with a message saying what to change.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::error::{invalid, ServiceError};
+use super::request::Request;
+use super::Pipeline;
+use crate::cache::semantic;
+use crate::cache::{exact_key, KeyParts};
+use crate::engine::chat::Message;
+use crate::engine::generate::{GenerateError, GenerateParams};
+use crate::engine::sampler::SamplingParams;
+use crate::store::semantic::Neighbour;
+use crate::store::sha256_hex;
+use crate::vocab::CacheMode;
+use crate::workload::{BlockKey, KvReport};
+
+/// Stands for the question when a prompt is rendered to find its semantic scope.
+const QUESTION_PLACEHOLDER: &str = "\u{1}question\u{1}";
+
+/// At most this many stop strings, each at most [`MAX_STOP_BYTES`].
+pub const MAX_STOPS: usize = 16;
+pub const MAX_STOP_BYTES: usize = 256;
+
+/// A validated request: what the tiers, the engine and the recording need.
+pub struct Plan {
+    /// The request's id in logs and traces.
+    pub(crate) request_id: u64,
+    pub(crate) tenant: String,
+    /// The user's question when the request is one (facts are filed under it).
+    pub(crate) question: Option<String>,
+    /// The rendered prompt and its token ids.
+    pub(crate) prompt: String,
+    pub(crate) prompt_hash: String,
+    pub(crate) prompt_ids: Vec<u32>,
+    pub(crate) params: GenerateParams,
+    pub(crate) stop_strings: Vec<String>,
+    /// The generation parameters as recorded (`inferences.params`).
+    pub(crate) params_json: String,
+    pub(crate) mode: CacheMode,
+    /// `None`: this request may not use the exact cache.
+    pub(crate) cache_key: Option<String>,
+    pub(crate) received: Instant,
+    /// Semantic scope (single-question chat requests that may use caches): only questions in the
+    /// same scope are neighbours.
+    pub(crate) scope: Option<String>,
+    /// The question's embedding, once computed.
+    pub(crate) embedding: Option<Vec<f32>>,
+    /// The nearest earlier answer, when one was offered as a draft (TRUST learns from it).
+    pub(crate) top: Option<Neighbour>,
+    /// Keys of the prompt's KV blocks (`None`: no KV reuse, e.g. BYPASS).
+    pub(crate) kv_keys: Option<Vec<BlockKey>>,
+    /// What KV reuse did for this request (set when it goes to the engine).
+    pub(crate) kv: Option<Arc<KvReport>>,
+}
+
+impl Pipeline {
+    /// Checks every field, renders and tokenizes the prompt, derives the cache key. Blocking
+    /// (tokenizing a long prompt takes a while).
+    pub(crate) fn validate(&self, request_id: u64, tenant: String, req: &Request, received: Instant) -> Result<Plan, ServiceError> {
+        if !req.model.is_empty() && req.model != self.model_name && req.model != self.model_id {
+            return Err(ServiceError::UnknownModel { requested: req.model.clone(), served: self.model_name.clone(), id: self.model_id.clone() });
+        }
+        let mode = if self.cache_enabled { req.cache_mode } else { CacheMode::Bypass };
+        let (prompt, question, around) = self.render(req)?;
+        let prompt_ids = self.tokenizer.encode_prompt(&prompt).map_err(|e| invalid(format!("cannot tokenize the prompt: {e}")))?;
+        if prompt_ids.len() >= self.context {
+            return Err(invalid(GenerateError::PromptTooLong { prompt: prompt_ids.len(), context: self.context }.to_string()));
+        }
+        let max_tokens = match req.max_tokens {
+            None => self.default_max_tokens.min(self.context),
+            Some(0) => return Err(invalid("max_tokens must be at least 1")),
+            Some(n) if n as usize > self.context => {
+                return Err(invalid(format!("max_tokens {n} exceeds the model's context of {} tokens", self.context)))
+            }
+            Some(n) => n as usize,
+        };
+        let sampling = SamplingParams {
+            temperature: req.temperature.unwrap_or(0.0),
+            top_k: req.top_k as usize,
+            top_p: req.top_p.unwrap_or(1.0),
+            seed: req.seed,
+        };
+        sampling.validate().map_err(|e| invalid(e.to_string()))?;
+        if req.stop.len() > MAX_STOPS || req.stop.iter().any(|s| s.is_empty() || s.len() > MAX_STOP_BYTES) {
+            return Err(invalid(format!("stop takes at most {MAX_STOPS} non-empty strings of at most {MAX_STOP_BYTES} bytes")));
+        }
+        let cache_key = match mode {
+            CacheMode::Bypass => None,
+            CacheMode::Auto | CacheMode::Refresh | CacheMode::Verified | CacheMode::Trust | CacheMode::Exact => exact_key(&KeyParts {
+                tenant: &tenant,
+                model_id: &self.model_id,
+                prompt: &prompt,
+                max_tokens,
+                sampling,
+                stop: &req.stop,
+            }),
+        };
+        let scope = match (mode, &around, &self.semantic) {
+            (CacheMode::Bypass, _, _) | (_, None, _) | (_, _, None) => None,
+            (_, Some(around), Some(_)) => Some(semantic::scope(&tenant, &self.model_id, around)),
+        };
+        let params_json = serde_json::json!({
+            "max_tokens": max_tokens, "temperature": sampling.temperature, "top_k": sampling.top_k,
+            "top_p": sampling.top_p, "seed": sampling.seed, "stop": req.stop, "raw": req.raw,
+        })
+        .to_string();
+        let kv_keys = match (&self.kv, mode) {
+            (Some(kv), m) if m != CacheMode::Bypass => Some(kv.seed(&tenant).keys(&prompt_ids)),
+            _ => None,
+        };
+        Ok(Plan {
+            request_id,
+            kv_keys,
+            kv: None,
+            tenant,
+            question,
+            prompt_hash: sha256_hex(prompt.as_bytes()),
+            prompt,
+            prompt_ids,
+            params: GenerateParams { max_tokens, sampling, stop_ids: self.tokenizer.stop_ids().to_vec() },
+            stop_strings: req.stop.clone(),
+            params_json,
+            mode,
+            cache_key,
+            received,
+            scope,
+            embedding: None,
+            top: None,
+        })
+    }
+
+    /// The prompt text the model sees, the question when the request is a single question, and
+    /// then the prompt rendered with a placeholder in the question's place.
+    fn render(&self, req: &Request) -> Result<(String, Option<String>, Option<String>), ServiceError> {
+        match (req.prompt.is_empty(), req.messages.is_empty()) {
+            (false, false) => return Err(invalid("give either prompt or messages, not both")),
+            (true, true) => return Err(invalid("the prompt is empty")),
+            _ => {}
+        }
+        if !req.prompt.is_empty() && req.prompt.trim().is_empty() {
+            return Err(invalid("the prompt is empty (only whitespace)"));
+        }
+        if req.raw {
+            if !req.messages.is_empty() || !req.system.is_empty() {
+                return Err(invalid("raw takes a prompt only (no messages, no system)"));
+            }
+            return Ok((req.prompt.clone(), None, None));
+        }
+        let messages: Vec<Message> = if req.messages.is_empty() {
+            let system = (!req.system.is_empty()).then(|| Message::system(req.system.clone()));
+            system.into_iter().chain([Message::user(req.prompt.clone())]).collect()
+        } else {
+            if !req.system.is_empty() {
+                return Err(invalid("with messages, send the system message as the first message"));
+            }
+            for m in &req.messages {
+                if !matches!(m.role.as_str(), "system" | "user" | "assistant") {
+                    return Err(invalid(format!("message role {:?} is not system, user or assistant", m.role)));
+                }
+            }
+            if req.messages.iter().all(|m| m.content.trim().is_empty()) {
+                return Err(invalid("the prompt is empty (every message is empty)"));
+            }
+            req.messages.iter().map(|m| Message::new(m.role.clone(), m.content.clone())).collect()
+        };
+        let users: Vec<&Message> = messages.iter().filter(|m| m.role == "user").collect();
+        let question = match users.as_slice() {
+            [one] if !messages.iter().any(|m| m.role == "assistant") => Some(one.content.clone()),
+            _ => None,
+        };
+        let Some(template) = &self.template else {
+            return match (req.messages.is_empty(), req.system.is_empty()) {
+                (true, true) => Ok((req.prompt.clone(), question, None)),
+                _ => Err(invalid("this model has no chat template: send a raw prompt")),
+            };
+        };
+        let text = template.render(&messages, true).map_err(|e| invalid(e.to_string()))?;
+        let around = match &question {
+            Some(_) => {
+                let masked: Vec<Message> = messages
+                    .iter()
+                    .map(|m| if m.role == "user" { Message::new(m.role.clone(), QUESTION_PLACEHOLDER.to_string()) } else { m.clone() })
+                    .collect();
+                Some(template.render(&masked, true).map_err(|e| invalid(e.to_string()))?)
+            }
+            None => None,
+        };
+        Ok((text, question, around))
+    }
+}
