@@ -46,23 +46,8 @@ impl std::fmt::Display for Arch {
     }
 }
 
-/// How RoPE pairs the dimensions of a head.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RopeStyle {
-    /// Adjacent pairs (x[2i], x[2i+1]): GGML's "normal" mode (Llama).
-    Adjacent,
-    /// Halves (x[i], x[i + rope_dims/2]): GGML's NeoX mode (Qwen, Gemma, Phi-3).
-    Neox,
-}
-
-/// The feed-forward activation: `act(gate) * up`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FfnActivation {
-    /// SiLU (SwiGLU).
-    Silu,
-    /// GELU, tanh form (GeGLU).
-    GeluTanh,
-}
+// The two choices a layer runner on any backend needs too live at the offload seam.
+pub use crate::backend::offload::{FfnActivation, RopeStyle};
 
 /// Everything architecture-specific the forward pass reads, loaded from GGUF metadata.
 #[derive(Debug, Clone, PartialEq)]

@@ -113,8 +113,6 @@ pub enum ModelError {
     BadToken { id: u32, vocab: usize },
     #[error("weight type {ty} is not supported by backend {backend}")]
     Unsupported { ty: &'static str, backend: String },
-    #[error("the GPU tier cannot run this model yet: {0}")]
-    GpuUnsupported(String),
     #[error("offloaded layers: {0}")]
     Offload(#[from] OffloadError),
     #[error("cannot offload {0}")]
@@ -135,26 +133,6 @@ impl Model {
             }
         }
         Ok(Model { config, gguf, weights, backend, segments: Vec::new() })
-    }
-
-    /// Why the GPU tier cannot run this model's layers yet, if it cannot (its kernels cover the
-    /// plain Llama layer: no biases, q/k norms, post-norms, sliding windows, GeGLU, NeoX RoPE or
-    /// RoPE factors).
-    pub fn gpu_unsupported(&self) -> Option<String> {
-        let c = &self.config;
-        let plain = c.rope_style == RopeStyle::Adjacent
-            && !c.qk_norm
-            && !c.post_norms
-            && !c.qkv_bias
-            && !c.fused
-            && c.sliding_window.is_none()
-            && c.embed_scale.is_none()
-            && c.final_softcap.is_none()
-            && c.ffn_activation == FfnActivation::Silu
-            && c.rope_freq_scale == 1.0
-            && self.weights.rope_freqs.is_none()
-            && c.q_dim() == c.n_embd;
-        (!plain).then(|| format!("the wgpu layers run plain Llama layers; this {} model needs kernels they do not have yet", c.arch))
     }
 
     pub fn backend(&self) -> &Arc<dyn Backend> {

@@ -58,6 +58,8 @@ pub enum PlacementError {
     SplitWithoutSplitBackend,
     #[error("no usable GPU for the wgpu tier: {0}")]
     NoAdapter(String),
+    #[error("the wgpu tier cannot run this model yet: {0}")]
+    Unsupported(String),
     #[error(transparent)]
     Model(#[from] ModelError),
     #[error("GPU: {0}")]
@@ -187,14 +189,14 @@ pub fn place(model: &mut Model, opts: &PlacementOptions) -> Result<Placement, Pl
         model.offload_none();
         return Ok(cpu_only("--tensor-split".into()));
     }
-    if let Some(why) = model.gpu_unsupported() {
-        // An architecture the GPU layers cannot run: the automatic split keeps it on the CPU, an
+    if let Some(why) = layers_unsupported(model) {
+        // Layers the wgpu runner cannot run: the automatic split keeps them on the CPU, an
         // explicit request is an error that says why.
         model.offload_none();
         if opts.backend == BackendChoice::Split && explicit.is_none() {
             return Ok(cpu_only(format!("auto: {why}")));
         }
-        return Err(ModelError::GpuUnsupported(why).into());
+        return Err(PlacementError::Unsupported(why));
     }
     // The wgpu knobs come from FORGE_WGPU_* (the command line's; defaults when unset).
     let wgpu_opts = WgpuOptions { allow_software: opts.allow_software, ..WgpuOptions::from_env()? };
@@ -216,13 +218,17 @@ pub fn place(model: &mut Model, opts: &PlacementOptions) -> Result<Placement, Pl
     Ok(Placement { n_layer, gpu_layers: layers, reason })
 }
 
+/// Why the wgpu layer runner cannot run `model`'s layers (naming the architecture and the parts
+/// it lacks), if it cannot.
+pub fn layers_unsupported(model: &Model) -> Option<String> {
+    let why = crate::backend::wgpu::layers_unsupported(model)?;
+    Some(format!("this {} model needs {why}", model.config.arch))
+}
+
 /// Layers `layers` of `model` on the wgpu adapter of `ctx` (weights uploaded now, f16 KV, a
 /// RoPE table for the trained context); with the model's last layer, the output norm and logits
 /// too.
 pub fn wgpu_segment(model: &Model, ctx: Arc<WgpuContext>, layers: Range<usize>) -> Result<Box<dyn LayerOffload>, WgpuError> {
-    if let Some(why) = model.gpu_unsupported() {
-        return Err(WgpuError::Unsupported(why));
-    }
     let last = layers.end == model.config.n_layer;
     let g = GpuLayers::new(ctx, model, layers, model.config.n_ctx_train, KvPrecision::F16)?;
     Ok(Box::new(if last { g.with_head(model)? } else { g }))
