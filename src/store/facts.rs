@@ -223,7 +223,8 @@ impl Store {
         }
         let norm = normalize(content);
         let qhash = question.map(question_hash);
-        let mut conn = self.conn();
+        // A user's write is acknowledged only once it would survive a power loss.
+        let mut conn = self.durable_conn()?;
         let tx = conn.transaction()?;
         let same: Option<i64> = tx
             .query_row(
@@ -280,7 +281,7 @@ impl Store {
         if req.ids.is_empty() && text.is_none() {
             return Err(StoreError::Invalid("name facts by ids or by text_match".into()));
         }
-        let mut conn = self.conn();
+        let mut conn = self.durable_conn()?;
         let tx = conn.transaction()?;
         if let Some(by) = req.contradicted_by {
             if !get_fact(&tx, tenant, by)?.live {
@@ -344,6 +345,26 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let store = Store::open(dir.path().join("f.db")).expect("open");
         (dir, store)
+    }
+
+    fn synchronous(store: &Store) -> i64 {
+        store.conn().query_row("PRAGMA synchronous", [], |r| r.get(0)).expect("pragma")
+    }
+
+    #[test]
+    fn user_writes_commit_at_synchronous_full_and_the_rest_at_normal() {
+        let (_dir, store) = store();
+        assert_eq!(synchronous(&store), 1, "NORMAL by default");
+        {
+            let conn = store.durable_conn().expect("durable");
+            let level: i64 = conn.query_row("PRAGMA synchronous", [], |r| r.get(0)).expect("pragma");
+            assert_eq!(level, 2, "FULL while a user's write runs");
+        }
+        assert_eq!(synchronous(&store), 1, "back to NORMAL");
+        store.put_fact("t", "Paris is the capital of France.", Some("capital of France?"), 1.0).expect("put");
+        let req = InvalidateRequest { ids: &[], text_match: Some("Paris"), reason: "test", contradicted_by: None };
+        assert_eq!(store.invalidate_facts("t", &req).expect("invalidate").len(), 1);
+        assert_eq!(synchronous(&store), 1);
     }
 
     fn inference(store: &Store, tenant: &str) -> i64 {
