@@ -25,8 +25,10 @@ fn matrix(ty: GgmlType, rows: usize, cols: usize) -> Vec<u8> {
     let mut b = rand_bytes(ty.row_bytes(cols).expect("blocks") * rows, 7);
     let scale = f16::from_f32(0.01).to_le_bytes();
     let offsets: &[usize] = match ty {
-        GgmlType::Q4_0 | GgmlType::Q8_0 => &[0],
-        GgmlType::Q4_1 | GgmlType::Q4K => &[0, 2],
+        GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 | GgmlType::IQ4NL => &[0],
+        GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4K | GgmlType::Q5K => &[0, 2],
+        GgmlType::Q2K => &[80, 82],
+        GgmlType::Q3K => &[108],
         GgmlType::Q6K => &[208],
         _ => &[],
     };
@@ -57,8 +59,8 @@ fn levels() -> Vec<CpuBackend> {
 
 fn matmul(c: &mut Criterion) {
     let (rows, cols) = (1536, 576);
-    for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4K, GgmlType::Q6K, GgmlType::F16, GgmlType::F32] {
-        let cols = if matches!(ty, GgmlType::Q4K | GgmlType::Q6K) { 512 } else { cols };
+    for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::Q4K, GgmlType::Q5K, GgmlType::Q6K, GgmlType::F16, GgmlType::F32] {
+        let cols = if ty.block_elems() == 256 { 512 } else { cols };
         let data = matrix(ty, rows, cols);
         let w = WeightView::new(ty, rows, cols, &data).expect("view");
         let mut g = c.benchmark_group(format!("matmul_{}_{rows}x{cols}", ty.name()));
@@ -97,6 +99,7 @@ fn attention(c: &mut Criterion) {
                         n_head,
                         n_kv_head: n_kv,
                         head_dim: hd,
+                        window: None,
                         out: &mut out,
                     })
                 })

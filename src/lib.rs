@@ -9,9 +9,9 @@
 //! | `cache`    | response caches in front of the engine: the exact cache (moka over the store); the semantic tier (MiniLM + sqlite-vec neighbours as verified drafts) and TRUST decisions |
 //! | `store`    | the SQLite knowledge store: inferences, facts, relationships, reasoning chains; migrations, stats, read-only SQL |
 //! | `workload` | KV-block reuse: block keys per tenant, the memory index and the disk tier of KV blocks, the plan the engine loads a prompt's stored prefix from |
-//! | `engine`   | the Llama model (weights apart from run state, KV cache), tokenizer + chat template, sampler, generation loop, continuous-batching scheduler with draft verification; `engine::offload` keeps the model's list of offloaded layer segments, `engine::placement` chooses them |
+//! | `engine`   | the model of every GGUF architecture it runs (llama, qwen2, qwen3, gemma3, phi3: config, weights apart from run state, KV cache), tokenizers (BPE, SentencePiece) + chat template, sampler, generation loop, continuous-batching scheduler with draft verification; `engine::offload` keeps the model's list of offloaded layer segments, `engine::placement` chooses them |
 //! | `backend`  | the narrow `Backend` trait of forward-pass kernels; `offload`: the `LayerOffload` interface through which the engine runs layers `[a, b)` on an accelerator (activations and KV behind opaque handles); `cpu` (scalar reference + SIMD); `wgpu` (WGSL kernels: `Backend` op by op, and a `LayerOffload` segment); `simd` and `hardware` detection and tiers. Nothing in `backend` imports the engine |
-//! | `gguf`     | GGUF parsing, memory-mapped zero-copy tensor views, block formats and reference dequantizers |
+//! | `gguf`     | GGUF parsing, memory-mapped zero-copy tensor views, block formats, reference dequantizers and quantizers, synthetic models |
 //! | `embed`    | all-MiniLM-L6-v2 sentence embedder (BERT from safetensors) on the same CPU kernels |
 //! | `vocab`    | the ground-floor words every layer shares: `StopReason`, `CacheMode`, `ServedFrom` |
 //! | `models`   | where model files live (`$FORGE_MODELS_DIR` or the git-ignored `models/` filled by `scripts/fetch-models.sh`) |

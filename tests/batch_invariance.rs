@@ -1,10 +1,12 @@
 //! Batch invariance, a product guarantee: a token's logits and KV are bitwise identical whether
 //! it is computed alone in decode, inside a prefill batch (any chunking), next to another
 //! sequence in the same forward call, or after its prefix KV was computed elsewhere and reused.
-//! Run on every CPU kernel level this machine has (scalar reference, then SIMD), on the wgpu
-//! tier: every layer on the GPU, and a split with layers on both (software adapters allowed, so
-//! this runs on lavapipe in CI; skipped with a message when there is no adapter), and on the HIP
-//! tier: every layer, a CPU/HIP split and a CPU/wgpu/HIP split (skipped without a HIP device).
+//! Run on every CPU kernel level this machine has (scalar reference, then SIMD) for SmolLM2,
+//! Gemma 3 270M and a small synthetic model of every architecture (Gemma's with a sliding window
+//! of 8, so windows cross chunk edges), and on the wgpu tier for SmolLM2: every layer on the GPU,
+//! and a split with layers on both (software adapters allowed, so this runs on lavapipe in CI;
+//! skipped with a message when there is no adapter), and on the HIP tier for SmolLM2: every
+//! layer, a CPU/HIP split and a CPU/wgpu/HIP split (skipped without a HIP device).
 
 mod common;
 
@@ -16,12 +18,14 @@ use forge_cache::backend::Backend;
 use forge_cache::engine::placement::{place, BackendChoice, PlacementOptions};
 use forge_cache::engine::{KvCache, Logits, Model, SeqBatch};
 
-fn bits(v: &[f32]) -> Vec<u32> {
-    v.iter().map(|x| x.to_bits()).collect()
+/// A digest of a logits row's bits (FNV-1a): equal rows, equal digests; a 262k-entry vocabulary
+/// times every position would not fit in memory as bits.
+fn bits(v: &[f32]) -> u64 {
+    v.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, x| (h ^ x.to_bits() as u64).wrapping_mul(0x100_0000_01b3))
 }
 
 /// Logits of every position, feeding `tokens` in chunks of the given sizes (cycled).
-fn logits_in_chunks(model: &Model, tokens: &[u32], chunks: &[usize]) -> (Vec<Vec<u32>>, KvCache) {
+fn logits_in_chunks(model: &Model, tokens: &[u32], chunks: &[usize]) -> (Vec<u64>, KvCache) {
     let mut state = model.new_state(64);
     let mut kv = model.new_kv(tokens.len());
     let mut out = Vec::new();
@@ -45,17 +49,28 @@ fn check_backend(backend: Arc<dyn Backend>, n: usize) {
     check_model(&model, n);
 }
 
-fn check_model(model: &Model, n: usize) {
-    let name = model.placement();
+/// The first `n` tokens of the SmolLM2 SQuAD record (prompt + greedy continuation).
+fn smollm2_tokens(n: usize) -> (Vec<u32>, Vec<u32>) {
     let rec = &common::jsonl("smollm2_greedy.jsonl")[13]; // the ~200-token SQuAD context
     let mut seq = common::ids(&rec["prompt_tokens"]);
     seq.extend(common::ids(&rec["greedy_tokens"]));
     seq.truncate(n);
+    (seq, common::ids(&common::jsonl("smollm2_greedy.jsonl")[4]["prompt_tokens"]))
+}
+
+fn check_model(model: &Model, n: usize) {
+    let (seq, other) = smollm2_tokens(n);
+    check_tokens(model, &seq, &other);
+}
+
+/// The guarantee for `seq` on `model`, with `other` as the neighbour in continuous batching.
+fn check_tokens(model: &Model, seq: &[u32], other: &[u32]) {
+    let name = format!("{} {}", model.config.arch, model.placement());
 
     // One prefill batch (the reference for this backend) vs pure decode vs odd chunkings.
-    let (batch, kv_batch) = logits_in_chunks(model, &seq, &[64]);
+    let (batch, kv_batch) = logits_in_chunks(model, seq, &[64]);
     for chunks in [&[1usize][..], &[7, 3, 11], &[2, 31]] {
-        let (other, kv) = logits_in_chunks(model, &seq, chunks);
+        let (other, kv) = logits_in_chunks(model, seq, chunks);
         for (pos, (a, b)) in batch.iter().zip(&other).enumerate() {
             assert!(a == b, "{name}: logits at position {pos} differ between one batch and chunks {chunks:?}");
         }
@@ -63,11 +78,10 @@ fn check_model(model: &Model, n: usize) {
     }
 
     // Continuous batching: our sequence shares forward calls with another one.
-    let other: Vec<u32> = common::ids(&common::jsonl("smollm2_greedy.jsonl")[4]["prompt_tokens"]);
     let mut state = model.new_state(128);
     let mut kv_a = model.new_kv(seq.len());
     let mut kv_b = model.new_kv(other.len() + seq.len());
-    model.forward(&mut state, &mut [SeqBatch { kv: &mut kv_b, tokens: &other, logits: Logits::None }]).expect("warm b");
+    model.forward(&mut state, &mut [SeqBatch { kv: &mut kv_b, tokens: other, logits: Logits::None }]).expect("warm b");
     let half = seq.len() / 2;
     model
         .forward(
@@ -98,6 +112,37 @@ fn logits_and_kv_are_bitwise_batch_invariant_on_every_cpu_level() {
     for (i, b) in common::cpu_backends(2).into_iter().enumerate() {
         // The scalar reference is slow: a shorter sequence keeps the test quick.
         check_backend(b, if i == 0 { 48 } else { 120 });
+    }
+}
+
+#[test]
+fn gemma3_is_bitwise_batch_invariant_on_every_cpu_level() {
+    let g = forge_cache::gguf::GgufFile::open(common::gemma3_path()).expect("open");
+    let tok = forge_cache::engine::tokenizer::Tokenizer::from_gguf(&g).expect("tokenizer");
+    let text = std::fs::read_to_string(common::reference("smollm2_perplexity_text.txt")).expect("text");
+    let tokens = tok.encode_prompt(&text[..4000]).expect("encode");
+    let other = tok.encode_prompt("<start_of_turn>user\nWhat is the capital of France?<end_of_turn>\n<start_of_turn>model\n").expect("encode");
+    for (i, b) in common::cpu_backends(2).into_iter().enumerate() {
+        let model = Model::load(common::gemma3_path(), b).expect("load Gemma 3");
+        // The scalar reference is slow: a shorter sequence keeps the test quick.
+        check_tokens(&model, &tokens[..if i == 0 { 24 } else { 96 }], &other);
+    }
+}
+
+/// Every architecture's layer (biases, q/k norms, post-norms, GeGLU, NeoX RoPE, fused matrices,
+/// a sliding window of 8 crossing every chunk edge) on small synthetic models, every CPU level.
+#[test]
+fn every_architecture_is_bitwise_batch_invariant_on_every_cpu_level() {
+    use forge_cache::gguf::synth::{write_synth_model, SynthArch, SynthQuant, SynthShape};
+    let dir = tempfile::tempdir().expect("tempdir");
+    for arch in SynthArch::ALL {
+        let path = dir.path().join(format!("{}.gguf", arch.name()));
+        write_synth_model(&SynthShape::small(arch), SynthQuant::Q4KM, 5, None, &path, |_| {}).expect("write");
+        let seq: Vec<u32> = (0..70u32).map(|i| (i * 37 + 11) % 1000).collect();
+        let other: Vec<u32> = (0..9u32).map(|i| (i * 101 + 3) % 1000).collect();
+        for b in common::cpu_backends(2) {
+            check_tokens(&Model::load(&path, b).expect("load"), &seq, &other);
+        }
     }
 }
 

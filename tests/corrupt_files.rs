@@ -72,3 +72,58 @@ fn valid_gguf_that_is_not_a_runnable_model_is_an_error() {
     let e = load_bytes(&w.to_bytes()).err().expect("missing tensors").to_string();
     assert!(e.contains("missing tensor blk.0.attn_norm.weight"), "{e}");
 }
+
+/// A file of a known architecture with a tensor it does not use, or a weight type the engine
+/// cannot run, is refused with an error that names it (not "corrupt"); an architecture the GPU
+/// layers cannot run stays on the CPU under the automatic split and is refused when asked for.
+#[test]
+fn unknown_architecture_tensor_and_type_are_named() {
+    use forge_cache::engine::placement::{place, BackendChoice, Device, PlacementOptions};
+    use forge_cache::gguf::synth::{write_synth_model, SynthArch, SynthQuant, SynthShape};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("g.gguf");
+    write_synth_model(&SynthShape::small(SynthArch::Gemma3), SynthQuant::All(GgmlType::Q8_0), 1, None, &path, |_| {}).expect("write");
+    let bytes = std::fs::read(&path).expect("read");
+
+    // general.architecture "gemma3" -> "mamba3" (same length: the header stays valid).
+    let at = bytes.windows(6).position(|w| w == b"gemma3").expect("arch value");
+    let mut b = bytes.clone();
+    b[at..at + 6].copy_from_slice(b"mamba3");
+    let e = load_bytes(&b).err().expect("unknown architecture").to_string();
+    assert!(e.contains("\"mamba3\"") && e.contains("not supported") && e.contains("gemma3") && !e.contains("corrupt"), "{e}");
+
+    // Every tensor of the file, and one more that a Gemma 3 model does not have.
+    let g = forge_cache::gguf::GgufFile::open(&path).expect("open");
+    let mut w = GgufWriter::new();
+    for (k, v) in &g.metadata {
+        w.meta(k, v.clone());
+    }
+    for t in &g.tensors {
+        w.tensor(&t.name, &t.dims, t.ty, g.data(t).to_vec());
+    }
+    w.tensor("blk.0.attn_q.bias", &[512], GgmlType::F32, vec![0; 512 * 4]);
+    let e = load_bytes(&w.to_bytes()).err().expect("unknown tensor").to_string();
+    assert!(e.contains("blk.0.attn_q.bias") && e.contains("gemma3") && e.contains("unknown tensor"), "{e}");
+
+    // The first weight's type id set to IQ4_XS (23), a GGML type the engine does not run.
+    let at = bytes.windows(17).position(|w| w == b"token_embd.weight").expect("tensor name");
+    let ty = at + 17 + 4 + 2 * 8;
+    let mut b = bytes.clone();
+    b[ty..ty + 4].copy_from_slice(&23u32.to_le_bytes());
+    let e = load_bytes(&b).err().expect("type").to_string();
+    assert!(e.contains("token_embd.weight") && e.contains("IQ4_XS"), "{e}");
+
+    // The wgpu tier: the automatic split keeps Gemma on the CPU; an explicit request says why.
+    let mut model = load_bytes(&bytes).expect("loads");
+    assert!(forge_cache::engine::placement::layers_unsupported(&model).is_some_and(|why| why.contains("gemma3") && why.contains("GeGLU")));
+    let split = PlacementOptions { backend: BackendChoice::Split, split: None, allow_software: true };
+    let p = place(&mut model, &split).expect("automatic split");
+    assert!(p.runs.iter().all(|(d, _)| *d == Device::Cpu) && p.reason.contains("gemma3"), "{}", p.reason);
+    let wgpu = PlacementOptions { backend: BackendChoice::Wgpu, split: None, allow_software: true };
+    let e = place(&mut model, &wgpu).expect_err("refused").to_string();
+    assert!(e.contains("cannot run") && e.contains("gemma3"), "{e}");
+    // The HIP tier too (refused by the shape before any device is looked for).
+    let hip = PlacementOptions { backend: BackendChoice::Hip, split: None, allow_software: true };
+    let e = place(&mut model, &hip).expect_err("refused").to_string();
+    assert!(e.contains("cannot run") && e.contains("gemma3"), "{e}");
+}

@@ -12,18 +12,12 @@
 mod common;
 
 use forge_cache::engine::eval::perplexity;
-use forge_cache::engine::sampler::argmax;
 use forge_cache::engine::generate::{generate, GenerateParams};
 use forge_cache::engine::sampler::SamplingParams;
 use forge_cache::engine::tokenizer::Tokenizer;
-use forge_cache::engine::{Logits, SeqBatch};
 
 /// Steps where llama.cpp's top-2 margin is below this are near-ties (see the module doc).
 const MARGIN: f64 = 0.3;
-
-fn margins(rec: &serde_json::Value) -> Vec<f64> {
-    rec["top2_margins"].as_array().expect("margins").iter().map(|m| m.as_f64().expect("f64")).collect()
-}
 
 #[test]
 fn teacher_forced_argmax_matches_llama_cpp_where_confident() {
@@ -31,21 +25,9 @@ fn teacher_forced_argmax_matches_llama_cpp_where_confident() {
     let mut state = model.new_state(256);
     let (mut checked, mut skipped) = (0, 0);
     for rec in common::jsonl("smollm2_greedy.jsonl") {
-        let prompt = common::ids(&rec["prompt_tokens"]);
-        let greedy = common::ids(&rec["greedy_tokens"]);
-        let margins = margins(&rec);
-        let seq: Vec<u32> = prompt.iter().chain(&greedy).copied().collect();
-        let mut kv = model.new_kv(seq.len());
-        model.forward(&mut state, &mut [SeqBatch { kv: &mut kv, tokens: &seq, logits: Logits::All }]).expect("forward");
-        for (step, want) in greedy.iter().enumerate() {
-            if margins[step] < MARGIN {
-                skipped += 1;
-                continue;
-            }
-            let got = argmax(model.logits(&state, prompt.len() - 1 + step));
-            assert_eq!(got, *want, "{}: step {step} (margin {}) argmax {got}, llama.cpp {want}", rec["id"], margins[step]);
-            checked += 1;
-        }
+        let (c, s) = common::teacher_forced(&model, &mut state, &rec, &common::ids(&rec["prompt_tokens"]), MARGIN, &rec["id"].to_string());
+        checked += c;
+        skipped += s;
     }
     eprintln!("teacher forcing: {checked} confident steps matched, {skipped} near-ties skipped");
     assert!(checked > 300);
@@ -59,7 +41,7 @@ fn free_greedy_decoding_reproduces_the_confident_prefix() {
     let mut total = 0;
     for rec in common::jsonl("smollm2_greedy.jsonl") {
         let greedy = common::ids(&rec["greedy_tokens"]);
-        let margins = margins(&rec);
+        let margins = common::margins(&rec);
         let confident = margins.iter().position(|&m| m < MARGIN).unwrap_or(greedy.len());
         let prompt = tok.encode(rec["raw_prompt"].as_str().expect("raw_prompt"), true).expect("encode");
         assert_eq!(prompt, common::ids(&rec["prompt_tokens"]), "{}: prompt tokens", rec["id"]);
@@ -88,7 +70,7 @@ fn perplexity_within_one_percent_of_llama_cpp() {
     let n_ctx = v["n_ctx"].as_u64().expect("n_ctx") as usize;
     let want = v["llamacpp_ppl"].as_f64().expect("ppl");
     let mut state = model.new_state(512);
-    let p = perplexity(&model, &mut state, &tokens, n_ctx, |d, n| eprintln!("perplexity chunk {d}/{n}")).expect("ppl");
+    let p = perplexity(&model, &mut state, &tokens, n_ctx, None, |d, n| eprintln!("perplexity chunk {d}/{n}")).expect("ppl");
     eprintln!("perplexity {:.4} over {} tokens ({} chunks); llama.cpp {want}", p.ppl, p.scored_tokens, p.n_chunks);
     assert_eq!(p.n_chunks, v["n_chunks"].as_u64().expect("n") as usize);
     assert!((p.ppl - want).abs() / want < 0.01, "perplexity {} vs llama.cpp {want}", p.ppl);

@@ -8,12 +8,11 @@ mod common;
 
 use std::time::Duration;
 
-use common::{ask, client, server_config, service, sql_i64, start, with_mode, FRANCE};
+use common::{ask, client, server_config, server_config_on, service, service_on, sql_i64, start, with_mode, RealModel, FRANCE};
 use forge_cache::server::proto::{CacheMode, ServedFrom, StopReason};
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_repeat_is_an_exact_hit_even_after_a_restart() {
-    let (scratch, server, mut c) = service().await;
+async fn a_repeat_is_an_exact_hit_even_after_a_restart(m: RealModel) {
+    let (scratch, server, mut c) = service_on(m).await;
     let db = &scratch.db;
 
     let first = c.generate(ask(FRANCE, 16)).await.expect("first");
@@ -52,7 +51,7 @@ async fn a_repeat_is_an_exact_hit_even_after_a_restart() {
     assert_eq!(other.tokens, first.tokens[..first.tokens.len().min(15)]);
 
     server.stop().await.expect("stop");
-    let server = start(server_config(db)).await;
+    let server = start(server_config_on(m, db)).await;
     let mut c = client(&server).await;
     let after = c.generate(ask(FRANCE, 16)).await.expect("after restart");
     assert_eq!(after.served_from(), ServedFrom::Exact, "the hit must survive a restart");
@@ -61,6 +60,8 @@ async fn a_repeat_is_an_exact_hit_even_after_a_restart() {
     server.stop().await.expect("stop");
     assert_eq!(sql_i64(db, "SELECT COUNT(*) FROM inferences"), 24);
 }
+
+on_both_models!(exact_hits_even_after_a_restart, super::a_repeat_is_an_exact_hit_even_after_a_restart);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bypass_writes_nothing_and_refresh_supersedes() {
@@ -136,9 +137,8 @@ async fn sampled_requests_without_a_seed_never_use_the_exact_cache() {
 /// Batch invariance over the service: greedy (and seeded) answers are identical whether a
 /// request ran alone or shared forward passes with others, including a long prompt whose
 /// chunked prefill interleaves with the others' decoding.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn concurrent_requests_get_their_solo_answers() {
-    let (_scratch, server, mut c) = service().await;
+async fn concurrent_requests_get_their_solo_answers(m: RealModel) {
+    let (_scratch, server, mut c) = service_on(m).await;
     let long = format!("Summarize this in one sentence: {}", "The river flows past the old mill and the children play by the water. ".repeat(12));
     let mut seeded = ask("Write a word that rhymes with cat.", 8);
     (seeded.temperature, seeded.top_p, seeded.seed) = (Some(0.8), Some(0.95), Some(7));
@@ -170,7 +170,7 @@ async fn concurrent_requests_get_their_solo_answers() {
 
     // And the service's answers are the offline generation loop's, token for token (the long
     // prompt went through the scheduler's 64-token prefill chunks).
-    let model = common::fast_model();
+    let model = m.load();
     let mut state = model.new_state(512);
     let tok = forge_cache::engine::tokenizer::Tokenizer::from_gguf(&model.gguf).expect("tokenizer");
     for (r, served) in requests.iter().zip(&solo) {
@@ -191,3 +191,5 @@ async fn concurrent_requests_get_their_solo_answers() {
         assert_eq!(offline.tokens, served.tokens, "service and offline differ for {:?}", served.text);
     }
 }
+
+on_both_models!(concurrent_requests_solo_answers, super::concurrent_requests_get_their_solo_answers);

@@ -9,12 +9,11 @@ mod common;
 use std::path::Path;
 use std::process::Command;
 
-use common::{ask, service, sql_i64, with_mode, FRANCE};
+use common::{ask, service, service_on, sql_i64, with_mode, RealModel, FRANCE};
 use forge_cache::server::proto::{self, CacheMode, ServedFrom};
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn answers_leave_facts_that_users_can_correct() {
-    let (scratch, server, mut c) = service().await;
+async fn answers_leave_facts_that_users_can_correct(m: RealModel) {
+    let (scratch, server, mut c) = service_on(m).await;
     let db = &scratch.db;
 
     let g = c.generate(ask(FRANCE, 24)).await.expect("model answer");
@@ -44,8 +43,11 @@ async fn answers_leave_facts_that_users_can_correct() {
         .expect("put");
     let user_fact = put.fact.expect("fact");
     assert_eq!((user_fact.source_type.as_str(), user_fact.confidence), ("user_provided", 1.0));
-    let model_ids: Vec<i64> = facts.iter().map(|f| f.id).collect();
-    assert_eq!(put.superseded_ids, model_ids);
+    let mut model_ids: Vec<i64> = facts.iter().map(|f| f.id).collect();
+    model_ids.sort_unstable();
+    let mut superseded = put.superseded_ids.clone();
+    superseded.sort_unstable();
+    assert_eq!(superseded, model_ids);
     let all = c.search_facts("", true).await.expect("search all");
     for f in all.iter().filter(|f| model_ids.contains(&f.id)) {
         assert!(!f.live && f.degraded_by == user_fact.id, "{f:?}");
@@ -72,12 +74,18 @@ async fn answers_leave_facts_that_users_can_correct() {
     assert!(c.search_facts("capital", false).await.expect("search").is_empty());
 
     let stats = c.get_stats(0).await.expect("stats");
-    let tier = |t: ServedFrom| stats.tiers.iter().find(|x| x.served_from == t as i32).expect("tier").requests;
-    assert_eq!((stats.requests, tier(ServedFrom::Model), tier(ServedFrom::Exact), tier(ServedFrom::Fact)), (7, 3, 2, 2));
+    let tier = |t: ServedFrom| stats.tiers.iter().find(|x| x.served_from == t as i32).map_or(0, |x| x.requests);
+    // Three answers were computed; the Italy question may have had part of the France answer
+    // accepted as a draft (PARTIAL) depending on the model.
+    let computed = tier(ServedFrom::Model) + tier(ServedFrom::Partial) + tier(ServedFrom::Verified);
+    assert!(tier(ServedFrom::Model) >= 2);
+    assert_eq!((stats.requests, computed, tier(ServedFrom::Exact), tier(ServedFrom::Fact)), (7, 3, 2, 2));
     assert!(stats.tokens_saved > 0 && stats.time_saved_ms > 0.0, "{stats:?}");
     assert_eq!(stats.live_facts + stats.degraded_facts, sql_i64(db, "SELECT COUNT(*) FROM facts") as u64);
     server.stop().await.expect("stop");
 }
+
+on_both_models!(facts_users_can_correct, super::answers_leave_facts_that_users_can_correct);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tenants_never_see_each_others_answers_or_facts() {

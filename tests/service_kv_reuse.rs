@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{ask, service_with, sql_i64, start, with_mode, Scratch};
+use common::{ask, service_with, service_with_on, sql_i64, start, with_mode, RealModel, Scratch};
 use forge_cache::engine::tokenizer::Tokenizer;
 use forge_cache::gguf::GgufFile;
 use forge_cache::server::client::{Client, Generated};
@@ -86,9 +86,8 @@ fn kv_config(tweak: impl FnOnce(&mut KvConfig)) -> impl FnOnce(&mut ServerConfig
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn shared_prefixes_are_reused_block_for_block_with_identical_answers() {
-    let (scratch, server, mut c) = service_with(kv_config(|_| {})).await;
+async fn shared_prefixes_are_reused_block_for_block_with_identical_answers(m: RealModel) {
+    let (scratch, server, mut c) = service_with_on(m, kv_config(|_| {})).await;
     let db = &scratch.db;
     let doc = squad(2);
     let p = format!("{doc}\n\nQuestion: Which NFL team represented the AFC at Super Bowl 50?\nAnswer:");
@@ -102,7 +101,12 @@ async fn shared_prefixes_are_reused_block_for_block_with_identical_answers() {
     assert_eq!(first.outcome.kv_tokens_reused, 0);
     let n = first.outcome.prompt_token_ids.len();
     assert!(n > 300, "{n} tokens");
-    assert_eq!(sql_i64(db, &format!("SELECT COUNT(*) FROM kv_lineage WHERE token_count = {BLOCK}")), (n / BLOCK) as i64, "every whole prompt block is stored");
+    // Every whole block of what was computed (the prompt, then the answer tokens fed back, as
+    // far as they were published), and the prompt's partial tail.
+    let computed = first.outcome.tokens_computed as usize;
+    assert!(computed >= n);
+    let whole = sql_i64(db, &format!("SELECT COUNT(*) FROM kv_lineage WHERE token_count = {BLOCK}")) as usize;
+    assert!((n / BLOCK..=computed / BLOCK).contains(&whole), "every whole prompt block is stored: {whole} of {n} prompt / {computed} computed tokens");
     if n % BLOCK != 0 {
         assert!(sql_i64(db, &format!("SELECT COUNT(*) FROM kv_lineage WHERE token_count < {BLOCK}")) >= 1, "the prompt's tail is stored");
     }
@@ -130,7 +134,7 @@ async fn shared_prefixes_are_reused_block_for_block_with_identical_answers() {
     let shared = lcp(ids, &first.outcome.prompt_token_ids);
     assert!(shared % BLOCK == 0 || mid.outcome.kv_tokens_reused as usize > shared / BLOCK * BLOCK, "{shared} shared tokens, {} reused", mid.outcome.kv_tokens_reused);
     // A prompt of whole blocks, all seen before: all but its last token is loaded.
-    let tok = Tokenizer::from_gguf(&GgufFile::open(common::smollm2_path()).expect("gguf")).expect("tokenizer");
+    let tok = Tokenizer::from_gguf(&GgufFile::open(m.path()).expect("gguf")).expect("tokenizer");
     let exact_blocks = (0..40)
         .map(|k| format!("{doc}\n\nQuestion: Which NFL team represented the AFC at Super Bowl 50?{}", " Answer".repeat(k)))
         .find(|t| tok.encode_prompt(t).expect("encode").len() % BLOCK == 0)
@@ -155,6 +159,8 @@ async fn shared_prefixes_are_reused_block_for_block_with_identical_answers() {
     );
     server.stop().await.expect("stop");
 }
+
+on_both_models!(shared_prefixes_reused, super::shared_prefixes_are_reused_block_for_block_with_identical_answers);
 
 fn question(doc: &str, q: &str, max_tokens: u32) -> GenerateRequest {
     ask(&format!("{doc}\n\nQuestion: {q}"), max_tokens)

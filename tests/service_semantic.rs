@@ -17,9 +17,8 @@ fn served(o: &proto::Outcome) -> ServedFrom {
     ServedFrom::try_from(o.served_from).expect("served_from")
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn verified_reuse_serves_exactly_the_uncached_text() {
-    let (s, server, mut c) = service().await;
+async fn verified_reuse_serves_exactly_the_uncached_text(m: RealModel) {
+    let (s, server, mut c) = service_on(m).await;
     let pairs = [
         ("What is the capital of France?", "What's the capital city of France?"),
         ("Is the clinic open on Sundays?", "Is the clinic closed on Sundays?"),
@@ -73,9 +72,10 @@ async fn verified_reuse_serves_exactly_the_uncached_text() {
     server.stop().await.expect("stop");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn trust_needs_evidence_and_respects_what_verification_found() {
-    let (s, server, mut c) = service().await;
+on_both_models!(verified_reuse, super::verified_reuse_serves_exactly_the_uncached_text);
+
+async fn trust_needs_evidence_and_respects_what_verification_found(m: RealModel) {
+    let (s, server, mut c) = service_on(m).await;
     let first = c.generate(ask("What is the capital of France?", 40)).await.expect("first");
     let paraphrase = "What is the capital of France ?";
     // No evidence yet: TRUST falls back to verification.
@@ -87,6 +87,9 @@ async fn trust_needs_evidence_and_respects_what_verification_found() {
     // the store, as if earlier verifications had found them), and a restart to load it.
     {
         let conn = rusqlite::Connection::open(&s.db).expect("db");
+        // What the check above found depends on the model (Gemma 3 answers the paraphrase
+        // differently, a wrong outcome that alone keeps TRUST off): the evidence here is written.
+        conn.execute("DELETE FROM semantic_outcomes", []).expect("clear outcomes");
         let id = first.outcome.inference_id;
         for i in 0..300 {
             conn.execute(
@@ -98,7 +101,7 @@ async fn trust_needs_evidence_and_respects_what_verification_found() {
         }
         let _ = id;
     }
-    let server = start(server_config(&s.db)).await;
+    let server = start(server_config_on(m, &s.db)).await;
     let mut c = client(&server).await;
     let question = "What is the capital city of France?";
     let expected = bypass(&mut c, question, 40).await;
@@ -124,3 +127,5 @@ async fn trust_needs_evidence_and_respects_what_verification_found() {
     assert_ne!(served(&o), ServedFrom::Trust, "a vetoed answer is verified instead: {o:?}");
     server.stop().await.expect("stop");
 }
+
+on_both_models!(trust_needs_evidence, super::trust_needs_evidence_and_respects_what_verification_found);

@@ -1,4 +1,5 @@
-// dequant_q4_k.wgsl — `dequant_chunk` for Q4_K weights (prepended to matmul.wgsl / embed.wgsl).
+// dequant_q4_k.wgsl — `dequant_chunk` for Q4_K weights (prepended to matmul.wgsl / embed.wgsl,
+// after k_scale_min.wgsl).
 //
 // Layout (GGML block_q4_K, 144 bytes per 256 weights): d: f16 at +0, dmin: f16 at +2, scales: 12
 // bytes at +4 (eight 6-bit (scale, min) pairs, packed as in gguf::types::q4k_scale_min), qs: 128
@@ -6,14 +7,6 @@
 // even, the high nibbles when odd; weight = d*scale_j*q - dmin*min_j. Chunk c is sub-block c % 8
 // of super-block c / 8, at byte row + 144*(c/8). Bitwise equal to gguf::dequantize_row (d*scale*q
 // and dmin*min are exact products, so the one rounding is the subtraction's).
-
-fn q4k_scale_min(s: u32, j: u32) -> vec2<u32> {
-    if (j < 4u) {
-        return vec2<u32>(ld_u8(s + j) & 63u, ld_u8(s + j + 4u) & 63u);
-    }
-    let hi = ld_u8(s + j + 4u);
-    return vec2<u32>((hi & 15u) | ((ld_u8(s + j - 4u) >> 6u) << 4u), (hi >> 4u) | ((ld_u8(s + j) >> 6u) << 4u));
-}
 
 fn dequant_chunk(row: u32, c: u32) -> array<vec4<f32>, 8> {
     let b = row + (c >> 3u) * 144u;

@@ -91,8 +91,28 @@ pub struct AttentionArgs<'a> {
     pub n_head: usize,
     pub n_kv_head: usize,
     pub head_dim: usize,
+    /// Sliding window: a query at position p sees keys p + 1 - window ..= p only (GGML's
+    /// standard SWA); `None`: every key up to p.
+    pub window: Option<usize>,
     /// [n_tok, n_head * head_dim]
     pub out: &'a mut [f32],
+}
+
+impl AttentionArgs<'_> {
+    /// The keys token `t` attends to (a range of cache positions).
+    pub fn keys_of(&self, t: usize) -> std::ops::Range<usize> {
+        attention_keys(self.positions[t], self.window)
+    }
+}
+
+/// The keys a query at `pos` attends to: `pos + 1 - window ..= pos` with a sliding window,
+/// else `0 ..= pos`.
+pub fn attention_keys(pos: u32, window: Option<usize>) -> std::ops::Range<usize> {
+    let end = pos as usize + 1;
+    match window {
+        Some(w) => end.saturating_sub(w.max(1))..end,
+        None => 0..end,
+    }
 }
 
 /// The kernels a transformer forward pass needs. All activations are row-major `[n_tok, dim]`.
@@ -125,11 +145,29 @@ pub trait Backend: Send + Sync {
     /// x: [n_tok, n_head * head_dim]; `cos_sin[pos]` holds head_dim/2 (cos, sin) pairs.
     fn rope(&self, x: &mut [f32], positions: &[u32], n_head: usize, head_dim: usize, cos_sin: &[f32]);
 
+    /// Rotary embedding on the halves of the first `rope_dims` dimensions of every head (GGML's
+    /// NeoX mode: pairs (i, i + rope_dims/2)), in place; arguments as [`Backend::rope`].
+    fn rope_neox(&self, x: &mut [f32], positions: &[u32], n_head: usize, head_dim: usize, rope_dims: usize, cos_sin: &[f32]) {
+        for (tok, &pos) in x.chunks_exact_mut(n_head * head_dim).zip(positions) {
+            let cs = &cos_sin[pos as usize * head_dim..(pos as usize + 1) * head_dim];
+            for h in tok.chunks_exact_mut(head_dim) {
+                cpu::ops::rope_head_neox(h, cs, rope_dims);
+            }
+        }
+    }
+
     /// Causal attention for a batch of query tokens of one sequence (keys in position order).
     fn attention(&self, args: AttentionArgs<'_>);
 
     /// gate = silu(gate) * up, elementwise.
     fn silu_mul(&self, gate: &mut [f32], up: &[f32]);
+
+    /// gate = gelu_tanh(gate) * up, elementwise (GeGLU).
+    fn gelu_tanh_mul(&self, gate: &mut [f32], up: &[f32]) {
+        for (g, u) in gate.iter_mut().zip(up) {
+            *g = cpu::ops::gelu_tanh(*g) * u;
+        }
+    }
 
     /// x = gelu(x) (erf form), elementwise.
     fn gelu(&self, x: &mut [f32]);

@@ -23,7 +23,27 @@ use std::ops::Range;
 
 use super::WeightView;
 
+/// How RoPE pairs the dimensions of a head.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RopeStyle {
+    /// Adjacent pairs (x[2i], x[2i+1]): GGML's "normal" mode (Llama).
+    Adjacent,
+    /// Halves (x[i], x[i + rope_dims/2]): GGML's NeoX mode (Qwen, Gemma, Phi-3).
+    Neox,
+}
+
+/// The feed-forward activation: `act(gate) * up`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FfnActivation {
+    /// SiLU (SwiGLU).
+    Silu,
+    /// GELU, tanh form (GeGLU).
+    GeluTanh,
+}
+
 /// Hyper-parameters a layer runner needs (numbers only; the engine fills them from its config).
+/// The fields after `n_ctx_train` are the optional parts of some architectures; a runner that
+/// lacks one refuses the model by naming it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LayerShape {
     pub n_layer: usize,
@@ -39,12 +59,36 @@ pub struct LayerShape {
     pub vocab_size: usize,
     /// Context length the model was trained for (the longest RoPE table a segment needs).
     pub n_ctx_train: usize,
+    pub rope_style: RopeStyle,
+    /// Linear RoPE scaling of the global layers: positions × this (1: none).
+    pub rope_freq_scale: f32,
+    /// RoPE base of the sliding-window layers.
+    pub rope_base_swa: f32,
+    /// Keys a sliding-window layer attends to (the query's own position and the ones before).
+    pub sliding_window: Option<usize>,
+    /// [n_layer] whether each layer attends within `sliding_window` only (else globally).
+    pub swa_layers: Vec<bool>,
+    /// Query scale in attention (1/√head_dim for every architecture here but Gemma 3 27B).
+    pub attn_scale: f32,
+    pub ffn_activation: FfnActivation,
+    /// logits = c · tanh(logits / c), for a segment with the output head.
+    pub final_softcap: Option<f32>,
 }
 
 impl LayerShape {
     /// Width of the K (and V) projection: n_head_kv * head_dim.
     pub fn kv_dim(&self) -> usize {
         self.n_head_kv * self.head_dim
+    }
+
+    /// Width of the Q projection and the attention output: n_head * head_dim.
+    pub fn q_dim(&self) -> usize {
+        self.n_head * self.head_dim
+    }
+
+    /// The window of layer `li`, if it is a sliding-window layer.
+    pub fn window(&self, li: usize) -> Option<usize> {
+        self.sliding_window.filter(|_| self.swa_layers.get(li).copied().unwrap_or(false))
     }
 }
 
@@ -69,6 +113,16 @@ pub struct LayerTensors<'a> {
     pub w_up: WeightView<'a>,
     /// [n_embd, n_ff]
     pub w_down: WeightView<'a>,
+    /// [n_head * head_dim], [n_head_kv * head_dim] x 2: biases of q, k, v (Qwen2)
+    pub bq: Option<&'a [f32]>,
+    pub bk: Option<&'a [f32]>,
+    pub bv: Option<&'a [f32]>,
+    /// [head_dim] per-head RMSNorm weights of q and of k, before RoPE (Qwen3, Gemma 3)
+    pub q_norm: Option<&'a [f32]>,
+    pub k_norm: Option<&'a [f32]>,
+    /// [n_embd] RMSNorm of the attention / FFN output before its residual add (Gemma)
+    pub post_attn_norm: Option<&'a [f32]>,
+    pub post_ffn_norm: Option<&'a [f32]>,
 }
 
 /// The output norm and projection (for a segment that ends the model and computes logits).
@@ -86,6 +140,9 @@ pub trait ModelTensors {
     /// Layer `li`'s tensors (`li < shape().n_layer`).
     fn layer(&self, li: usize) -> LayerTensors<'_>;
     fn head(&self) -> HeadTensors<'_>;
+    /// [rope_dims / 2] RoPE frequency factors of the global layers (Llama 3's
+    /// `rope_freqs.weight`), if the model has them.
+    fn rope_freqs(&self) -> Option<&[f32]>;
 }
 
 /// What went wrong in a segment: the backend's own error, kept whole.

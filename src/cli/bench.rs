@@ -17,7 +17,7 @@ use super::BackendArg;
 
 #[derive(Debug, Args)]
 pub struct BenchArgs {
-    /// GGUF model file (default: SmolLM2-135M-Instruct Q4_1).
+    /// GGUF model file, or the short name of a fetched model (smollm2, gemma3); default: SmolLM2-135M-Instruct Q4_1.
     #[arg(long)]
     pub model: Option<PathBuf>,
     /// CPU threads (default: physical cores).
@@ -49,7 +49,7 @@ struct Row<'a> {
 }
 
 pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
-    let path = a.model.clone().unwrap_or_else(forge_cache::models::default_llm);
+    let path = forge_cache::models::resolve_llm(a.model.as_deref()).map_err(anyhow::Error::msg)?;
     if !path.exists() {
         bail!(forge_cache::models::missing_hint(&path));
     }

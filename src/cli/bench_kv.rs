@@ -22,7 +22,7 @@ use forge_cache::workload::{Codec, KvConfig, Storage};
 
 #[derive(Debug, Args)]
 pub struct BenchKvArgs {
-    /// GGUF model file (default: SmolLM2-135M-Instruct Q4_1).
+    /// GGUF model file, or the short name of a fetched model (smollm2, gemma3); default: SmolLM2-135M-Instruct Q4_1.
     #[arg(long)]
     pub model: Option<PathBuf>,
     /// CPU threads for the model (default: physical cores).
@@ -232,7 +232,7 @@ fn warmup() -> GenerateRequest {
 }
 
 pub fn run(a: &BenchKvArgs) -> anyhow::Result<()> {
-    let model = a.model.clone().unwrap_or_else(forge_cache::models::default_llm);
+    let model = forge_cache::models::resolve_llm(a.model.as_deref()).map_err(anyhow::Error::msg)?;
     if !model.exists() {
         bail!(forge_cache::models::missing_hint(&model));
     }

@@ -50,7 +50,7 @@ pub struct GenerateArgs {
     /// Same seed, same text (sampling only).
     #[arg(long)]
     pub seed: Option<u64>,
-    /// GGUF model file (default: SmolLM2-135M-Instruct Q4_1 from scripts/fetch-models.sh).
+    /// GGUF model file, or the short name of a fetched model (smollm2, gemma3); default: SmolLM2-135M-Instruct Q4_1.
     #[arg(long, conflicts_with = "server")]
     pub model: Option<PathBuf>,
     /// CPU threads (default: physical cores).
@@ -156,7 +156,7 @@ pub fn run(a: &GenerateArgs) -> anyhow::Result<()> {
     }
     let sampling = SamplingParams { temperature: a.temperature, top_k: a.top_k, top_p: a.top_p, seed: a.seed };
     sampling.validate()?;
-    let path = a.model.clone().unwrap_or_else(forge_cache::models::default_llm);
+    let path = forge_cache::models::resolve_llm(a.model.as_deref()).map_err(anyhow::Error::msg)?;
     if !path.exists() {
         bail!(forge_cache::models::missing_hint(&path));
     }

@@ -37,7 +37,7 @@ pub fn run(args: &HardwareArgs) -> anyhow::Result<()> {
         Err(e) => format!("none: {e}"),
     };
     let dgpu = forge_cache::backend::hip::status();
-    let path = args.model.clone().unwrap_or_else(forge_cache::models::default_llm);
+    let path = forge_cache::models::resolve_llm(args.model.as_deref()).map_err(anyhow::Error::msg)?;
     let split = if path.is_file() {
         let mut model = Model::load(&path, Arc::new(CpuBackend::new(0)?))?;
         let o = PlacementOptions { backend: BackendChoice::Split, split: None, allow_software: args.igpu_allow_software };

@@ -231,8 +231,13 @@ mod tests {
     fn parses_synth_model() {
         let cli = Cli::try_parse_from(["forge-cache", "synth-model", "--shape", "tinyllama-1.1b", "--quant", "q4_0", "-o", "m.gguf"]).expect("parses");
         let Command::SynthModel(a) = cli.command else { panic!("not synth-model") };
-        assert_eq!((a.shape.as_str(), a.quant.as_str(), a.seed), ("tinyllama-1.1b", "q4_0", 0));
+        assert_eq!((a.shape.as_deref(), a.quant.as_str(), a.seed), (Some("tinyllama-1.1b"), "q4_0", 0));
         assert_eq!(a.output, std::path::PathBuf::from("m.gguf"));
         assert!(Cli::try_parse_from(["forge-cache", "synth-model", "--shape", "x"]).is_err());
+        let cli = Cli::try_parse_from(["forge-cache", "synth-model", "--arch", "gemma3", "--quant", "q4_k_m", "-o", "g.gguf"]).expect("parses");
+        let Command::SynthModel(a) = cli.command else { panic!("not synth-model") };
+        assert_eq!((a.arch.as_deref(), a.shape), (Some("gemma3"), None));
+        assert!(Cli::try_parse_from(["forge-cache", "synth-model", "--arch", "gemma3", "--shape", "smollm2-135m", "-o", "x"]).is_err());
+        assert!(Cli::try_parse_from(["forge-cache", "synth-model", "-o", "x"]).is_err());
     }
 }

@@ -19,7 +19,7 @@ use super::EmbedWeights;
 
 #[derive(Debug, Args)]
 pub struct ServeArgs {
-    /// GGUF model file (default: SmolLM2-135M-Instruct Q4_1 from scripts/fetch-models.sh).
+    /// GGUF model file, or the short name of a fetched model (smollm2, gemma3); default: SmolLM2-135M-Instruct Q4_1.
     #[arg(long)]
     pub model: Option<PathBuf>,
     /// SQLite database: request log, exact cache, facts (created when missing).
@@ -166,7 +166,7 @@ fn parse_tenant_mode(s: &str) -> Result<(String, CacheMode), String> {
 }
 
 pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
-    let mut config = ServerConfig::new(a.model.clone().unwrap_or_else(forge_cache::models::default_llm), &a.db);
+    let mut config = ServerConfig::new(forge_cache::models::resolve_llm(a.model.as_deref()).map_err(anyhow::Error::msg)?, &a.db);
     config.threads = a.threads;
     config.cache = !a.no_cache;
     if !(a.trust_delta > 0.0 && a.trust_delta < 1.0) || !(a.trust_z > 0.0 && a.trust_z.is_finite()) {

@@ -3,9 +3,15 @@
 //!
 //! The environment mirrors what Hugging Face templates expect (and what `transformers` and
 //! llama.cpp give them): variables `messages` (list of `{role, content}`), `add_generation_prompt`,
-//! `bos_token`, `eos_token`; a `raise_exception(message)` function; `trim_blocks` and
-//! `lstrip_blocks` on. Every failure — a template that does not compile, one that calls
-//! `raise_exception`, one that fails while rendering — is a [`ChatError`], never a panic.
+//! `bos_token`, `eos_token`; `raise_exception(message)` and `strftime_now(format)` functions;
+//! Python's string and dict methods (`.startswith`, `.split`, `.items()`, ... from
+//! `minijinja-contrib`, which Qwen3's template needs); `trim_blocks` and `lstrip_blocks` on. Every
+//! failure — a template that does not compile, one that calls `raise_exception`, one that fails
+//! while rendering — is a [`ChatError`], never a panic.
+//!
+//! A file without a template gets the built-in one of its family when its vocabulary shows which
+//! ([`builtin_for`]: Gemma's turns, ChatML, Llama 3's headers, Phi-3's tags), as llama.cpp falls
+//! back to its own renderers; otherwise there is none and prompts are sent raw.
 
 use std::collections::BTreeMap;
 
@@ -87,6 +93,8 @@ impl ChatTemplate {
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);
         env.add_function("raise_exception", raise_exception);
+        env.add_function("strftime_now", strftime_now);
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_template_owned(TEMPLATE_NAME, source.clone()).map_err(ChatError::Syntax)?;
         Ok(ChatTemplate { env, source, bos_token: bos_token.into(), eos_token: eos_token.into() })
     }
@@ -100,7 +108,10 @@ impl ChatTemplate {
     /// As [`ChatTemplate::from_gguf`], from GGUF-style metadata.
     pub fn from_metadata(meta: &BTreeMap<String, Value>) -> Result<Option<ChatTemplate>, ChatError> {
         let source = match meta.get(KEY_CHAT_TEMPLATE) {
-            None => return Ok(None),
+            None => match builtin_for(meta) {
+                Some(b) => b.source,
+                None => return Ok(None),
+            },
             Some(Value::String(s)) => s,
             Some(v) => {
                 return Err(GgufError::WrongType {
@@ -124,7 +135,7 @@ impl ChatTemplate {
         };
         let bos = token_text("tokenizer.ggml.bos_token_id");
         let eos = token_text("tokenizer.ggml.eos_token_id");
-        ChatTemplate::new(source.clone(), bos, eos).map(Some)
+        ChatTemplate::new(source.to_string(), bos, eos).map(Some)
     }
 
     /// The prompt text for `messages`; with `add_generation_prompt`, followed by the opening of
@@ -161,6 +172,100 @@ impl ChatTemplate {
     pub fn eos_token(&self) -> &str {
         &self.eos_token
     }
+}
+
+/// A chat template this crate carries for files that have none.
+#[derive(Debug, Clone, Copy)]
+pub struct Builtin {
+    pub name: &'static str,
+    /// Tokens whose presence in the vocabulary selects it.
+    pub tokens: &'static [&'static str],
+    pub source: &'static str,
+}
+
+/// Gemma's turns (what llama.cpp renders for its `gemma` template and Google's Gemma 3 template
+/// does): a system message is prefixed to the first user turn, contents are trimmed, the
+/// assistant is `model`.
+const GEMMA: &str = "{{ bos_token }}{% if messages and messages[0]['role'] == 'system' %}{% set first_user_prefix = messages[0]['content'] | trim ~ '\n\n' %}{% set loop_messages = messages[1:] %}{% else %}{% set first_user_prefix = '' %}{% set loop_messages = messages %}{% endif %}{% for message in loop_messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}{% set role = 'model' if message['role'] == 'assistant' else message['role'] %}{{ '<start_of_turn>' ~ role ~ '\n' ~ (first_user_prefix if loop.first else '') ~ message['content'] | trim ~ '<end_of_turn>\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<start_of_turn>model\n' }}{% endif %}";
+/// ChatML (Qwen and others).
+const CHATML: &str = "{% for message in messages %}{{ '<|im_start|>' ~ message['role'] ~ '\n' ~ message['content'] ~ '<|im_end|>\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
+/// Llama 3's header blocks.
+const LLAMA3: &str = "{{ bos_token }}{% for message in messages %}{{ '<|start_header_id|>' ~ message['role'] ~ '<|end_header_id|>\n\n' ~ message['content'] | trim ~ '<|eot_id|>' }}{% endfor %}{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}";
+/// Phi-3's role tags.
+const PHI3: &str = "{% for message in messages %}{{ '<|' ~ message['role'] ~ '|>\n' ~ message['content'] ~ '<|end|>\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% endif %}";
+
+/// The built-in templates, tried in order.
+pub const BUILTINS: [Builtin; 4] = [
+    Builtin { name: "gemma", tokens: &["<start_of_turn>", "<end_of_turn>"], source: GEMMA },
+    Builtin { name: "llama3", tokens: &["<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"], source: LLAMA3 },
+    Builtin { name: "phi3", tokens: &["<|user|>", "<|assistant|>", "<|end|>"], source: PHI3 },
+    Builtin { name: "chatml", tokens: &["<|im_start|>", "<|im_end|>"], source: CHATML },
+];
+
+/// The built-in template for a vocabulary that has all of a template's tokens, if one does.
+pub fn builtin_for(meta: &BTreeMap<String, Value>) -> Option<Builtin> {
+    let Some(Value::Array(tokens)) = meta.get("tokenizer.ggml.tokens") else { return None };
+    let has = |t: &str| tokens.iter().any(|v| matches!(v, Value::String(s) if s == t));
+    BUILTINS.into_iter().find(|b| b.tokens.iter().all(|t| has(t)))
+}
+
+/// `strftime_now(format)` (llama.cpp and `transformers` give templates this): the current UTC
+/// date and time in C `strftime` style; %d %m %Y %y %b %B %a %A %H %M %S %j %e %% are supported.
+fn strftime_now(format: String) -> String {
+    let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    strftime(&format, secs)
+}
+
+/// `format` for the UTC time `secs` after the Unix epoch.
+fn strftime(format: &str, secs: u64) -> String {
+    const MONTHS: [&str; 12] = ["January", "February", "March", "April", "May", "June", "July", "August", "September", "October", "November", "December"];
+    const DAYS: [&str; 7] = ["Thursday", "Friday", "Saturday", "Sunday", "Monday", "Tuesday", "Wednesday"];
+    let days = (secs / 86_400) as i64;
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    let leap = (year % 4 == 0 && year % 100 != 0) || year % 400 == 0;
+    let cum = [0, 31, 59, 90, 120, 151, 181, 212, 243, 273, 304, 334];
+    let yday = cum[(month - 1) as usize] + day + i64::from(leap && month > 2);
+    let (h, mi, se) = ((secs % 86_400) / 3600, (secs % 3600) / 60, secs % 60);
+    let (mname, dname) = (MONTHS[(month - 1) as usize], DAYS[(days.rem_euclid(7)) as usize]);
+    let mut out = String::new();
+    let mut chars = format.chars();
+    while let Some(c) = chars.next() {
+        if c != '%' {
+            out.push(c);
+            continue;
+        }
+        match chars.next() {
+            Some('d') => out.push_str(&format!("{day:02}")),
+            Some('e') => out.push_str(&format!("{day:2}")),
+            Some('m') => out.push_str(&format!("{month:02}")),
+            Some('Y') => out.push_str(&year.to_string()),
+            Some('y') => out.push_str(&format!("{:02}", year % 100)),
+            Some('b') => out.push_str(&mname[..3]),
+            Some('B') => out.push_str(mname),
+            Some('a') => out.push_str(&dname[..3]),
+            Some('A') => out.push_str(dname),
+            Some('H') => out.push_str(&format!("{h:02}")),
+            Some('M') => out.push_str(&format!("{mi:02}")),
+            Some('S') => out.push_str(&format!("{se:02}")),
+            Some('j') => out.push_str(&format!("{yday:03}")),
+            Some('%') => out.push('%'),
+            Some(other) => {
+                out.push('%');
+                out.push(other);
+            }
+            None => out.push('%'),
+        }
+    }
+    out
 }
 
 /// `raise_exception(message)`, as templates call it to reject a conversation.
@@ -238,6 +343,44 @@ mod tests {
         assert_eq!(t.render(&[], false).expect("renders"), "<s>|</s>");
         meta.insert(KEY_CHAT_TEMPLATE.into(), Value::U32(3));
         assert!(matches!(ChatTemplate::from_metadata(&meta), Err(ChatError::Gguf(GgufError::WrongType { .. }))));
+    }
+
+    #[test]
+    fn builtin_templates_by_vocabulary() {
+        let meta = |toks: &[&str]| -> BTreeMap<String, Value> {
+            let mut m = BTreeMap::new();
+            m.insert("tokenizer.ggml.tokens".into(), Value::Array(toks.iter().map(|t| Value::String(t.to_string())).collect()));
+            m.insert("tokenizer.ggml.bos_token_id".into(), Value::U32(0));
+            m
+        };
+        let g = ChatTemplate::from_metadata(&meta(&["<bos>", "<start_of_turn>", "<end_of_turn>"])).expect("ok").expect("gemma");
+        // Gemma 3's prompt for one user turn, as llama.cpp's reference raw prompts have it.
+        assert_eq!(
+            g.render(&[Message::user(" What is the capital of France? ")], true).expect("renders"),
+            "<bos><start_of_turn>user\nWhat is the capital of France?<end_of_turn>\n<start_of_turn>model\n"
+        );
+        // A system message joins the first user turn; roles must alternate.
+        assert_eq!(
+            g.render(&[Message::system("Be brief."), Message::user("Hi"), Message::assistant("Hello"), Message::user("Bye")], false).expect("renders"),
+            "<bos><start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n<start_of_turn>model\nHello<end_of_turn>\n<start_of_turn>user\nBye<end_of_turn>\n"
+        );
+        assert!(matches!(g.render(&[Message::user("a"), Message::user("b")], true), Err(ChatError::Raised(_))));
+        let c = ChatTemplate::from_metadata(&meta(&["<|im_start|>", "<|im_end|>"])).expect("ok").expect("chatml");
+        assert_eq!(c.render(&[Message::user("Hi")], true).expect("renders"), "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
+        assert!(ChatTemplate::from_metadata(&meta(&["<s>", "</s>"])).expect("ok").is_none(), "no family, no template");
+    }
+
+    #[test]
+    fn python_methods_and_strftime_now() {
+        // What Qwen3's template calls: string methods through minijinja-contrib's pycompat.
+        let src = "{% set c = messages[0]['content'] %}{{ c.startswith('Hi') }} {{ c.split(' ')[1] }} {{ c.strip('!') }} {{ c.replace('there', 'you') }}";
+        let t = ChatTemplate::new(src, "", "").expect("compiles");
+        assert_eq!(t.render(&[Message::user("Hi there!")], false).expect("renders"), "True there! Hi there Hi you!");
+        // 2024-07-26 (a Friday) 16:51:49 UTC, as Llama 3.1's template formats "Today Date".
+        assert_eq!(strftime("%d %b %Y|%A %j %H:%M:%S %%", 1_722_099_109 - 86_400), "26 Jul 2024|Friday 208 16:51:49 %");
+        assert_eq!(strftime("%Y-%m-%d", 951_782_400), "2000-02-29");
+        let t = ChatTemplate::new("{{ strftime_now('%Y') | length }}", "", "").expect("compiles");
+        assert_eq!(t.render(&[], false).expect("renders"), "4");
     }
 
     #[test]

@@ -1,11 +1,12 @@
-//! The inference engine: a Llama-family model from GGUF, run through a [`crate::backend::Backend`].
+//! The inference engine: a model from GGUF (`llama`, `qwen2`, `qwen3`, `gemma3`, `phi3`), run
+//! through a [`crate::backend::Backend`].
 //!
-//! * `config` — hyper-parameters from GGUF metadata
+//! * `config` — hyper-parameters and architecture parts from GGUF metadata ([`ModelConfig`])
 //! * `weights` — zero-copy weight views, shape-checked at load
 //! * `kv` — per-sequence KV cache
 //! * `model` — the forward pass over a batch of sequences
-//! * `tokenizer` — byte-level BPE from GGUF metadata (on the `tokenizers` crate), special tokens
-//! * `chat` — the GGUF chat template rendered with minijinja
+//! * `tokenizer` — byte-level BPE (on the `tokenizers` crate) and SentencePiece from GGUF metadata, special tokens
+//! * `chat` — the GGUF chat template (or a built-in one) rendered with minijinja
 //! * `sampler` — greedy / temperature / top-k / top-p sampling, seeded
 //! * `generate` — prefill + decode loop on token ids, with timings
 //! * `prefix` — [`PrefixCache`], what the engine needs from a prefix cache (`workload` implements it)
@@ -33,7 +34,7 @@ pub mod scheduler;
 pub mod tokenizer;
 pub mod weights;
 
-pub use config::LlamaConfig;
+pub use config::{Arch, LlamaConfig, ModelConfig};
 pub use kv::KvCache;
 pub use prefix::PrefixCache;
 pub use model::{Logits, Model, ModelError, RunState, SeqBatch};

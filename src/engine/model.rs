@@ -1,27 +1,29 @@
-//! The Llama forward pass: token embedding, `n_layer` × (RMSNorm, grouped-query attention with
-//! RoPE, RMSNorm, SwiGLU), final norm, output projection. Weights are views into the GGUF map
-//! ([`Weights`]); activations live in a preallocated [`RunState`]; each sequence has its own
-//! [`KvCache`]. One call can carry tokens of several sequences (continuous batching): matmuls run
-//! over all of them at once, attention per sequence.
+//! The forward pass of every architecture ([`ModelConfig`]): token embedding, `n_layer` ×
+//! (RMSNorm, grouped-query attention with RoPE, RMSNorm, gated FFN), final norm, output
+//! projection; the architectures' optional parts (biases, q/k norms, post-norms, sliding
+//! windows, GeGLU, embedding scale) are steps of the one layer function, taken when the config
+//! has them. Weights are views into the GGUF map ([`Weights`]); activations live in a
+//! preallocated [`RunState`]; each sequence has its own [`KvCache`]. One call can carry tokens of
+//! several sequences (continuous batching): matmuls run over all of them at once, attention per
+//! sequence.
 
 use std::path::Path;
 use std::sync::Arc;
 
+use crate::backend::cpu::ops;
 use crate::backend::offload::{LayerOffload, LogitRows, OffloadActs, OffloadError, SeqSpan};
 use crate::backend::{AttentionArgs, Backend};
 use crate::gguf::{dequantize_row, GgufError, GgufFile};
 
-use super::config::LlamaConfig;
+use super::config::{FfnActivation, ModelConfig, RopeStyle};
 use super::kv::KvCache;
 use super::weights::Weights;
 
 pub struct Model {
-    pub config: LlamaConfig,
+    pub config: ModelConfig,
     pub gguf: GgufFile,
     pub weights: Weights,
     backend: Arc<dyn Backend>,
-    /// [n_ctx_train, head_dim / 2, 2] (cos, sin) per position
-    rope: Vec<f32>,
     /// Runs of layers on accelerators, in layer order (see [`Model::offload`], engine/offload.rs);
     /// the backend runs the others.
     pub(super) segments: Vec<Box<dyn LayerOffload>>,
@@ -83,7 +85,14 @@ pub struct RunState {
     pos: Vec<u32>,
     /// [max_tokens] step rows that want logits (GPU output head)
     rows: Vec<u32>,
-    /// [max_tokens, vocab] logits of the rows that asked for them, in batch order
+    /// [max_tokens, head_dim / 2, 2] RoPE (cos, sin) of each token of the call, global layers
+    rope: Vec<f32>,
+    /// [max_tokens, head_dim / 2, 2] the same for sliding-window layers (empty: none)
+    rope_swa: Vec<f32>,
+    /// [max_tokens] 0, 1, 2, ...: the row of each token in `rope` / `rope_swa`
+    tok_rows: Vec<u32>,
+    /// [rows, vocab] logits of the rows that asked for them, in batch order (grown to the most
+    /// rows asked for so far, so a decode loop allocates nothing once warm)
     pub logits: Vec<f32>,
     /// Number of valid rows in `logits` after the last call.
     pub n_logits: usize,
@@ -111,10 +120,10 @@ pub enum ModelError {
 }
 
 impl Model {
-    /// Loads a GGUF Llama model: parses metadata, locates and checks every tensor (no data read).
+    /// Loads a GGUF model: parses metadata, locates and checks every tensor (no data read).
     pub fn load(path: impl AsRef<Path>, backend: Arc<dyn Backend>) -> Result<Model, ModelError> {
         let gguf = GgufFile::open(path)?;
-        let config = LlamaConfig::from_gguf(&gguf)?;
+        let config = ModelConfig::from_gguf(&gguf)?;
         let weights = Weights::load(&gguf, &config)?;
         for l in &weights.layers {
             for m in [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down] {
@@ -123,8 +132,7 @@ impl Model {
                 }
             }
         }
-        let rope = crate::backend::cpu::ops::rope_table(config.n_ctx_train, config.head_dim, config.rope_dims, config.rope_base);
-        Ok(Model { config, gguf, weights, backend, rope, segments: Vec::new() })
+        Ok(Model { config, gguf, weights, backend, segments: Vec::new() })
     }
 
     pub fn backend(&self) -> &Arc<dyn Backend> {
@@ -135,20 +143,24 @@ impl Model {
         let c = &self.config;
         let max_tokens = max_tokens.max(1);
         let z = |n: usize| vec![0f32; max_tokens * n];
+        let swa = c.sliding_window.is_some() && (c.rope_base_swa != c.rope_base || c.rope_freq_scale != 1.0 || self.weights.rope_freqs.is_some());
         RunState {
             max_tokens,
             x: z(c.n_embd),
             xn: z(c.n_embd),
-            q: z(c.n_head * c.head_dim),
+            q: z(c.q_dim()),
             k: z(c.kv_dim()),
             v: z(c.kv_dim()),
-            att: z(c.n_head * c.head_dim),
+            att: z(c.q_dim()),
             proj: z(c.n_embd),
             gate: z(c.n_ff),
             up: z(c.n_ff),
             pos: vec![0; max_tokens],
             rows: Vec::with_capacity(max_tokens),
-            logits: z(c.vocab_size),
+            rope: z(c.head_dim),
+            rope_swa: if swa { z(c.head_dim) } else { Vec::new() },
+            tok_rows: (0..max_tokens as u32).collect(),
+            logits: Vec::new(),
             n_logits: 0,
             offload: Vec::new(),
         }
@@ -201,17 +213,26 @@ impl Model {
         let g = &self.gguf;
         let e = c.n_embd;
 
-        // Token embeddings and positions.
+        // Token embeddings (scaled where the architecture says so) and positions.
         let emb = self.weights.token_embd.view(g);
         let mut t = 0;
         for s in seqs.iter() {
             for (i, &tok) in s.tokens.iter().enumerate() {
-                dequantize_row(emb.ty, emb.row(tok as usize), &mut state.x[t * e..(t + 1) * e]);
+                let x = &mut state.x[t * e..(t + 1) * e];
+                dequantize_row(emb.ty, emb.row(tok as usize), x);
+                if let Some(scale) = c.embed_scale {
+                    x.iter_mut().for_each(|v| *v *= scale);
+                }
                 state.pos[t] = (s.kv.len() + i) as u32;
                 t += 1;
             }
         }
+        self.fill_rope(state, n);
         let offload_logits = self.offload_logits();
+        let n_rows: usize = seqs.iter().map(|s| s.logits.rows(s.tokens.len()).len()).sum();
+        if state.logits.len() < n_rows * c.vocab_size {
+            state.logits.resize(n_rows * c.vocab_size, 0.0);
+        }
         if offload_logits {
             // The rows that want logits, in batch order (as the CPU path below).
             state.rows.clear();
@@ -258,9 +279,31 @@ impl Model {
         state.n_logits = rows;
         if rows > 0 {
             let v = c.vocab_size;
-            b.matmul(self.weights.output.view(g), &state.xn[..rows * e], rows, &mut state.logits[..rows * v]);
+            let logits = &mut state.logits[..rows * v];
+            b.matmul(self.weights.output.view(g), &state.xn[..rows * e], rows, logits);
+            if let Some(cap) = c.final_softcap {
+                logits.iter_mut().for_each(|l| *l = cap * (*l / cap).tanh());
+            }
         }
         Ok(())
+    }
+
+    /// RoPE (cos, sin) rows of the call's `n` tokens (`state.pos`): one row per token, for the
+    /// global layers and, when they differ, the sliding-window layers. Each row depends only on
+    /// its position (GGML's arithmetic: θ_i = pos · base^(-2i/rope_dims) by repeated
+    /// multiplication in f32, divided by the frequency factor, times the linear scale).
+    fn fill_rope(&self, state: &mut RunState, n: usize) {
+        let c = &self.config;
+        let hd = c.head_dim;
+        let factors = self.weights.rope_freqs.as_deref();
+        for (t, &pos) in state.pos[..n].iter().enumerate() {
+            let row = &mut state.rope[t * hd..(t + 1) * hd];
+            ops::rope_row(pos, c.rope_dims, c.rope_base, c.rope_freq_scale, factors, row);
+            if !state.rope_swa.is_empty() {
+                let row = &mut state.rope_swa[t * hd..(t + 1) * hd];
+                ops::rope_row(pos, c.rope_dims, c.rope_base_swa, 1.0, None, row);
+            }
+        }
     }
 
     /// Layer `li` alone on the backend over `state`'s residual stream as it is (calibration):
@@ -280,6 +323,7 @@ impl Model {
                 t += 1;
             }
         }
+        self.fill_rope(state, n);
         self.cpu_layer(li, state, seqs, n);
         for s in seqs.iter_mut() {
             s.kv.advance(s.tokens.len());
@@ -287,25 +331,55 @@ impl Model {
         Ok(())
     }
 
-    /// Layer `li` on the backend for the `n` tokens of `seqs` (KV in the host part of each cache).
+    /// Layer `li` on the backend for the `n` tokens of `seqs` (KV in the host part of each cache):
+    /// the attention block, then the feed-forward block, each added to the residual stream.
     fn cpu_layer(&self, li: usize, state: &mut RunState, seqs: &mut [SeqBatch<'_>], n: usize) {
         let c = &self.config;
         let b = &*self.backend;
         let g = &self.gguf;
-        let (e, qd, kvd, ff) = (c.n_embd, c.n_head * c.head_dim, c.kv_dim(), c.n_ff);
+        let (e, hd, qd, kvd, ff) = (c.n_embd, c.head_dim, c.q_dim(), c.kv_dim(), c.n_ff);
         let lw = &self.weights.layers[li];
-        let pos = &state.pos[..n];
+
+        // Attention: norm, q|k|v (+ biases), per-head q/k norms, RoPE.
         b.rmsnorm(&state.x[..n * e], &lw.attn_norm, c.rms_eps, &mut state.xn[..n * e]);
-        let xn = &state.xn[..n * e];
         b.matmul_multi(
             &[lw.wq.view(g), lw.wk.view(g), lw.wv.view(g)],
-            xn,
+            &state.xn[..n * e],
             n,
             &mut [&mut state.q[..n * qd], &mut state.k[..n * kvd], &mut state.v[..n * kvd]],
         );
-        b.rope(&mut state.q[..n * qd], pos, c.n_head, c.head_dim, &self.rope);
-        b.rope(&mut state.k[..n * kvd], pos, c.n_head_kv, c.head_dim, &self.rope);
+        for (bias, x, w) in [(&lw.bq, &mut state.q, qd), (&lw.bk, &mut state.k, kvd), (&lw.bv, &mut state.v, kvd)] {
+            if let Some(bias) = bias {
+                x[..n * w].chunks_exact_mut(w).for_each(|row| b.add(row, bias));
+            }
+        }
+        if let (Some(qn), Some(kn)) = (&lw.q_norm, &lw.k_norm) {
+            // Per head (weights of head_dim); `att` is free until attention writes it.
+            b.rmsnorm(&state.q[..n * qd], qn, c.rms_eps, &mut state.att[..n * qd]);
+            std::mem::swap(&mut state.q, &mut state.att);
+            b.rmsnorm(&state.k[..n * kvd], kn, c.rms_eps, &mut state.att[..n * kvd]);
+            state.k[..n * kvd].copy_from_slice(&state.att[..n * kvd]);
+        }
+        let window = c.window(li);
+        let cos_sin = if window.is_some() && !state.rope_swa.is_empty() { &state.rope_swa } else { &state.rope };
+        let rows = &state.tok_rows[..n];
+        match c.rope_style {
+            RopeStyle::Adjacent => {
+                b.rope(&mut state.q[..n * qd], rows, c.n_head, hd, cos_sin);
+                b.rope(&mut state.k[..n * kvd], rows, c.n_head_kv, hd, cos_sin);
+            }
+            RopeStyle::Neox => {
+                b.rope_neox(&mut state.q[..n * qd], rows, c.n_head, hd, c.rope_dims, cos_sin);
+                b.rope_neox(&mut state.k[..n * kvd], rows, c.n_head_kv, hd, c.rope_dims, cos_sin);
+            }
+        }
+        // The attention kernels scale scores by 1/√head_dim; another query scale goes into q.
+        let q_scale = c.attn_scale * (hd as f32).sqrt();
+        if q_scale != 1.0 {
+            state.q[..n * qd].iter_mut().for_each(|v| *v *= q_scale);
+        }
 
+        let pos = &state.pos[..n];
         let mut t0 = 0;
         for s in seqs.iter_mut() {
             let m = s.tokens.len();
@@ -320,14 +394,16 @@ impl Model {
                 positions: &pos[t0..t0 + m],
                 n_head: c.n_head,
                 n_kv_head: c.n_head_kv,
-                head_dim: c.head_dim,
+                head_dim: hd,
+                window,
                 out: &mut state.att[t0 * qd..(t0 + m) * qd],
             });
             t0 += m;
         }
         b.matmul(lw.wo.view(g), &state.att[..n * qd], n, &mut state.proj[..n * e]);
-        b.add(&mut state.x[..n * e], &state.proj[..n * e]);
+        self.residual_add(state, n, lw.post_attn_norm.as_deref());
 
+        // Feed-forward: norm, gate|up, act(gate)·up, down.
         b.rmsnorm(&state.x[..n * e], &lw.ffn_norm, c.rms_eps, &mut state.xn[..n * e]);
         b.matmul_multi(
             &[lw.w_gate.view(g), lw.w_up.view(g)],
@@ -335,9 +411,24 @@ impl Model {
             n,
             &mut [&mut state.gate[..n * ff], &mut state.up[..n * ff]],
         );
-        b.silu_mul(&mut state.gate[..n * ff], &state.up[..n * ff]);
+        match c.ffn_activation {
+            FfnActivation::Silu => b.silu_mul(&mut state.gate[..n * ff], &state.up[..n * ff]),
+            FfnActivation::GeluTanh => b.gelu_tanh_mul(&mut state.gate[..n * ff], &state.up[..n * ff]),
+        }
         b.matmul(lw.w_down.view(g), &state.gate[..n * ff], n, &mut state.proj[..n * e]);
-        b.add(&mut state.x[..n * e], &state.proj[..n * e]);
+        self.residual_add(state, n, lw.post_ffn_norm.as_deref());
+    }
+
+    /// x += proj, or x += rmsnorm(proj) with `post_norm` (Gemma's post-attention / post-FFN norms).
+    fn residual_add(&self, state: &mut RunState, n: usize, post_norm: Option<&[f32]>) {
+        let (b, e) = (&*self.backend, self.config.n_embd);
+        match post_norm {
+            Some(w) => {
+                b.rmsnorm(&state.proj[..n * e], w, self.config.rms_eps, &mut state.xn[..n * e]);
+                b.add(&mut state.x[..n * e], &state.xn[..n * e]);
+            }
+            None => b.add(&mut state.x[..n * e], &state.proj[..n * e]),
+        }
     }
 
     /// Segment `i`'s layers for the `n` tokens of `seqs`: the residual stream goes to its

@@ -24,6 +24,14 @@ impl From<&LlamaConfig> for LayerShape {
             rms_eps: c.rms_eps,
             vocab_size: c.vocab_size,
             n_ctx_train: c.n_ctx_train,
+            rope_style: c.rope_style,
+            rope_freq_scale: c.rope_freq_scale,
+            rope_base_swa: c.rope_base_swa,
+            sliding_window: c.sliding_window,
+            swa_layers: c.swa_layers.clone(),
+            attn_scale: c.attn_scale,
+            ffn_activation: c.ffn_activation,
+            final_softcap: c.final_softcap,
         }
     }
 }
@@ -45,11 +53,22 @@ impl ModelTensors for Model {
             w_gate: l.w_gate.view(g),
             w_up: l.w_up.view(g),
             w_down: l.w_down.view(g),
+            bq: l.bq.as_deref(),
+            bk: l.bk.as_deref(),
+            bv: l.bv.as_deref(),
+            q_norm: l.q_norm.as_deref(),
+            k_norm: l.k_norm.as_deref(),
+            post_attn_norm: l.post_attn_norm.as_deref(),
+            post_ffn_norm: l.post_ffn_norm.as_deref(),
         }
     }
 
     fn head(&self) -> HeadTensors<'_> {
         HeadTensors { norm: &self.weights.output_norm, output: self.weights.output.view(&self.gguf) }
+    }
+
+    fn rope_freqs(&self) -> Option<&[f32]> {
+        self.weights.rope_freqs.as_deref()
     }
 }
 

@@ -62,6 +62,8 @@ pub enum PlacementError {
     NoAdapter(String),
     #[error("no usable device for the HIP tier: {0}")]
     NoHip(String),
+    #[error("the GPU tiers cannot run this model yet: {0}")]
+    Unsupported(String),
     #[error(transparent)]
     Model(#[from] ModelError),
     #[error("GPU: {0}")]
@@ -207,6 +209,13 @@ pub fn place(model: &mut Model, opts: &PlacementOptions) -> Result<Placement, Pl
         return Err(PlacementError::SplitWithoutSplitBackend);
     }
     let mut tiers = Tiers { wgpu: None, hip: None, allow_software: opts.allow_software };
+    // The GPU layer runners (wgpu and HIP) run plain Llama layers: the automatic split keeps any
+    // other layer shape on the CPU, an explicit request for a GPU is an error that says why.
+    let unsupported = if opts.backend == BackendChoice::Cpu { None } else { layers_unsupported(model) };
+    if let (Some(why), BackendChoice::Split, None) = (&unsupported, opts.backend, &opts.split) {
+        model.offload(Vec::new())?;
+        return Ok(Placement { n_layer, runs: vec![(Device::Cpu, 0..n_layer)], reason: format!("auto: {why}") });
+    }
     let (runs, reason) = match (opts.backend, &opts.split) {
         (BackendChoice::Cpu, _) => (vec![(Device::Cpu, 0..n_layer)], "--backend cpu".to_string()),
         (BackendChoice::Wgpu, _) => (vec![(Device::Igpu, 0..n_layer)], "--backend wgpu".to_string()),
@@ -214,6 +223,11 @@ pub fn place(model: &mut Model, opts: &PlacementOptions) -> Result<Placement, Pl
         (BackendChoice::Split, Some(s)) => (s.runs(n_layer)?, "--tensor-split".to_string()),
         (BackendChoice::Split, None) => auto_split(model, &mut tiers)?,
     };
+    if let Some(why) = unsupported {
+        if runs.iter().any(|(d, _)| *d != Device::Cpu) {
+            return Err(PlacementError::Unsupported(why));
+        }
+    }
     let mut segments = Vec::new();
     for (d, r) in &runs {
         match d {
@@ -224,6 +238,13 @@ pub fn place(model: &mut Model, opts: &PlacementOptions) -> Result<Placement, Pl
     }
     model.offload(segments)?;
     Ok(Placement { n_layer, runs, reason })
+}
+
+/// Why the GPU layer runners (wgpu, HIP) cannot run `model`'s layers (naming the architecture and the parts
+/// it lacks), if it cannot.
+pub fn layers_unsupported(model: &Model) -> Option<String> {
+    let why = crate::backend::wgpu::layers_unsupported(model)?;
+    Some(format!("this {} model needs {why}", model.config.arch))
 }
 
 /// Layers `layers` of `model` on the wgpu adapter of `ctx` (weights uploaded now, f16 KV, a

@@ -1,36 +1,44 @@
 //! Model weights: read-only views into the GGUF memory map, located and shape-checked once at
-//! load. Matrices are never copied; only the tiny norm vectors are dequantized to f32.
+//! load. Matrices are never copied (a fused matrix is split into row ranges of the same bytes);
+//! only the tiny norm and bias vectors are dequantized to f32.
+//!
+//! Every tensor of the file must be one the architecture uses: an unknown tensor is an error
+//! naming it (as llama.cpp refuses a file with tensors it does not load).
+
+use std::cell::RefCell;
+use std::collections::BTreeSet;
 
 use crate::backend::WeightView;
 use crate::gguf::{GgmlType, GgufError, GgufFile, TensorInfo};
 
-use super::config::LlamaConfig;
+use super::config::ModelConfig;
 
-/// A weight matrix in the map: `rows` outputs × `cols` inputs (GGML dims [cols, rows]).
+/// A weight matrix in the map: `rows` outputs × `cols` inputs (GGML dims [cols, rows]), rows
+/// `row0..row0 + rows` of its tensor.
 #[derive(Debug, Clone)]
 pub struct Matrix {
     pub info: TensorInfo,
     pub rows: usize,
     pub cols: usize,
+    /// First row of this matrix within the tensor (non-zero for the parts of a fused matrix).
+    pub row0: usize,
 }
 
 impl Matrix {
-    fn load(g: &GgufFile, name: &str, cols: usize, rows: usize) -> Result<Matrix, GgufError> {
-        let info = g.tensor_with_shape(name, &[cols as u64, rows as u64])?.info.clone();
-        Ok(Matrix { info, rows, cols })
-    }
-
     pub fn view<'a>(&self, g: &'a GgufFile) -> WeightView<'a> {
-        WeightView { ty: self.info.ty, rows: self.rows, cols: self.cols, data: g.data(&self.info) }
+        let rb = self.info.ty.row_bytes(self.cols).unwrap_or(0);
+        let data = &g.data(&self.info)[self.row0 * rb..(self.row0 + self.rows) * rb];
+        WeightView { ty: self.info.ty, rows: self.rows, cols: self.cols, data }
     }
 
     pub fn ty(&self) -> GgmlType {
         self.info.ty
     }
-}
 
-fn vector(g: &GgufFile, name: &str, n: usize) -> Result<Vec<f32>, GgufError> {
-    Ok(g.tensor_with_shape(name, &[n as u64])?.to_f32())
+    /// Rows `r..r + n` of this matrix as a matrix of its own.
+    fn rows(&self, r: usize, n: usize) -> Matrix {
+        Matrix { info: self.info.clone(), rows: n, cols: self.cols, row0: self.row0 + r }
+    }
 }
 
 pub struct LayerWeights {
@@ -52,6 +60,20 @@ pub struct LayerWeights {
     pub w_up: Matrix,
     /// [n_embd, n_ff]
     pub w_down: Matrix,
+    /// [head_dim] per-head RMSNorm weights of Q and K (`qk_norm`)
+    pub q_norm: Option<Vec<f32>>,
+    /// [head_dim]
+    pub k_norm: Option<Vec<f32>>,
+    /// [n_head * head_dim] (`qkv_bias`)
+    pub bq: Option<Vec<f32>>,
+    /// [n_head_kv * head_dim]
+    pub bk: Option<Vec<f32>>,
+    /// [n_head_kv * head_dim]
+    pub bv: Option<Vec<f32>>,
+    /// [n_embd] norm of the attention output before the residual add (`post_norms`)
+    pub post_attn_norm: Option<Vec<f32>>,
+    /// [n_embd] norm of the FFN output before the residual add (`post_norms`)
+    pub post_ffn_norm: Option<Vec<f32>>,
 }
 
 pub struct Weights {
@@ -62,33 +84,90 @@ pub struct Weights {
     pub output_norm: Vec<f32>,
     /// [vocab, n_embd]; the token embedding when the output is tied
     pub output: Matrix,
+    /// [rope_dims / 2] RoPE frequency divisors of the global layers (Llama 3's `rope_freqs`)
+    pub rope_freqs: Option<Vec<f32>>,
+}
+
+/// Reads tensors of one file, remembering which were used.
+struct Loader<'g> {
+    g: &'g GgufFile,
+    used: RefCell<BTreeSet<String>>,
+}
+
+impl Loader<'_> {
+    fn matrix(&self, name: &str, cols: usize, rows: usize) -> Result<Matrix, GgufError> {
+        let info = self.g.tensor_with_shape(name, &[cols as u64, rows as u64])?.info.clone();
+        self.used.borrow_mut().insert(name.to_string());
+        Ok(Matrix { info, rows, cols, row0: 0 })
+    }
+
+    fn vector(&self, name: &str, n: usize) -> Result<Vec<f32>, GgufError> {
+        let v = self.g.tensor_with_shape(name, &[n as u64])?.to_f32();
+        self.used.borrow_mut().insert(name.to_string());
+        Ok(v)
+    }
+
+    fn optional_vector(&self, name: &str, n: usize) -> Result<Option<Vec<f32>>, GgufError> {
+        match self.g.tensor_info(name) {
+            Ok(_) => self.vector(name, n).map(Some),
+            Err(_) => Ok(None),
+        }
+    }
 }
 
 impl Weights {
-    pub fn load(g: &GgufFile, c: &LlamaConfig) -> Result<Weights, GgufError> {
-        let (e, qd, kvd) = (c.n_embd, c.n_head * c.head_dim, c.kv_dim());
-        let token_embd = Matrix::load(g, "token_embd.weight", e, c.vocab_size)?;
+    pub fn load(g: &GgufFile, c: &ModelConfig) -> Result<Weights, GgufError> {
+        let ld = Loader { g, used: RefCell::new(BTreeSet::new()) };
+        let (e, hd, qd, kvd, ff) = (c.n_embd, c.head_dim, c.q_dim(), c.kv_dim(), c.n_ff);
+        let token_embd = ld.matrix("token_embd.weight", e, c.vocab_size)?;
         let layers = (0..c.n_layer)
             .map(|i| {
                 let n = |s: &str| format!("blk.{i}.{s}.weight");
+                let b = |s: &str| format!("blk.{i}.{s}.bias");
+                let need = |cond: bool, name: String, len: usize| -> Result<Option<Vec<f32>>, GgufError> {
+                    if cond { ld.vector(&name, len).map(Some) } else { Ok(None) }
+                };
+                // In file order (norm first), so the first missing tensor is the one reported.
+                let attn_norm = ld.vector(&n("attn_norm"), e)?;
+                let (wq, wk, wv) = if c.fused {
+                    let qkv = ld.matrix(&n("attn_qkv"), e, qd + 2 * kvd)?;
+                    (qkv.rows(0, qd), qkv.rows(qd, kvd), qkv.rows(qd + kvd, kvd))
+                } else {
+                    (ld.matrix(&n("attn_q"), e, qd)?, ld.matrix(&n("attn_k"), e, kvd)?, ld.matrix(&n("attn_v"), e, kvd)?)
+                };
+                let (w_gate, w_up) = if c.fused {
+                    let gu = ld.matrix(&n("ffn_up"), e, 2 * ff)?;
+                    (gu.rows(0, ff), gu.rows(ff, ff))
+                } else {
+                    (ld.matrix(&n("ffn_gate"), e, ff)?, ld.matrix(&n("ffn_up"), e, ff)?)
+                };
                 Ok(LayerWeights {
-                    attn_norm: vector(g, &n("attn_norm"), e)?,
-                    wq: Matrix::load(g, &n("attn_q"), e, qd)?,
-                    wk: Matrix::load(g, &n("attn_k"), e, kvd)?,
-                    wv: Matrix::load(g, &n("attn_v"), e, kvd)?,
-                    wo: Matrix::load(g, &n("attn_output"), qd, e)?,
-                    ffn_norm: vector(g, &n("ffn_norm"), e)?,
-                    w_gate: Matrix::load(g, &n("ffn_gate"), e, c.n_ff)?,
-                    w_up: Matrix::load(g, &n("ffn_up"), e, c.n_ff)?,
-                    w_down: Matrix::load(g, &n("ffn_down"), c.n_ff, e)?,
+                    attn_norm,
+                    wq,
+                    wk,
+                    wv,
+                    wo: ld.matrix(&n("attn_output"), qd, e)?,
+                    ffn_norm: ld.vector(&n("ffn_norm"), e)?,
+                    w_gate,
+                    w_up,
+                    w_down: ld.matrix(&n("ffn_down"), ff, e)?,
+                    q_norm: need(c.qk_norm, n("attn_q_norm"), hd)?,
+                    k_norm: need(c.qk_norm, n("attn_k_norm"), hd)?,
+                    bq: need(c.qkv_bias, b("attn_q"), qd)?,
+                    bk: need(c.qkv_bias, b("attn_k"), kvd)?,
+                    bv: need(c.qkv_bias, b("attn_v"), kvd)?,
+                    post_attn_norm: need(c.post_norms, n("post_attention_norm"), e)?,
+                    post_ffn_norm: need(c.post_norms, n("post_ffw_norm"), e)?,
                 })
             })
             .collect::<Result<Vec<_>, GgufError>>()?;
-        let output = if c.tied_output {
-            token_embd.clone()
-        } else {
-            Matrix::load(g, "output.weight", e, c.vocab_size)?
-        };
-        Ok(Weights { token_embd, layers, output_norm: vector(g, "output_norm.weight", e)?, output })
+        let output = if c.tied_output { token_embd.clone() } else { ld.matrix("output.weight", e, c.vocab_size)? };
+        let output_norm = ld.vector("output_norm.weight", e)?;
+        let rope_freqs = ld.optional_vector("rope_freqs.weight", c.rope_dims / 2)?;
+        let used = ld.used.into_inner();
+        if let Some(t) = g.tensors.iter().find(|t| !used.contains(&t.name)) {
+            return Err(GgufError::UnexpectedTensor { name: t.name.clone(), arch: c.arch.name().to_string() });
+        }
+        Ok(Weights { token_embd, layers, output_norm, output, rope_freqs })
     }
 }

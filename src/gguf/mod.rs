@@ -4,12 +4,14 @@
 //! Every count, length, rank, offset and size read from the file is bounds-checked, so a
 //! truncated or corrupt file is a [`GgufError`] naming the problem, never a panic.
 //!
-//! `writer` writes GGUF v3 files; `synth` builds synthetic Llama models (random weights in a real
-//! model's shape) with it, for speed measurements without downloads.
+//! `writer` writes GGUF v3 files; `quantize` turns f32 values into any block type; `synth` builds
+//! synthetic models with them (random weights in a real model's shape for speed work, small
+//! models of every architecture for checks against llama.cpp).
 
 mod parse;
-pub mod types;
+pub mod quantize;
 pub mod synth;
+pub mod types;
 pub mod writer;
 
 use std::collections::BTreeMap;
@@ -42,6 +44,12 @@ pub enum GgufError {
     MissingTensor(String),
     #[error("tensor {name}: shape {found:?}, expected {expected:?}")]
     BadShape { name: String, found: Vec<u64>, expected: Vec<u64> },
+    #[error("architecture {arch:?} is not supported (supported: {supported})")]
+    UnsupportedArch { arch: String, supported: String },
+    #[error("tensor {name} is not part of a {arch} model as this engine runs it (unknown tensor)")]
+    UnexpectedTensor { name: String, arch: String },
+    #[error("not supported: {0}")]
+    Unsupported(String),
 }
 
 /// One metadata value (GGUF value types 0..=12).

@@ -20,6 +20,17 @@ pub fn smollm2_path() -> PathBuf {
     p
 }
 
+pub fn gemma3_path() -> PathBuf {
+    let p = models_dir().join("gemma3_270m/gemma-3-270m-q4_k_m.gguf");
+    assert!(p.exists(), "{} is missing: run scripts/fetch-models.sh first", p.display());
+    p
+}
+
+/// Gemma 3 270M on the fastest CPU kernels.
+pub fn gemma3_model() -> Model {
+    Model::load(gemma3_path(), Arc::new(CpuBackend::new(0).expect("pool"))).expect("load Gemma 3")
+}
+
 /// `$FORGE_REFERENCE_DIR`, else `../shared/reference` beside the checkout.
 pub fn reference(name: &str) -> PathBuf {
     let dir = std::env::var_os("FORGE_REFERENCE_DIR")
@@ -41,6 +52,36 @@ pub fn jsonl(name: &str) -> Vec<serde_json::Value> {
 
 pub fn ids(v: &serde_json::Value) -> Vec<u32> {
     v.as_array().expect("array of ids").iter().map(|x| x.as_u64().expect("id") as u32).collect()
+}
+
+/// llama.cpp's top-1 minus top-2 logit at each generated step of a reference record.
+pub fn margins(rec: &serde_json::Value) -> Vec<f64> {
+    rec["top2_margins"].as_array().expect("margins").iter().map(|m| m.as_f64().expect("f64")).collect()
+}
+
+/// Teacher forcing against a llama.cpp record: `prompt` then llama.cpp's greedy tokens in one
+/// forward call; at every step whose llama.cpp margin is at least `margin` our argmax must be
+/// llama.cpp's token (`what` names the record in a failure). Returns (steps checked, skipped).
+pub fn teacher_forced(model: &Model, state: &mut forge_cache::engine::RunState, rec: &serde_json::Value, prompt: &[u32], margin: f64, what: &str) -> (usize, usize) {
+    let greedy = ids(&rec["greedy_tokens"]);
+    let margins = margins(rec);
+    let seq: Vec<u32> = prompt.iter().chain(&greedy).copied().collect();
+    let mut kv = model.new_kv(seq.len());
+    let from = prompt.len() - 1;
+    model
+        .forward(state, &mut [forge_cache::engine::SeqBatch { kv: &mut kv, tokens: &seq, logits: forge_cache::engine::Logits::From(from) }])
+        .expect("forward");
+    let (mut checked, mut skipped) = (0, 0);
+    for (step, want) in greedy.iter().enumerate() {
+        if margins[step] < margin {
+            skipped += 1;
+            continue;
+        }
+        let got = forge_cache::engine::sampler::argmax(model.logits(state, step));
+        assert_eq!(got, *want, "{what}: step {step} (llama.cpp margin {}) argmax {got}, llama.cpp {want}", margins[step]);
+        checked += 1;
+    }
+    (checked, skipped)
 }
 
 /// Every CPU kernel level this machine runs, the scalar reference first.
@@ -76,10 +117,55 @@ use forge_cache::server::{self, proto, RunningServer, ServerConfig};
 pub const SYSTEM: &str = "You are a helpful assistant.";
 pub const FRANCE: &str = "What is the capital of France?";
 
+/// The real models the service tests run on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RealModel {
+    /// SmolLM2-135M-Instruct Q4_1 (llama, byte-level BPE), the default.
+    SmolLM2,
+    /// Gemma 3 270M Q4_K_M (gemma3, SentencePiece, sliding-window layers).
+    Gemma3,
+}
+
+impl RealModel {
+    pub fn path(self) -> PathBuf {
+        match self {
+            RealModel::SmolLM2 => smollm2_path(),
+            RealModel::Gemma3 => gemma3_path(),
+        }
+    }
+
+    /// The model on the fastest CPU kernels.
+    pub fn load(self) -> Model {
+        Model::load(self.path(), Arc::new(CpuBackend::new(0).expect("pool"))).expect("load")
+    }
+}
+
+/// Two tests of the async `$body(RealModel)`: `$name::smollm2` and `$name::gemma3`.
+#[macro_export]
+macro_rules! on_both_models {
+    ($name:ident, $body:path) => {
+        mod $name {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn smollm2() {
+                $body($crate::common::RealModel::SmolLM2).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn gemma3() {
+                $body($crate::common::RealModel::Gemma3).await
+            }
+        }
+    };
+}
+
 /// A service config on the real model and `db`, one model thread (tests run two at a time on
 /// a 2-core machine).
 pub fn server_config(db: &std::path::Path) -> ServerConfig {
-    let mut c = ServerConfig::new(smollm2_path(), db);
+    server_config_on(RealModel::SmolLM2, db)
+}
+
+/// [`server_config`] on `model`.
+pub fn server_config_on(model: RealModel, db: &std::path::Path) -> ServerConfig {
+    let mut c = ServerConfig::new(model.path(), db);
     c.threads = 1;
     c
 }
@@ -107,8 +193,13 @@ pub fn scratch() -> Scratch {
 
 /// The service on a fresh database, its config changed by `tweak`, and a client.
 pub async fn service_with(tweak: impl FnOnce(&mut ServerConfig, &Scratch)) -> (Scratch, RunningServer, Client) {
+    service_with_on(RealModel::SmolLM2, tweak).await
+}
+
+/// [`service_with`] on `model`.
+pub async fn service_with_on(model: RealModel, tweak: impl FnOnce(&mut ServerConfig, &Scratch)) -> (Scratch, RunningServer, Client) {
     let s = scratch();
-    let mut config = server_config(&s.db);
+    let mut config = server_config_on(model, &s.db);
     tweak(&mut config, &s);
     let server = start(config).await;
     let c = client(&server).await;
@@ -117,6 +208,11 @@ pub async fn service_with(tweak: impl FnOnce(&mut ServerConfig, &Scratch)) -> (S
 
 pub async fn service() -> (Scratch, RunningServer, Client) {
     service_with(|_, _| {}).await
+}
+
+/// [`service`] on `model`.
+pub async fn service_on(model: RealModel) -> (Scratch, RunningServer, Client) {
+    service_with_on(model, |_, _| {}).await
 }
 
 /// A greedy chat request with the helpful-assistant system prompt.

@@ -1,4 +1,4 @@
-//! AVX-512 VNNI kernels (x86-64) for Q4_0 / Q4_1 weights: `vpdpbusd` multiplies 64 u8
+//! AVX-512 VNNI kernels (x86-64) for Q4_0 / Q4_1 / Q5_0 weights: `vpdpbusd` multiplies 64 u8
 //! weights by 64 i8 activations and adds groups of four into 16 i32 lanes, so one instruction
 //! covers two 32-weight blocks. Chosen at run time by `SimdLevel::detect` (avx512f, avx512bw,
 //! avx512vl, avx512vnni, plus the AVX2 set that the other kernels of this level reuse); each
@@ -95,17 +95,21 @@ pub fn pack_pair(b0: &BlockQ8, b1: &BlockQ8, p: &mut PairQ8) {
     p.s = [b0.s, b1.s, 0.0, 0.0];
 }
 
-/// Rows `rows` of a Q4_0 / Q4_1 matrix against `n_tok` activation rows (`acts`:
+/// The weight types with a pair kernel here.
+pub const PAIR_TYPES: [GgmlType; 3] = [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0];
+
+/// Rows `rows` of a Q4_0 / Q4_1 / Q5_0 matrix against `n_tok` activation rows (`acts`:
 /// (Q8_0 runs the AVX2 kernel at this level: its pair form needed two loads and a two-source
 /// permute per pair and measured slower, decode 216 -> 228 t/s without it; docs/perf.md)
 /// [n_tok, (cols / 32).div_ceil(2)] pairs), in token tiles of 4 (then single tokens).
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub fn matmul_rows_q8(w: WeightView<'_>, rows: std::ops::Range<usize>, acts: &[PairQ8], n_tok: usize, out: &SharedOut) {
     let np = (w.cols / QK).div_ceil(2);
-    assert!(matches!(w.ty, GgmlType::Q4_0 | GgmlType::Q4_1), "avx512: Q4_0 / Q4_1 only");
     match w.ty {
         GgmlType::Q4_0 => tile_rows_with(w, rows, acts, np, n_tok, out, dot_pairs::<Q4_0, 4>, dot_pairs::<Q4_0, 1>),
-        _ => tile_rows_with(w, rows, acts, np, n_tok, out, dot_pairs::<Q4_1, 4>, dot_pairs::<Q4_1, 1>),
+        GgmlType::Q4_1 => tile_rows_with(w, rows, acts, np, n_tok, out, dot_pairs::<Q4_1, 4>, dot_pairs::<Q4_1, 1>),
+        GgmlType::Q5_0 => tile_rows_with(w, rows, acts, np, n_tok, out, dot_pairs::<Q5_0, 4>, dot_pairs::<Q5_0, 1>),
+        other => unreachable!("avx512::matmul_rows_q8 called for {other:?}"),
     }
 }
 
@@ -161,8 +165,8 @@ const fn bytes_idx(a: u16, b: u16) -> [u16; 32] {
 trait PairFormat {
     /// bytes of a block pair
     const PB: usize;
-    /// the pair's integer sums start at `nsum << SHIFT` (0: no offset; 3: weights are u - 8),
-    /// so each i32 lane is the exact integer dot of its four weights
+    /// the pair's integer sums start at `nsum << SHIFT` (0: no offset; 3: weights are u - 8;
+    /// 4: u - 16), so each i32 lane is the exact integer dot of its four weights
     const SHIFT: u32;
     /// whether to add the m·s terms (Q4_1)
     const MIN: bool;
@@ -172,6 +176,7 @@ trait PairFormat {
 
 struct Q4_0;
 struct Q4_1;
+struct Q5_0;
 
 /// One weight pair unpacked: 64 u8 weights in `PairQ8` lane order, the weight scale per lane
 /// (f32), and for Q4_1 the mins [m0, m1, m0, m1].
@@ -245,6 +250,28 @@ impl PairFormat for Q4_0 {
     }
 }
 
+impl PairFormat for Q5_0 {
+    const PB: usize = 44;
+    const SHIFT: u32 = 4;
+    const MIN: bool = false;
+    #[inline(always)]
+    fn unpack(b: &[u8], full: bool) -> Unpacked {
+        // pair: d0 qh0[4] qs0[16] d1 qh1[4] qs1[16]; words: d0 0, qs0 3..11, d1 11, qs1 14..22
+        let p = load_n(b, 0, if full { 44 } else { 22 });
+        let qh = |at: usize| u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]) as u64;
+        let (h0, h1) = (qh(2), if full { qh(24) } else { 0 });
+        // The fifth bits in `PairQ8` lane order: [b0 0..16, b1 0..16, b0 16..32, b1 16..32].
+        let fifth = (h0 & 0xFFFF) | ((h1 & 0xFFFF) << 16) | ((h0 >> 16) << 32) | ((h1 >> 16) << 48);
+        // SAFETY: AVX-512F/BW and F16C are enabled in the caller.
+        unsafe {
+            let q = nibbles(p, widx(bytes_idx(3, 14)));
+            let q = _mm512_mask_add_epi8(q, fifth, q, _mm512_set1_epi8(16));
+            let d = f16x16(_mm512_permutexvar_epi16(widx(scale_idx(0, 11)), p));
+            Unpacked { q, d, m: _mm_setzero_ps() }
+        }
+    }
+}
+
 /// One weight row of format `F` against `NT` activation rows.
 #[inline(always)]
 fn dot_pairs<F: PairFormat, const NT: usize>(w: &[u8], x: [&[PairQ8]; NT], out: &mut [f32; NT]) {
@@ -285,9 +312,11 @@ fn step<F: PairFormat, const NT: usize>(u: &Unpacked, x: [&[PairQ8]; NT], ip: us
         // SAFETY: AVX-512F/BW/VNNI are enabled in the only caller; the loads read whole fields
         // of a 64-byte-aligned `PairQ8`.
         unsafe {
+            let nsum = || _mm512_load_si512(a.nsum.as_ptr() as *const __m512i);
             let init = match F::SHIFT {
                 0 => _mm512_setzero_si512(),
-                _ => _mm512_slli_epi32::<3>(_mm512_load_si512(a.nsum.as_ptr() as *const __m512i)),
+                3 => _mm512_slli_epi32::<3>(nsum()),
+                _ => _mm512_slli_epi32::<4>(nsum()),
             };
             let sumi = _mm512_dpbusd_epi32(init, u.q, _mm512_load_si512(a.qs.as_ptr() as *const __m512i));
             let sc = _mm512_mul_ps(u.d, _mm512_load_ps(a.d.as_ptr()));

@@ -10,13 +10,18 @@
 pub mod f32mm;
 pub mod ops;
 pub mod quant;
+pub mod quant_k;
 mod shared;
 pub mod team;
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]
+mod avx2_k;
+#[cfg(target_arch = "x86_64")]
 mod avx512;
+#[cfg(target_arch = "x86_64")]
+mod avx512_k;
 #[cfg(target_arch = "aarch64")]
 mod neon;
 
@@ -28,7 +33,7 @@ use self::quant::{act_format, ActFormat, BlockQ8, BlockQ8K};
 use self::shared::{SharedOut, SharedSlice};
 use self::team::Team;
 pub use super::simd::SimdLevel;
-use super::{AttentionArgs, Backend, Op, WeightView};
+use super::{attention_keys, AttentionArgs, Backend, Op, WeightView};
 use crate::gguf::{GgmlType, QK, QK_K};
 
 /// Quantized activations of the current matmul, reused across calls (no allocation once warm).
@@ -96,16 +101,28 @@ impl CpuBackend {
         best
     }
 
-    /// Rows of a Q4_0 / Q4_1 / Q8_0 matrix against quantized activations, at this SIMD level.
+    /// Rows of a matrix of a 32-element block type against quantized activations, at this SIMD
+    /// level (the scalar reference for types a level has no kernel for).
     fn rows_q8(&self, w: WeightView<'_>, rows: std::ops::Range<usize>, acts: &[BlockQ8], n_tok: usize, out: &SharedOut) {
         match self.simd {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: `SimdLevel::Avx2` (and `Avx512Vnni`, which also takes this path for
             // types of its own when called directly) is only set after detecting avx2, fma, f16c.
-            SimdLevel::Avx2 | SimdLevel::Avx512Vnni => unsafe { avx2::matmul_rows_q8(w, rows, acts, n_tok, out) },
+            SimdLevel::Avx2 | SimdLevel::Avx512Vnni if avx2::Q8_TYPES.contains(&w.ty) => unsafe { avx2::matmul_rows_q8(w, rows, acts, n_tok, out) },
             #[cfg(target_arch = "aarch64")]
-            SimdLevel::Neon => neon::matmul_rows_q8(w, rows, acts, n_tok, out),
+            SimdLevel::Neon if neon::Q8_TYPES.contains(&w.ty) => neon::matmul_rows_q8(w, rows, acts, n_tok, out),
             _ => quant::matmul_rows_q8_scalar(w, rows, acts, n_tok, out),
+        }
+    }
+
+    /// Whether the AVX-512 level has a pair kernel for `ty` (never on other architectures).
+    fn has_pair_kernel(ty: GgmlType) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        return avx512::PAIR_TYPES.contains(&ty);
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            let _ = ty;
+            false
         }
     }
 
@@ -196,24 +213,38 @@ impl Backend for CpuBackend {
             ActFormat::Q8 => {
                 let nb = cols / QK;
                 let mut s = self.scratch.lock().unwrap_or_else(|p| p.into_inner());
+                let s = &mut *s;
+                // At the AVX-512 level, the types with a pair kernel read pairs; the others (Q8_0
+                // among them: measured faster on AVX2, see `avx512`) read blocks. A call whose
+                // matrices need both gets both.
+                let pairs_for = |w: &WeightView<'_>| self.simd == SimdLevel::Avx512Vnni && Self::has_pair_kernel(w.ty);
                 #[cfg(target_arch = "x86_64")]
-                // Q8_0 keeps the AVX2 kernel at this level (measured faster; see `avx512`).
-                if self.simd == SimdLevel::Avx512Vnni && first.ty != GgmlType::Q8_0 {
+                let pairs: &[avx512::PairQ8] = if ws.iter().any(pairs_for) {
                     let np = nb.div_ceil(2);
                     s.pairs.resize(n_tok * np, avx512::PairQ8::default());
                     // SAFETY: `Avx512Vnni` is only set after detecting every feature
                     // `avx512::quantize_pairs` enables.
                     self.quantize(x, n_tok, cols, np, &mut s.pairs[..n_tok * np], |x, p| unsafe { avx512::quantize_pairs(x, p) });
-                    let pairs = &s.pairs[..n_tok * np];
-                    // SAFETY: `SimdLevel::Avx512Vnni` is only set after detecting every feature
-                    // `avx512::matmul_rows_q8` enables.
-                    self.rows_parallel(ws, outs, &|m, rows, out| unsafe { avx512::matmul_rows_q8(ws[m], rows, pairs, n_tok, out) });
-                    return;
-                }
-                s.q8.resize(n_tok * nb, BlockQ8::default());
-                self.quantize(x, n_tok, cols, nb, &mut s.q8[..n_tok * nb], quant::quantize_q8);
-                let q8 = &s.q8[..n_tok * nb];
-                self.rows_parallel(ws, outs, &|m, rows, out| self.rows_q8(ws[m], rows, q8, n_tok, out));
+                    &s.pairs[..n_tok * np]
+                } else {
+                    &[]
+                };
+                let q8: &[BlockQ8] = if ws.iter().any(|w| !pairs_for(w)) {
+                    s.q8.resize(n_tok * nb, BlockQ8::default());
+                    self.quantize(x, n_tok, cols, nb, &mut s.q8[..n_tok * nb], quant::quantize_q8);
+                    &s.q8[..n_tok * nb]
+                } else {
+                    &[]
+                };
+                self.rows_parallel(ws, outs, &|m, rows, out| {
+                    #[cfg(target_arch = "x86_64")]
+                    if pairs_for(&ws[m]) {
+                        // SAFETY: `SimdLevel::Avx512Vnni` is only set after detecting every feature
+                        // `avx512::matmul_rows_q8` enables.
+                        return unsafe { avx512::matmul_rows_q8(ws[m], rows, pairs, n_tok, out) };
+                    }
+                    self.rows_q8(ws[m], rows, q8, n_tok, out)
+                });
             }
             ActFormat::Q8K => {
                 let nb = cols / QK_K;
@@ -223,8 +254,18 @@ impl Backend for CpuBackend {
                 let q8k = &s.q8k[..n_tok * nb];
                 self.rows_parallel(ws, outs, &|m, rows, out| match self.simd {
                     #[cfg(target_arch = "x86_64")]
-                    // SAFETY: `Avx2` and `Avx512Vnni` are only set after detecting avx2, fma, f16c.
-                    SimdLevel::Avx2 | SimdLevel::Avx512Vnni => unsafe { avx2::matmul_rows_q8k(ws[m], rows, q8k, n_tok, out) },
+                    // SAFETY: `Avx512Vnni` is only set after detecting every feature
+                    // `avx512_k::matmul_rows_q8k` enables.
+                    SimdLevel::Avx512Vnni if avx2_k::Q8K_TYPES.contains(&ws[m].ty) => unsafe {
+                        avx512_k::matmul_rows_q8k(ws[m], rows, q8k, n_tok, out)
+                    },
+                    #[cfg(target_arch = "x86_64")]
+                    // SAFETY: `Avx2` is only set after detecting avx2, fma, f16c.
+                    SimdLevel::Avx2 if avx2_k::Q8K_TYPES.contains(&ws[m].ty) => unsafe {
+                        avx2_k::matmul_rows_q8k(ws[m], rows, q8k, n_tok, out)
+                    },
+                    #[cfg(target_arch = "aarch64")]
+                    SimdLevel::Neon if neon::Q8K_TYPES.contains(&ws[m].ty) => neon::matmul_rows_q8k(ws[m], rows, q8k, n_tok, out),
                     _ => {
                         for t in 0..n_tok {
                             for r in rows.clone() {
@@ -264,10 +305,10 @@ impl Backend for CpuBackend {
         let (hd, n_head, cap) = (a.head_dim, a.n_head, a.capacity);
         let group = n_head / a.n_kv_head;
         let scale = 1.0 / (hd as f32).sqrt();
-        let (q, k, v, positions) = (a.q, a.k_cache, a.v_cache, a.positions);
+        let (q, k, v, positions, window) = (a.q, a.k_cache, a.v_cache, a.positions, a.window);
         #[cfg(target_arch = "x86_64")]
         if matches!(self.simd, SimdLevel::Avx2 | SimdLevel::Avx512Vnni) && hd % 8 == 0 && hd <= 256 && group <= avx2::MAX_GROUP {
-            let n_seg = positions.iter().map(|&p| (p as usize + 1).div_ceil(ops::ATT_SEG)).max().unwrap_or(1);
+            let n_seg = positions.iter().map(|&p| attention_keys(p, window).len().div_ceil(ops::ATT_SEG)).max().unwrap_or(1);
             if n_seg > 1 {
                 return self.attention_segmented(a, n_seg);
             }
@@ -281,9 +322,11 @@ impl Backend for CpuBackend {
         self.team.for_chunks(n_items, 1, &|range| {
             for i in range {
                 let (t, kvh) = (i / a.n_kv_head, i % a.n_kv_head);
-                let n_keys = positions[t] as usize + 1;
-                let keys = &k[kvh * cap * hd..(kvh * cap + n_keys) * hd];
-                let vals = &v[kvh * cap * hd..(kvh * cap + n_keys) * hd];
+                // The query's keys (a window of them for sliding-window layers), from the first.
+                let r = attention_keys(positions[t], window);
+                let n_keys = r.len();
+                let (k0, k1) = ((kvh * cap + r.start) * hd, (kvh * cap + r.end) * hd);
+                let (keys, vals) = (&k[k0..k1], &v[k0..k1]);
                 let qg = &q[i * gw..(i + 1) * gw];
                 // SAFETY: item i owns out[i*gw..(i+1)*gw]; items are disjoint across chunks.
                 let o = unsafe { out.slice(i * gw, gw) };
@@ -295,6 +338,19 @@ impl Backend for CpuBackend {
     fn silu_mul(&self, gate: &mut [f32], up: &[f32]) {
         for (g, u) in gate.iter_mut().zip(up) {
             *g = ops::silu(*g) * u;
+        }
+    }
+
+    fn gelu_tanh_mul(&self, gate: &mut [f32], up: &[f32]) {
+        match self.simd {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `Avx2` and `Avx512Vnni` are only set after detecting avx2 and fma.
+            SimdLevel::Avx2 | SimdLevel::Avx512Vnni => unsafe { avx2::gelu_tanh_mul(gate, up) },
+            _ => {
+                for (g, u) in gate.iter_mut().zip(up) {
+                    *g = ops::gelu_tanh(*g) * u;
+                }
+            }
         }
     }
 
@@ -358,17 +414,20 @@ impl CpuBackend {
         let (part, ml) = (SharedSlice::new(&mut s.att), SharedSlice::new(&mut s.att_ml));
         let out = SharedSlice::new(a.out);
         let (part, ml, out) = (&part, &ml, &out);
-        let segs = |t: usize| (positions[t] as usize + 1).div_ceil(SEG);
+        let window = a.window;
+        // Segments at positions relative to the query's first key (a function of its position).
+        let segs = |t: usize| attention_keys(positions[t], window).len().div_ceil(SEG);
         self.team.for_chunks(n_items, 1, &|range| {
             for i in range {
                 let (tk, seg) = (i / n_seg, i % n_seg);
                 let (t, kvh) = (tk / n_kv, tk % n_kv);
-                let n_keys = positions[t] as usize + 1;
                 if seg >= segs(t) {
                     continue;
                 }
-                let keys = &a.k_cache[kvh * cap * hd..(kvh * cap + n_keys) * hd];
-                let vals = &a.v_cache[kvh * cap * hd..(kvh * cap + n_keys) * hd];
+                let r = attention_keys(positions[t], window);
+                let n_keys = r.len();
+                let (k0, k1) = ((kvh * cap + r.start) * hd, (kvh * cap + r.end) * hd);
+                let (keys, vals) = (&a.k_cache[k0..k1], &a.v_cache[k0..k1]);
                 let qg = &a.q[tk * gw..(tk + 1) * gw];
                 if segs(t) == 1 {
                     // SAFETY: a query of one segment has one item (seg 0), which alone writes

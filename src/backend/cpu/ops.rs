@@ -33,23 +33,46 @@ pub fn rope_head(x: &mut [f32], cs: &[f32]) {
     }
 }
 
-/// (cos, sin) table for positions 0..n_pos: `[n_pos, head_dim/2, 2]`, angles
-/// pos * base^(-2i/rope_dims) (GGML computes them the same way, in f32).
-pub fn rope_table(n_pos: usize, head_dim: usize, rope_dims: usize, base: f32) -> Vec<f32> {
-    let mut t = Vec::with_capacity(n_pos * head_dim);
+/// Rotates the pairs (x[i], x[i + rope_dims/2]) of one head (GGML's NeoX mode) by the angles
+/// in `cs` = [(cos, sin); head_dim/2] (pair i uses cs[2i], cs[2i + 1]); dimensions from
+/// `rope_dims` on are left as they are.
+pub fn rope_head_neox(x: &mut [f32], cs: &[f32], rope_dims: usize) {
+    let half = rope_dims / 2;
+    for i in 0..half {
+        let (x0, x1) = (x[i], x[i + half]);
+        let (c, s) = (cs[2 * i], cs[2 * i + 1]);
+        x[i] = x0 * c - x1 * s;
+        x[i + half] = x0 * s + x1 * c;
+    }
+}
+
+/// (cos, sin) of every pair of a head at position `pos` into `out` ([head_dim/2, 2]): angles
+/// θ_i = pos · base^(-2i/rope_dims), by repeated multiplication in f32 as GGML does, divided by
+/// `factors[i]` (Llama 3's frequency factors) and multiplied by `freq_scale` (linear scaling);
+/// pairs from rope_dims/2 on get (1, 0), no rotation.
+pub fn rope_row(pos: u32, rope_dims: usize, base: f32, freq_scale: f32, factors: Option<&[f32]>, out: &mut [f32]) {
     let theta_scale = base.powf(-2.0 / rope_dims as f32);
-    for pos in 0..n_pos {
-        let mut theta = pos as f32;
-        for i in 0..head_dim / 2 {
-            if 2 * i < rope_dims {
-                t.push(theta.cos());
-                t.push(theta.sin());
-                theta *= theta_scale;
-            } else {
-                t.push(1.0);
-                t.push(0.0);
-            }
+    let mut theta = pos as f32;
+    for (i, cs) in out.chunks_exact_mut(2).enumerate() {
+        if 2 * i < rope_dims {
+            let ff = factors.and_then(|f| f.get(i)).copied().unwrap_or(1.0);
+            let angle = freq_scale * (theta / ff);
+            cs[0] = angle.cos();
+            cs[1] = angle.sin();
+            theta *= theta_scale;
+        } else {
+            cs[0] = 1.0;
+            cs[1] = 0.0;
         }
+    }
+}
+
+/// (cos, sin) table for positions 0..n_pos: `[n_pos, head_dim/2, 2]` rows of [`rope_row`]
+/// (no scaling, no factors).
+pub fn rope_table(n_pos: usize, head_dim: usize, rope_dims: usize, base: f32) -> Vec<f32> {
+    let mut t = vec![0f32; n_pos * head_dim];
+    for (pos, row) in t.chunks_exact_mut(head_dim.max(1)).enumerate() {
+        rope_row(pos as u32, rope_dims, base, 1.0, None, row);
     }
     t
 }
@@ -78,6 +101,17 @@ pub fn erf(x: f32) -> f32 {
 #[inline]
 pub fn gelu(x: f32) -> f32 {
     0.5 * x * (1.0 + erf(x * std::f32::consts::FRAC_1_SQRT_2))
+}
+
+/// √(2/π), the tanh-form GELU's constant (GGML's `SQRT_2_OVER_PI`).
+pub const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+/// The tanh-form GELU's cubic coefficient (GGML's `GELU_COEF_A`).
+pub const GELU_COEF_A: f32 = 0.044_715;
+
+/// GELU, tanh form (Gemma's `gelu_pytorch_tanh`): 0.5·x·(1 + tanh(√(2/π)·x·(1 + 0.044715·x²))).
+#[inline]
+pub fn gelu_tanh(x: f32) -> f32 {
+    0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (1.0 + GELU_COEF_A * x * x)).tanh())
 }
 
 /// Keys per tile of the attention scan. Tiles start at absolute key positions 0, T, 2T, ...,
@@ -170,6 +204,33 @@ mod tests {
         assert!((x[0] - 3f32.cos()).abs() < 1e-6 && (x[1] - 3f32.sin()).abs() < 1e-6);
         let th = 3.0 * 10000f32.powf(-0.5);
         assert!((x[2] - th.cos()).abs() < 1e-6 && (x[3] - th.sin()).abs() < 1e-6);
+    }
+
+    #[test]
+    fn rope_neox_rotates_halves_and_scales_angles() {
+        // head_dim 8, rope_dims 4: pairs (0, 2) and (1, 3); 4..8 untouched.
+        let mut cs = [0f32; 8];
+        rope_row(3, 4, 10000.0, 1.0, None, &mut cs);
+        assert_eq!(&cs[4..], &[1.0, 0.0, 1.0, 0.0]);
+        let mut x = [1.0f32, 1.0, 0.0, 0.0, 5.0, 6.0, 7.0, 8.0];
+        rope_head_neox(&mut x, &cs, 4);
+        let th1 = 3.0 * 10000f32.powf(-0.5);
+        assert!((x[0] - 3f32.cos()).abs() < 1e-6 && (x[2] - 3f32.sin()).abs() < 1e-6);
+        assert!((x[1] - th1.cos()).abs() < 1e-6 && (x[3] - th1.sin()).abs() < 1e-6);
+        assert_eq!(&x[4..], &[5.0, 6.0, 7.0, 8.0]);
+        // Frequency factors divide the angle, the linear scale multiplies it.
+        let mut scaled = [0f32; 8];
+        rope_row(3, 4, 10000.0, 0.5, Some(&[2.0, 1.0]), &mut scaled);
+        assert!((scaled[0] - (3.0f32 / 2.0 * 0.5).cos()).abs() < 1e-6);
+        assert!((scaled[2] - (th1 * 0.5).cos()).abs() < 1e-6);
+    }
+
+    #[test]
+    fn gelu_tanh_known_values() {
+        // torch.nn.functional.gelu(x, approximate="tanh")
+        for (x, e) in [(0.0f32, 0.0f32), (1.0, 0.841_192), (-1.0, -0.158_808), (2.5, 2.484_916), (-3.0, -0.003_637_4)] {
+            assert!((gelu_tanh(x) - e).abs() < 2e-6, "gelu_tanh({x}) = {} want {e}", gelu_tanh(x));
+        }
     }
 
     #[test]

@@ -1,15 +1,16 @@
 //! Activation quantization and the scalar reference dot products of quantized weight rows.
 //!
 //! Activations are quantized once per token to an 8-bit block format so the inner loop of every
-//! quantized matmul is integer multiply-add: [`BlockQ8`] (32 values) for Q4_0 / Q4_1 / Q8_0
-//! weights, [`BlockQ8K`] (256 values) for K-quants. The integer part of each block product is
+//! quantized matmul is integer multiply-add: [`BlockQ8`] (32 values) for the 32-element block
+//! types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, MXFP4), [`BlockQ8K`] (256 values) for K-quants. The integer part of each block product is
 //! exact; only the float accumulation across blocks can differ between implementations.
 
 use half::f16;
 
 use super::shared::SharedOut;
 use crate::backend::WeightView;
-use crate::gguf::{types::q4k_scale_min, GgmlType, QK, QK_K};
+use crate::gguf::types::{e8m0_half, f16_at, q4k_scale_min, q5_high_bits, q5_pair, IQ4NL_VALUES, MXFP4_VALUES};
+use crate::gguf::{GgmlType, QK, QK_K};
 
 /// 32 activations: x ≈ d * qs; `s = d * sum(qs)` (used by Q4_1's offset term).
 #[derive(Clone, Copy, Debug)]
@@ -53,8 +54,8 @@ pub enum ActFormat {
 pub fn act_format(ty: GgmlType) -> ActFormat {
     match ty {
         GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => ActFormat::F32,
-        GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0 => ActFormat::Q8,
-        GgmlType::Q4K | GgmlType::Q6K => ActFormat::Q8K,
+        GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q8_0 | GgmlType::IQ4NL | GgmlType::MXFP4 => ActFormat::Q8,
+        GgmlType::Q2K | GgmlType::Q3K | GgmlType::Q4K | GgmlType::Q5K | GgmlType::Q6K => ActFormat::Q8K,
     }
 }
 
@@ -87,33 +88,42 @@ pub fn quantize_block_q8(xs: &[f32]) -> BlockQ8 {
     b
 }
 
-/// Quantizes `x` (length a multiple of 256) into `out` (len x.len() / 256).
+/// Quantizes `x` (length a multiple of 256) into `out` (len x.len() / 256) exactly as GGML's
+/// `quantize_row_q8_K_ref`: the value of largest magnitude maps to -127 (so `d` carries its
+/// sign), round half to even, sums per 16.
 pub fn quantize_q8k(x: &[f32], out: &mut [BlockQ8K]) {
     for (b, xs) in out.iter_mut().zip(x.chunks_exact(QK_K)) {
-        let amax = xs.iter().fold(0f32, |m, v| m.max(v.abs()));
-        let d = amax / 127.0;
-        let id = if d > 0.0 { 1.0 / d } else { 0.0 };
+        let (mut amax, mut max) = (0f32, 0f32);
+        for &v in xs {
+            if v.abs() > amax {
+                amax = v.abs();
+                max = v;
+            }
+        }
+        if amax == 0.0 {
+            *b = BlockQ8K::default();
+            continue;
+        }
+        let iscale = -127.0 / max;
         for (q, v) in b.qs.iter_mut().zip(xs) {
-            *q = ((v * id).round() as i32).clamp(-127, 127) as i8;
+            *q = ((iscale * v).round_ties_even() as i32).min(127) as i8;
         }
         for (g, s) in b.bsums.iter_mut().enumerate() {
             *s = b.qs[16 * g..16 * g + 16].iter().map(|&q| q as i16).sum();
         }
-        b.d = d;
+        b.d = 1.0 / iscale;
     }
 }
 
-#[inline]
-fn f16_at(b: &[u8], i: usize) -> f32 {
-    f16::from_le_bytes([b[i], b[i + 1]]).to_f32()
-}
 
-/// Reference dot of one Q4_0 / Q4_1 / Q8_0 weight row with a quantized activation row.
+/// Reference dot of one weight row of a 32-element block type (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
+/// IQ4_NL, MXFP4) with a quantized activation row.
 pub fn dot_q8_scalar(ty: GgmlType, w: &[u8], x: &[BlockQ8]) -> f32 {
     let bb = ty.block_bytes();
     let mut acc = 0f32;
     for (wb, xb) in w.chunks_exact(bb).zip(x) {
-        let d = f16_at(wb, 0);
+        // MXFP4 has an E8M0 scale byte instead (read in its arm).
+        let d = if ty == GgmlType::MXFP4 { 0.0 } else { f16_at(wb, 0) };
         acc += match ty {
             GgmlType::Q4_0 => {
                 let qs = &wb[2..18];
@@ -141,6 +151,32 @@ pub fn dot_q8_scalar(ty: GgmlType, w: &[u8], x: &[BlockQ8]) -> f32 {
                 }
                 d * xb.d * sumi as f32
             }
+            GgmlType::Q5_0 | GgmlType::Q5_1 => {
+                // Q5_0: d, qh, qs (weights q - 16); Q5_1: d, m, qh, qs (weights q, plus m·s).
+                let at = if ty == GgmlType::Q5_0 { 2 } else { 4 };
+                let (qh, qs) = (q5_high_bits(wb, at), &wb[at + 4..at + 20]);
+                let k = if ty == GgmlType::Q5_0 { 16 } else { 0 };
+                let mut sumi = 0i32;
+                for j in 0..QK / 2 {
+                    let (lo, hi) = q5_pair(qs[j], qh, j);
+                    sumi += (lo as i32 - k) * xb.qs[j] as i32;
+                    sumi += (hi as i32 - k) * xb.qs[j + QK / 2] as i32;
+                }
+                let min = if ty == GgmlType::Q5_1 { f16_at(wb, 2) * xb.s } else { 0.0 };
+                d * xb.d * sumi as f32 + min
+            }
+            GgmlType::IQ4NL | GgmlType::MXFP4 => {
+                let (table, d, qs) = match ty {
+                    GgmlType::IQ4NL => (&IQ4NL_VALUES, d, &wb[2..18]),
+                    _ => (&MXFP4_VALUES, e8m0_half(wb[0]), &wb[1..17]),
+                };
+                let mut sumi = 0i32;
+                for j in 0..QK / 2 {
+                    sumi += table[(qs[j] & 0x0F) as usize] as i32 * xb.qs[j] as i32;
+                    sumi += table[(qs[j] >> 4) as usize] as i32 * xb.qs[j + QK / 2] as i32;
+                }
+                d * xb.d * sumi as f32
+            }
             _ => unreachable!("dot_q8_scalar called for {ty:?}"),
         };
     }
@@ -158,7 +194,9 @@ pub fn matmul_rows_q8_scalar(w: WeightView<'_>, rows: std::ops::Range<usize>, ac
     }
 }
 
-/// Reference dot of one Q4_K / Q6_K weight row with a Q8_K activation row.
+/// Reference dot of one K-quant weight row (Q2_K .. Q6_K) with a Q8_K activation row. Each
+/// block's integer sums are exact; its float formula is the one every SIMD kernel repeats, so
+/// they equal this bitwise.
 pub fn dot_q8k_scalar(ty: GgmlType, w: &[u8], x: &[BlockQ8K]) -> f32 {
     let bb = ty.block_bytes();
     let mut acc = 0f32;
@@ -216,6 +254,9 @@ pub fn dot_q8k_scalar(ty: GgmlType, w: &[u8], x: &[BlockQ8K]) -> f32 {
                 }
                 d * sum as f32
             }
+            GgmlType::Q2K => super::quant_k::dot_q2k_block(wb, xb),
+            GgmlType::Q3K => super::quant_k::dot_q3k_block(wb, xb),
+            GgmlType::Q5K => super::quant_k::dot_q5k_block(wb, xb),
             _ => unreachable!("dot_q8k_scalar called for {ty:?}"),
         };
     }
@@ -257,7 +298,7 @@ mod tests {
     fn quantized_dots_match_dequantized() {
         let cols = 512;
         let x = rand_f32(7, cols);
-        for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4K, GgmlType::Q6K] {
+        for ty in GgmlType::ALL.into_iter().filter(|t| t.block_elems() > 1) {
             let w = rand_row(ty, cols, 3);
             let mut wf = vec![0f32; cols];
             dequantize_row(ty, &w, &mut wf);

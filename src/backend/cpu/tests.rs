@@ -8,16 +8,8 @@ use super::{ops, CpuBackend, SimdLevel};
 use crate::backend::{AttentionArgs, Backend, WeightView};
 use crate::gguf::GgmlType;
 
-const TYPES: [GgmlType; 8] = [
-    GgmlType::F32,
-    GgmlType::F16,
-    GgmlType::BF16,
-    GgmlType::Q4_0,
-    GgmlType::Q4_1,
-    GgmlType::Q8_0,
-    GgmlType::Q4K,
-    GgmlType::Q6K,
-];
+/// Every weight type the CPU runs.
+const TYPES: [GgmlType; 15] = GgmlType::ALL;
 
 fn matrix(ty: GgmlType, rows: usize, cols: usize) -> Vec<u8> {
     (0..rows).flat_map(|r| rand_row(ty, cols, 100 + r as u64)).collect()
@@ -28,10 +20,10 @@ fn backends(threads: usize) -> Vec<CpuBackend> {
     SimdLevel::available().into_iter().map(|l| CpuBackend::with_simd(threads, l).expect("pool")).collect()
 }
 
-/// Every type at 512 columns, and the 32-block types at an odd block count (17: the AVX-512
+/// Every type at `cols` columns, and the 32-block types at an odd block count (the AVX-512
 /// kernels' lone last block).
 fn shapes(cols: usize, odd_cols: usize) -> impl Iterator<Item = (GgmlType, usize)> {
-    let odd = [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0].map(|t| (t, odd_cols));
+    let odd = TYPES.into_iter().filter(|t| t.block_elems() == 32).map(move |t| (t, odd_cols));
     TYPES.map(|t| (t, cols)).into_iter().chain(odd)
 }
 
@@ -94,18 +86,51 @@ fn kv(n: usize, seed: u64) -> Vec<f16> {
 
 #[test]
 fn attention_simd_matches_reference_and_is_batch_invariant() {
-    check_attention(300, (290..300).collect());
+    check_attention(300, (290..300).collect(), None, 64);
 }
 
 /// Contexts longer than one `ops::ATT_SEG` (512 keys): the x86 levels split them into segments
 /// and merge; queries on both sides of the 512 and 1024 boundaries, alone and batched.
 #[test]
 fn long_context_attention_matches_reference_and_is_batch_invariant() {
-    check_attention(1300, [0, 3, 510, 511, 512, 513, 700, 1023, 1024, 1025, 1299].into());
+    check_attention(1300, [0, 3, 510, 511, 512, 513, 700, 1023, 1024, 1025, 1299].into(), None, 64);
 }
 
-fn check_attention(cap: usize, positions: Vec<u32>) {
-    let (n_head, n_kv, hd) = (6, 2, 64);
+/// Sliding windows (Gemma's local layers): short windows inside one tile, a window of 600 that
+/// spans segments, at head size 256 (Gemma 3); alone, batched, against the reference.
+#[test]
+fn sliding_window_attention_matches_reference_and_is_batch_invariant() {
+    check_attention(1300, [0, 7, 8, 9, 300, 1299].into(), Some(8), 256);
+    check_attention(1300, [0, 599, 600, 601, 1100, 1299].into(), Some(600), 64);
+}
+
+/// A window only hides keys: the output equals full attention over the window's keys alone.
+#[test]
+fn sliding_window_sees_exactly_its_keys() {
+    let (hd, cap, w) = (64, 40, 8);
+    let k = kv(cap * hd, 3);
+    let v = kv(cap * hd, 4);
+    let q = rand_f32(5, hd);
+    for b in backends(1) {
+        let run = |k: &[f16], v: &[f16], pos: u32, window| {
+            let mut out = vec![0f32; hd];
+            b.attention(AttentionArgs { q: &q, k_cache: k, v_cache: v, capacity: cap, positions: &[pos], n_head: 1, n_kv_head: 1, head_dim: hd, window, out: &mut out });
+            out
+        };
+        let windowed = run(&k, &v, 30, Some(w));
+        // The same keys moved to positions 0..8 of another cache, attended in full.
+        let mut k2 = k.clone();
+        let mut v2 = v.clone();
+        k2.copy_within((31 - w) * hd..31 * hd, 0);
+        v2.copy_within((31 - w) * hd..31 * hd, 0);
+        let full = run(&k2, &v2, (w - 1) as u32, None);
+        assert!(windowed.iter().zip(&full).all(|(a, c)| a.to_bits() == c.to_bits()), "{:?}", b.simd());
+        assert_ne!(windowed, run(&k, &v, 30, None), "{:?}: the window changes the result", b.simd());
+    }
+}
+
+fn check_attention(cap: usize, positions: Vec<u32>, window: Option<usize>, hd: usize) {
+    let (n_head, n_kv) = (6, 2);
     let k = kv(n_kv * cap * hd, 3);
     let v = kv(n_kv * cap * hd, 4);
     let q = rand_f32(5, positions.len() * n_head * hd);
@@ -120,6 +145,7 @@ fn check_attention(cap: usize, positions: Vec<u32>) {
             n_head,
             n_kv_head: n_kv,
             head_dim: hd,
+            window,
             out: &mut out,
         });
         out
@@ -142,9 +168,9 @@ fn check_attention(cap: usize, positions: Vec<u32>) {
 /// The K-quant SIMD kernels compute the reference's integers and float formula: bitwise equal.
 #[test]
 fn k_quant_simd_equals_reference_bitwise() {
-    let (rows, cols, n_tok) = (9, 768, 3);
+    let (rows, cols, n_tok) = (9, 768, 6); // one token tile of 4, then two single tokens
     let x = rand_f32(21, n_tok * cols);
-    for ty in [GgmlType::Q4K, GgmlType::Q6K] {
+    for ty in TYPES.into_iter().filter(|t| t.block_elems() == 256) {
         let data = matrix(ty, rows, cols);
         let w = WeightView::new(ty, rows, cols, &data).expect("view");
         let outs: Vec<Vec<u32>> = backends(2)
@@ -215,6 +241,51 @@ fn gelu_simd_matches_reference() {
             one.gelu(&mut a);
             team.gelu(&mut c);
             assert!(a.iter().zip(&c).all(|(p, q)| p.to_bits() == q.to_bits()), "{:?}: length {n}", one.simd());
+        }
+    }
+}
+
+/// One `matmul_multi` over matrices of different types (as Gemma's q|k|v: Q5_0, Q5_0, Q8_0)
+/// computes exactly what separate matmuls do, on every level (the AVX-512 level feeds some of
+/// them activation pairs and the others blocks in one call).
+#[test]
+fn mixed_type_matmul_multi_equals_separate_matmuls() {
+    let (cols, n_tok) = (320, 5);
+    let x = rand_f32(41, n_tok * cols);
+    let mats: Vec<(GgmlType, usize, Vec<u8>)> = [(GgmlType::Q5_0, 24), (GgmlType::Q8_0, 8), (GgmlType::Q4_1, 16)]
+        .into_iter()
+        .map(|(ty, rows)| (ty, rows, matrix(ty, rows, cols)))
+        .collect();
+    for b in backends(2) {
+        let views: Vec<WeightView<'_>> = mats.iter().map(|(ty, rows, d)| WeightView::new(*ty, *rows, cols, d).expect("view")).collect();
+        let mut together: Vec<Vec<f32>> = views.iter().map(|w| vec![0f32; n_tok * w.rows]).collect();
+        let mut outs: Vec<&mut [f32]> = together.iter_mut().map(|v| v.as_mut_slice()).collect();
+        b.matmul_multi(&views, &x, n_tok, &mut outs);
+        for (w, t) in views.iter().zip(&together) {
+            let mut alone = vec![0f32; n_tok * w.rows];
+            b.matmul(*w, &x, n_tok, &mut alone);
+            assert!(alone.iter().zip(t).all(|(a, c)| a.to_bits() == c.to_bits()), "{:?} {:?}", b.simd(), w.ty);
+        }
+    }
+}
+
+/// The SIMD GeGLU (tanh GELU through e^x) against `ops::gelu_tanh`, over Gemma's range and the
+/// tails; every slice length gives the same value per element.
+#[test]
+fn gelu_tanh_mul_simd_matches_reference() {
+    let xs: Vec<f32> = (-3000..3000).map(|i| i as f32 * 0.004).chain([-60.0, -12.0, -9.5, 0.0, -0.0, 9.5, 12.0, 60.0, 1e-8, -1e-8]).collect();
+    let up: Vec<f32> = (0..xs.len()).map(|i| 0.5 + (i % 7) as f32 * 0.25).collect();
+    for b in backends(1) {
+        let mut y = xs.clone();
+        b.gelu_tanh_mul(&mut y, &up);
+        for ((x, g), u) in xs.iter().zip(&y).zip(&up) {
+            let r = ops::gelu_tanh(*x) * u;
+            assert!((g - r).abs() <= 2e-6 * r.abs() + 1e-7 * u, "{:?}: gelu_tanh({x}) * {u} = {g}, reference {r}", b.simd());
+        }
+        for n in 1..10 {
+            let mut t = xs[100..100 + n].to_vec();
+            b.gelu_tanh_mul(&mut t, &up[100..]);
+            assert!(t.iter().zip(&y[100..]).all(|(a, c)| a.to_bits() == c.to_bits()), "{:?}: length {n}", b.simd());
         }
     }
 }

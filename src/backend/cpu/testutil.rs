@@ -29,15 +29,21 @@ pub fn rand_row(ty: GgmlType, cols: usize, seed: u64) -> Vec<u8> {
     for (i, blk) in b.chunks_exact_mut(bb).enumerate() {
         let v = 0.01 + (i % 7) as f32 * 0.003;
         match ty {
-            GgmlType::Q4_0 | GgmlType::Q8_0 => scale(blk, 0, v),
-            GgmlType::Q4_1 => {
+            GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 | GgmlType::IQ4NL => scale(blk, 0, v),
+            GgmlType::Q4_1 | GgmlType::Q5_1 => {
                 scale(blk, 0, v);
                 scale(blk, 2, -0.05);
             }
-            GgmlType::Q4K => {
+            GgmlType::MXFP4 => blk[0] = 118 + (i % 5) as u8,
+            GgmlType::Q4K | GgmlType::Q5K => {
                 scale(blk, 0, v);
                 scale(blk, 2, 0.002);
             }
+            GgmlType::Q2K => {
+                scale(blk, 80, v);
+                scale(blk, 82, 0.002);
+            }
+            GgmlType::Q3K => scale(blk, 108, v),
             GgmlType::Q6K => scale(blk, 208, v),
             GgmlType::F16 => scale(blk, 0, (i as f32 * 0.37).sin()),
             GgmlType::BF16 => blk.copy_from_slice(&half::bf16::from_f32((i as f32 * 0.37).sin()).to_le_bytes()),

@@ -61,7 +61,7 @@ impl HipBackend {
         let (rt, k) = (self.ctx.runtime(), self.ctx.kernels());
         let wb = DevBuf::from_bytes(rt, w.data)?;
         let xb = DevBuf::from_f32(rt, x)?;
-        let q8 = !type_info(w.ty).float_act;
+        let q8 = !type_info(w.ty).ok_or_else(|| HipError::Unsupported(format!("{} weights", w.ty.name())))?.float_act;
         let xq = DevBuf::new(rt, if q8 { n_tok * w.cols / 32 * Q8_BYTES } else { 4 })?;
         if q8 {
             k.quantize(&**rt, xb.ptr(), w.cols, xq.ptr(), n_tok)?;

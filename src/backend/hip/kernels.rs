@@ -74,7 +74,12 @@ pub struct TypeInfo {
     pub float_act: bool,
 }
 
-pub fn type_info(ty: GgmlType) -> TypeInfo {
+/// The weight types kernels/hip has matmul and embedding kernels for (`quants.hip`).
+pub const HIP_TYPES: [GgmlType; 8] =
+    [GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4K, GgmlType::Q6K];
+
+/// How the HIP kernels lay out `ty`; `None`: a type they have no kernel for (see [`HIP_TYPES`]).
+pub fn type_info(ty: GgmlType) -> Option<TypeInfo> {
     let (tag, block, items_per_block, float_act) = match ty {
         GgmlType::F32 => ("f32", 8, 1, true),
         GgmlType::F16 => ("f16", 8, 1, true),
@@ -84,8 +89,9 @@ pub fn type_info(ty: GgmlType) -> TypeInfo {
         GgmlType::Q8_0 => ("q8_0", 32, 2, false),
         GgmlType::Q4K => ("q4_k", 256, 4, false),
         GgmlType::Q6K => ("q6_k", 256, 8, false),
+        _ => return None,
     };
-    TypeInfo { tag, block, items_per_block, float_act }
+    Some(TypeInfo { tag, block, items_per_block, float_act })
 }
 
 /// A weight matrix on the device: `rows` rows of `row_bytes` GGUF bytes.
@@ -139,8 +145,8 @@ impl Kernels {
         let f = |name: &str| rt.function(module, name);
         let mut mm = HashMap::new();
         let mut embed = HashMap::new();
-        for ty in GgmlType::ALL {
-            let tag = type_info(ty).tag;
+        for ty in HIP_TYPES {
+            let tag = type_info(ty).map_or("", |i| i.tag);
             for tile in Tile::ALL {
                 for (epi, e) in [(Epi::Store, "store"), (Epi::Add, "add")] {
                     mm.insert((ty, tile, epi), f(&format!("mm_{tag}_{}_{e}", tile.tag()))?);
@@ -181,7 +187,7 @@ impl Kernels {
         if n_tok == 0 || m.rows == 0 {
             return Ok(());
         }
-        let info = type_info(m.ty);
+        let info = type_info(m.ty).ok_or_else(|| HipError::Unsupported(format!("{} weights", m.ty.name())))?;
         let tile = tile.unwrap_or_else(|| Tile::for_tokens(n_tok));
         let nb = m.cols / info.block;
         let l = Kernels::lanes(nb * info.items_per_block);

@@ -120,7 +120,9 @@ fn check_shape(c: &LayerShape, views: &[WeightView<'_>]) -> Result<(), HipError>
         return unsupported(format!("RoPE over {} of {} dimensions", c.rope_dims, c.head_dim));
     }
     for v in views {
-        let info = type_info(v.ty);
+        let Some(info) = type_info(v.ty) else {
+            return unsupported(format!("{} weights (the HIP kernels take F32, F16, BF16, Q4_0, Q4_1, Q8_0, Q4_K, Q6_K)", v.ty.name()));
+        };
         if v.cols % info.block != 0 {
             return unsupported(format!("a {} matrix of {} columns", v.ty.name(), v.cols));
         }

@@ -348,14 +348,16 @@ impl Backend for WgpuBackend {
     }
 
     fn attention(&self, mut a: AttentionArgs<'_>) {
-        if !self.keep(self.try_attention(&mut a)) {
+        // No WGSL kernel for sliding windows yet: those run on the host.
+        if a.window.is_some() || !self.keep(self.try_attention(&mut a)) {
             let (hd, group, cap) = (a.head_dim, a.n_head / a.n_kv_head.max(1), a.capacity);
             let scale = 1.0 / (hd as f32).sqrt();
             for (i, out) in a.out.chunks_exact_mut(hd).enumerate() {
                 let (t, h) = (i / a.n_head, i % a.n_head);
-                let n_keys = a.positions[t] as usize + 1;
+                let r = crate::backend::attention_keys(a.positions[t], a.window);
+                let n_keys = r.len();
                 let base = (h / group) * cap * hd;
-                let (k, v): (&[f16], &[f16]) = (&a.k_cache[base..base + n_keys * hd], &a.v_cache[base..base + n_keys * hd]);
+                let (k, v): (&[f16], &[f16]) = (&a.k_cache[base + r.start * hd..base + r.end * hd], &a.v_cache[base + r.start * hd..base + r.end * hd]);
                 ops::attend_head(&a.q[i * hd..(i + 1) * hd], k, v, n_keys, scale, out);
             }
         }

@@ -15,7 +15,19 @@ use super::WgpuError;
 use crate::gguf::GgmlType;
 
 /// Weight types the matmul and embedding kernels decode: all of them.
-pub const WEIGHT_TYPES: [GgmlType; 8] = GgmlType::ALL;
+/// The weight types with a WGSL dequantizer (the CPU runs every `GgmlType`).
+pub const WEIGHT_TYPES: [GgmlType; 10] = [
+    GgmlType::F32,
+    GgmlType::F16,
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q8_0,
+    GgmlType::Q4K,
+    GgmlType::Q5K,
+    GgmlType::Q6K,
+    GgmlType::BF16,
+];
 
 /// Threads per workgroup of the element-wise kernels (embed, rope, kv_store, silu_mul, add).
 pub const WG: u32 = 256;
@@ -172,12 +184,18 @@ fn weight_source(ty: GgmlType) -> String {
         GgmlType::Q4_0 => include_str!("../../../kernels/wgsl/dequant_q4_0.wgsl").into(),
         GgmlType::Q4_1 => include_str!("../../../kernels/wgsl/dequant_q4_1.wgsl").into(),
         GgmlType::Q8_0 => include_str!("../../../kernels/wgsl/dequant_q8_0.wgsl").into(),
-        GgmlType::Q4K => include_str!("../../../kernels/wgsl/dequant_q4_k.wgsl").into(),
+        GgmlType::Q5_0 => include_str!("../../../kernels/wgsl/dequant_q5_0.wgsl").into(),
+        GgmlType::Q4K => format!("{K_SCALE_MIN}\n{}", include_str!("../../../kernels/wgsl/dequant_q4_k.wgsl")),
+        GgmlType::Q5K => format!("{K_SCALE_MIN}\n{}", include_str!("../../../kernels/wgsl/dequant_q5_k.wgsl")),
         GgmlType::Q6K => include_str!("../../../kernels/wgsl/dequant_q6_k.wgsl").into(),
+        // Only called for `WEIGHT_TYPES`; the others are refused as unsupported before.
+        other => unreachable!("no WGSL dequantizer for {}", other.name()),
     }
 }
 
 const BYTES: &str = include_str!("../../../kernels/wgsl/bytes.wgsl");
+/// Q4_K / Q5_K's 6-bit (scale, min) unpacking, shared by their dequantizers.
+const K_SCALE_MIN: &str = include_str!("../../../kernels/wgsl/k_scale_min.wgsl");
 const Q8_ACT: &str = include_str!("../../../kernels/wgsl/q8_act.wgsl");
 const RMS_SCALE: &str = include_str!("../../../kernels/wgsl/rms_scale.wgsl");
 const RMS_BIND: &str = include_str!("../../../kernels/wgsl/rms_bind.wgsl");

@@ -28,7 +28,7 @@ use super::plan::{batch_plan, one_token_plan, q8_bytes, Acts, PlanCtx, PlanItem,
 use super::upload::{upload_rows, GpuLayer, GpuMatrix};
 use super::WgpuError;
 use crate::backend::cpu::ops::rope_table;
-use crate::backend::offload::{LayerShape, ModelTensors, SeqSpan};
+use crate::backend::offload::{FfnActivation, LayerShape, ModelTensors, RopeStyle, SeqSpan};
 
 mod step;
 pub(crate) use step::Ahead;
@@ -152,11 +152,41 @@ impl GpuActivations {
     }
 }
 
+/// The parts of `model`'s layers this runner has no kernels for, if any (it runs the plain
+/// Llama layer: adjacent-pair RoPE without scaling, SiLU gate, no biases or extra norms, a query
+/// as wide as the residual stream, every layer global).
+pub fn layers_unsupported(model: &dyn ModelTensors) -> Option<String> {
+    let c = model.shape();
+    let mut lacks: Vec<&str> = Vec::new();
+    let mut need = |yes: bool, part| {
+        if yes {
+            lacks.push(part)
+        }
+    };
+    need(c.rope_style != RopeStyle::Adjacent, "NeoX RoPE");
+    need(c.rope_freq_scale != 1.0 || model.rope_freqs().is_some(), "RoPE scaling");
+    need(c.swa_layers.iter().enumerate().any(|(li, _)| c.window(li).is_some()), "sliding-window layers");
+    need(c.ffn_activation != FfnActivation::Silu, "GeGLU");
+    need(c.final_softcap.is_some(), "logit soft-capping");
+    need(c.attn_scale != 1.0 / (c.head_dim as f32).sqrt(), "a query scale other than 1/sqrt(head_dim)");
+    need(c.q_dim() != c.n_embd, "queries wider than the residual stream");
+    if c.n_layer > 0 {
+        let l = model.layer(0);
+        need(l.bq.is_some() || l.bk.is_some() || l.bv.is_some(), "q/k/v biases");
+        need(l.q_norm.is_some() || l.k_norm.is_some(), "q/k norms");
+        need(l.post_attn_norm.is_some() || l.post_ffn_norm.is_some(), "post-attention / post-FFN norms");
+    }
+    (!lacks.is_empty()).then(|| format!("kernels the wgpu layers do not have yet: {}", lacks.join(", ")))
+}
+
 impl GpuLayers {
     /// Uploads layers `layers` of `model` (weights as GGUF blocks, pack.rs) and a RoPE table for
     /// `n_pos` positions (clamped to the trained context).
     pub fn new(ctx: Arc<WgpuContext>, model: &dyn ModelTensors, layers: Range<usize>, n_pos: usize, kv: KvPrecision) -> Result<GpuLayers, WgpuError> {
         let c = model.shape();
+        if let Some(why) = layers_unsupported(model) {
+            return Err(WgpuError::Unsupported(why));
+        }
         if layers.start > layers.end || layers.end > c.n_layer {
             return Err(WgpuError::Unsupported(format!("layers {layers:?} of a {}-layer model", c.n_layer)));
         }

@@ -47,7 +47,7 @@ pub use backend::WgpuBackend;
 pub use context::{AdapterSummary, WgpuContext, WEIGHT_TYPES};
 pub use options::{DecodePlan, WgpuOptions};
 pub use kv::KvPrecision;
-pub use layers::GpuLayers;
+pub use layers::{layers_unsupported, GpuLayers};
 pub use segment::WgpuLayers;
 
 #[derive(Debug, thiserror::Error)]

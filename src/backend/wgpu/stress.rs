@@ -56,6 +56,7 @@ fn run(gpu: &WgpuBackend, c: &Case) -> Result<(Vec<f32>, Vec<f32>), WgpuError> {
         n_head,
         n_kv_head,
         head_dim,
+        window: None,
         out: &mut att,
     })?;
     let w = WeightView::new(GgmlType::Q4_0, ROWS, COLS, &c.w).ok_or_else(|| WgpuError::Unsupported("view".into()))?;

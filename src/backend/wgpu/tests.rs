@@ -7,12 +7,12 @@
 //! Tolerances of those tests for wgpu, `|backend - scalar reference|` per output:
 //! * matmul, F32 / F16 / BF16 weights: `4e-5 · Σ|w·x| + 1e-6` — both sides accumulate f32 in a
 //!   different order; the worst-case recursive-summation bound for 512 terms is 512 · 2^-24 ≈ 3.1e-5.
-//! * matmul, Q4_0 / Q8_0 / Q4_1 weights: the same plus the CPU reference's own 8-bit activation
+//! * matmul, Q4_0 / Q5_0 / Q8_0 / Q4_1 weights: the same plus the CPU reference's own 8-bit activation
 //!   rounding, bounded per 32-block b by `amax_b · (1/254 + 2^-11) · (Σ_b|w| + 65·|m_b|)`: half a
 //!   step of amax/127 per activation plus the f16 rounding of the block scale, and for Q4_1 the
 //!   f16 rounding of its block-sum term (m_b is Q4_1's block minimum, 0 otherwise). The GPU uses
 //!   f32 activations, so this is the whole expected difference.
-//! * matmul, Q4_K / Q6_K: per 256-block `amax_b / 254 · Σ_b|w|` (Q8_K activations keep an f32 scale).
+//! * matmul, Q4_K / Q5_K / Q6_K: per 256-block `amax_b / 254 · Σ_b|w|` (Q8_K activations keep an f32 scale).
 //! * wgpu matmul is also checked against the exact (f64) product of the dequantized weights at
 //!   `4e-5 · Σ|w·x| + 1e-6`, so a dequantization bug cannot hide inside the 8-bit allowance.
 //! * RMSNorm: `2e-5 · |ref| + 1e-7` (sum of squares in another order, ≤ 3.1e-5 relative worst case
@@ -94,14 +94,14 @@ pub(crate) fn uniform(seed: u64, n: usize) -> Vec<f32> {
 /// Random weights of any type: quantized N(0, 1) values, or for K-quants random blocks with
 /// small positive scales.
 pub(crate) fn weights(ty: GgmlType, rows: usize, cols: usize, seed: u64) -> Vec<u8> {
-    if !matches!(ty, GgmlType::Q4K | GgmlType::Q6K) {
+    if !matches!(ty, GgmlType::Q4K | GgmlType::Q5K | GgmlType::Q6K) {
         return random_matrix(ty, rows, cols, 0.0, 1.0, seed).expect("quantizable");
     }
     let mut r = Rng::new(seed);
     let mut b: Vec<u8> = (0..rows * ty.row_bytes(cols).expect("blocks")).map(|_| r.next_u64() as u8).collect();
     for blk in b.chunks_exact_mut(ty.block_bytes()) {
         let mut put = |at: usize, v: f32| blk[at..at + 2].copy_from_slice(&f16::from_f32(v).to_le_bytes());
-        if ty == GgmlType::Q4K {
+        if matches!(ty, GgmlType::Q4K | GgmlType::Q5K) {
             put(0, 0.01 + 0.02 * r.next_f32());
             put(2, 0.004 * r.next_f32());
         } else {

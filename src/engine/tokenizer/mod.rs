@@ -1,35 +1,40 @@
 //! The LLM tokenizer, built from a GGUF file's `tokenizer.ggml.*` metadata so that it gives the
 //! same token ids as llama.cpp.
 //!
-//! Supported: `tokenizer.ggml.model = "gpt2"` (byte-level BPE, as used by SmolLM2, GPT-2,
-//! StarCoder, …). The BPE model, the byte-level pre-tokenizer and decoder come from the
-//! `tokenizers` crate; this module adds what llama.cpp does around them:
+//! Two models (`tokenizer.ggml.model`):
+//! * `"gpt2"` — byte-level BPE (SmolLM2, Llama 3, Qwen2/3, ...; [`bpe`]): the `tokenizers` crate's
+//!   BPE and byte-level decoder behind the pre-tokenizer llama.cpp picks for `tokenizer.ggml.pre`
+//!   (`llama-bpe`, `qwen2`, `smollm`, `gpt-2`, `deepseek-v3`, `tekken`, ...; an unknown name
+//!   falls back to GPT-2's regex and says so: a line on stderr at load and [`Tokenizer::warnings`]);
+//! * `"llama"` — SentencePiece (Llama 2, Mistral, Gemma, Phi-3; [`spm`]): llama.cpp's
+//!   score-ordered pair merging with byte fallback, and its space prefix rule.
 //!
-//! * **special-token partitioning** — before BPE the text is cut at every occurrence of a control,
-//!   unknown or user-defined token (longest token text first, exactly like llama.cpp's
+//! Around both, what llama.cpp does:
+//! * **special-token partitioning** — before the model the text is cut at every occurrence of a
+//!   control, unknown or user-defined token (longest token text first, exactly like llama.cpp's
 //!   `tokenizer_st_partition`). Control/unknown tokens are only matched when `parse_special` is
 //!   true; user-defined tokens are always matched. Everything between them is plain text.
-//! * **the pre-tokenizer named by `tokenizer.ggml.pre`** — `"smollm"` (and the other llama.cpp
-//!   types that share its regexes) isolates every `\p{N}` character, then applies the GPT-2 regex;
-//!   `"gpt-2"`-like types apply only the GPT-2 regex. Anything else falls back to the GPT-2 regex,
-//!   and says so: a line on stderr at load and [`Tokenizer::warnings`].
+//! * **BOS / EOS** — llama.cpp's default ids per model (SentencePiece: BOS 1, EOS 2, unknown 0;
+//!   BPE: 11), overridden by the file; `add_bos` from the file, else the model's default
+//!   (SentencePiece and Llama 3's pre-tokenizer: yes); end of generation on EOS, EOT, EOM and the
+//!   tokens llama.cpp recognizes by text (`<|im_end|>`, `<end_of_turn>`, ...).
 //! * **decoding** through a per-token byte table ([`Tokenizer::token_bytes`]), so a generation loop
 //!   can stream text with [`StreamDecoder`] without ever splitting a UTF-8 character.
 
+pub mod bpe;
+pub mod spm;
+
 use std::collections::BTreeMap;
 
-use tokenizers::models::bpe::{Vocab, BPE};
-use tokenizers::pre_tokenizers::byte_level::ByteLevel;
-use tokenizers::pre_tokenizers::digits::Digits;
-use tokenizers::pre_tokenizers::sequence::Sequence;
-use tokenizers::pre_tokenizers::PreTokenizerWrapper;
-
+pub use self::bpe::PreTokenizer;
+use self::spm::Spm;
 use crate::gguf::{GgufError, GgufFile, Value};
 
 pub const KEY_MODEL: &str = "tokenizer.ggml.model";
 pub const KEY_PRE: &str = "tokenizer.ggml.pre";
 pub const KEY_TOKENS: &str = "tokenizer.ggml.tokens";
 pub const KEY_TOKEN_TYPE: &str = "tokenizer.ggml.token_type";
+pub const KEY_SCORES: &str = "tokenizer.ggml.scores";
 pub const KEY_MERGES: &str = "tokenizer.ggml.merges";
 pub const KEY_BOS: &str = "tokenizer.ggml.bos_token_id";
 pub const KEY_EOS: &str = "tokenizer.ggml.eos_token_id";
@@ -38,19 +43,17 @@ pub const KEY_PAD: &str = "tokenizer.ggml.padding_token_id";
 pub const KEY_EOT: &str = "tokenizer.ggml.eot_token_id";
 pub const KEY_EOM: &str = "tokenizer.ggml.eom_token_id";
 pub const KEY_ADD_BOS: &str = "tokenizer.ggml.add_bos_token";
+pub const KEY_ADD_SPACE_PREFIX: &str = "tokenizer.ggml.add_space_prefix";
 
-/// `tokenizer.ggml.pre` values that llama.cpp pre-tokenizes with `\p{N}` then the GPT-2 regex.
-const DIGITS_THEN_GPT2: &[&str] = &["smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva-7b"];
-/// `tokenizer.ggml.pre` values that llama.cpp pre-tokenizes with the GPT-2 regex alone.
-const GPT2_ONLY: &[&str] = &["gpt-2", "mpt", "olmo", "jais", "trillion", "granite-docling"];
-/// Token texts that end generation when present (besides the eos/eot/eom ids).
-const STOP_TEXTS: &[&str] = &["<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end|>", "<end_of_turn>"];
+/// Token texts that end generation when present (besides the eos/eot/eom ids), as llama.cpp
+/// finds EOT / EOG tokens by text.
+const STOP_TEXTS: &[&str] = &["<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|eom_id|>", "<|end|>", "<end_of_turn>", "<|end_of_text|>", "<EOT>", "<|return|>", "<|call|>"];
 
 #[derive(Debug, thiserror::Error)]
 pub enum TokenizerError {
     #[error("tokenizer metadata: {0}")]
     Gguf(#[from] GgufError),
-    #[error("unsupported tokenizer model {0:?} in tokenizer.ggml.model (supported: \"gpt2\", byte-level BPE)")]
+    #[error("unsupported tokenizer model {0:?} in tokenizer.ggml.model (supported: \"gpt2\" byte-level BPE, \"llama\" SentencePiece)")]
     UnsupportedModel(String),
     #[error("tokenizer metadata {key}: {msg}")]
     BadMetadata { key: &'static str, msg: String },
@@ -92,49 +95,82 @@ impl TokenType {
     }
 }
 
-/// How plain text is split before BPE.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum PreTokenizer {
-    /// Every `\p{N}` character on its own, then the GPT-2 regex (llama.cpp's `smollm`,
-    /// `starcoder`, `refact`, `command-r`, `codeshell`, `exaone`, `minerva-7b`).
-    DigitsThenGpt2,
-    /// The GPT-2 regex alone (llama.cpp's `gpt-2`, `mpt`, `olmo`, `jais`, `trillion`, `granite-docling`).
-    Gpt2,
-    /// `tokenizer.ggml.pre` is missing or not supported here: the GPT-2 regex as a best effort
-    /// (ids may differ from llama.cpp's).
-    Gpt2Fallback { requested: Option<String> },
+/// The tokenizer model proper: what turns a fragment of plain text into ids.
+#[derive(Clone)]
+enum Model {
+    Bpe { inner: tokenizers::Tokenizer, pre: PreTokenizer },
+    Spm(Spm),
 }
 
-impl PreTokenizer {
-    fn from_pre(pre: Option<&str>) -> PreTokenizer {
-        match pre {
-            Some(p) if DIGITS_THEN_GPT2.contains(&p) => PreTokenizer::DigitsThenGpt2,
-            Some(p) if GPT2_ONLY.contains(&p) => PreTokenizer::Gpt2,
-            other => PreTokenizer::Gpt2Fallback { requested: other.map(str::to_owned) },
-        }
-    }
-
-    fn build(&self) -> PreTokenizerWrapper {
-        // No prefix space (llama.cpp adds none for gpt2 vocabularies); offsets are not used.
-        let byte_level = ByteLevel::new(false, false, true);
-        match self {
-            PreTokenizer::DigitsThenGpt2 => Sequence::new(vec![Digits::new(true).into(), byte_level.into()]).into(),
-            PreTokenizer::Gpt2 | PreTokenizer::Gpt2Fallback { .. } => byte_level.into(),
-        }
-    }
-}
-
-/// A piece of input after special-token partitioning.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Fragment<'t> {
-    Text(&'t str),
+/// A piece of input after special-token partitioning (`T`: `str`, or `[u8]` for input that is
+/// not valid UTF-8).
+#[derive(Debug, PartialEq, Eq)]
+enum Fragment<'t, T: ?Sized> {
+    Text(&'t T),
     Token(u32),
 }
 
-/// A byte-level BPE tokenizer read from GGUF metadata. Cheap to share (`Send + Sync`).
+impl<T: ?Sized> Clone for Fragment<'_, T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T: ?Sized> Copy for Fragment<'_, T> {}
+
+/// Text that special tokens are searched in.
+trait Haystack {
+    fn len(&self) -> usize;
+    fn as_bytes(&self) -> &[u8];
+    fn slice(&self, r: std::ops::Range<usize>) -> &Self;
+    /// Start of every non-overlapping occurrence of `needle`, leftmost first.
+    fn find_all(&self, needle: &str) -> Vec<usize>;
+}
+
+impl Haystack for str {
+    fn len(&self) -> usize {
+        str::len(self)
+    }
+    fn as_bytes(&self) -> &[u8] {
+        str::as_bytes(self)
+    }
+    fn slice(&self, r: std::ops::Range<usize>) -> &str {
+        &self[r]
+    }
+    fn find_all(&self, needle: &str) -> Vec<usize> {
+        self.match_indices(needle).map(|(i, _)| i).collect()
+    }
+}
+
+impl Haystack for [u8] {
+    fn len(&self) -> usize {
+        <[u8]>::len(self)
+    }
+    fn as_bytes(&self) -> &[u8] {
+        self
+    }
+    fn slice(&self, r: std::ops::Range<usize>) -> &[u8] {
+        &self[r]
+    }
+    fn find_all(&self, needle: &str) -> Vec<usize> {
+        let n = needle.as_bytes();
+        let mut out = Vec::new();
+        let mut i = 0;
+        while !n.is_empty() && i + n.len() <= self.len() {
+            if &self[i..i + n.len()] == n {
+                out.push(i);
+                i += n.len();
+            } else {
+                i += 1;
+            }
+        }
+        out
+    }
+}
+
+/// A tokenizer read from GGUF metadata. Cheap to share (`Send + Sync`).
 #[derive(Clone)]
 pub struct Tokenizer {
-    inner: tokenizers::Tokenizer,
+    model: Model,
     tokens: Vec<String>,
     types: Vec<TokenType>,
     /// Bytes each token decodes to: `piece_bytes[piece_offsets[i]..piece_offsets[i + 1]]`.
@@ -142,12 +178,14 @@ pub struct Tokenizer {
     piece_offsets: Vec<usize>,
     /// Control, unknown and user-defined tokens, longest text first (partitioning order).
     specials: Vec<u32>,
+    /// Specials that swallow the whitespace after them in the input (llama.cpp's RSTRIP
+    /// attribute, which it sets for models named Phi-3), sorted.
+    rstrip: Vec<u32>,
     bos: Option<u32>,
     eos: Option<u32>,
     unk: Option<u32>,
     pad: Option<u32>,
     add_bos: bool,
-    pre: PreTokenizer,
     stop: Vec<u32>,
     warnings: Vec<String>,
 }
@@ -156,7 +194,7 @@ impl std::fmt::Debug for Tokenizer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Tokenizer")
             .field("vocab_size", &self.tokens.len())
-            .field("pre", &self.pre)
+            .field("model", &self.model_name())
             .field("bos", &self.bos)
             .field("eos", &self.eos)
             .field("add_bos", &self.add_bos)
@@ -173,9 +211,9 @@ impl Tokenizer {
 
     /// Builds the tokenizer from GGUF-style metadata (what [`GgufFile::metadata`] holds).
     pub fn from_metadata(meta: &BTreeMap<String, Value>) -> Result<Tokenizer, TokenizerError> {
-        let model = meta_str(meta, KEY_MODEL)?.ok_or_else(|| GgufError::MissingKey(KEY_MODEL.into()))?;
-        if model != "gpt2" {
-            return Err(TokenizerError::UnsupportedModel(model.to_owned()));
+        let model_name = meta_str(meta, KEY_MODEL)?.ok_or_else(|| GgufError::MissingKey(KEY_MODEL.into()))?;
+        if model_name != "gpt2" && model_name != "llama" {
+            return Err(TokenizerError::UnsupportedModel(model_name.to_owned()));
         }
         let tokens = meta_strings(meta, KEY_TOKENS)?.ok_or_else(|| GgufError::MissingKey(KEY_TOKENS.into()))?;
         let n = tokens.len();
@@ -197,60 +235,64 @@ impl Tokenizer {
             }
             Some(v) => return Err(wrong_type(KEY_TOKEN_TYPE, v, "array").into()),
         };
-        let merge_strs = meta_strings(meta, KEY_MERGES)?.ok_or_else(|| GgufError::MissingKey(KEY_MERGES.into()))?;
 
         let mut warnings = Vec::new();
-        let pre = PreTokenizer::from_pre(meta_str(meta, KEY_PRE)?);
-        if let PreTokenizer::Gpt2Fallback { requested } = &pre {
-            warnings.push(format!(
-                "{KEY_PRE} = {requested:?} is not supported; falling back to the GPT-2 byte-level \
-                 pre-tokenizer (token ids may differ from llama.cpp)"
-            ));
-        }
-        let mut id = |key: &'static str| meta_id(meta, key, n, &mut warnings);
-        let (bos, eos, unk, pad) = (id(KEY_BOS)?, id(KEY_EOS)?, id(KEY_UNK)?, id(KEY_PAD)?);
-        let (eot, eom) = (id(KEY_EOT)?, id(KEY_EOM)?);
-        let add_bos = match meta.get(KEY_ADD_BOS) {
-            None => false,
-            Some(Value::Bool(b)) => *b,
-            Some(v) => return Err(wrong_type(KEY_ADD_BOS, v, "bool").into()),
-        };
-
-        // BPE model. Later duplicates of a token text win, as in llama.cpp's text→id map.
-        let vocab: Vocab = tokens.iter().enumerate().map(|(i, t)| (t.clone(), i as u32)).collect();
-        let mut merges = Vec::with_capacity(merge_strs.len());
-        let mut dropped = 0usize;
-        for m in &merge_strs {
-            // llama.cpp splits at the first space after the first byte.
-            let split = m.char_indices().skip(1).find(|&(_, c)| c == ' ').map(|(i, _)| i);
-            let Some(i) = split else {
-                return Err(TokenizerError::BadMetadata { key: KEY_MERGES, msg: format!("merge {m:?} has no space") });
-            };
-            let (a, b) = (&m[..i], &m[i + 1..]);
-            if vocab.contains_key(a) && vocab.contains_key(b) && vocab.contains_key(&format!("{a}{b}")) {
-                merges.push((a.to_owned(), b.to_owned()));
-            } else {
-                dropped += 1;
+        let (model, default_add_bos, defaults) = if model_name == "gpt2" {
+            let merge_strs = meta_strings(meta, KEY_MERGES)?.ok_or_else(|| GgufError::MissingKey(KEY_MERGES.into()))?;
+            let (pre, pre_defaults) = PreTokenizer::from_pre(meta_str(meta, KEY_PRE)?);
+            if pre.fallback {
+                warnings.push(format!(
+                    "{KEY_PRE} = {:?} is not supported; falling back to the GPT-2 byte-level \
+                     pre-tokenizer (token ids may differ from llama.cpp)",
+                    pre.name
+                ));
             }
-        }
-        if dropped > 0 {
-            warnings.push(format!("{dropped} merges name tokens missing from the vocabulary and were ignored"));
-        }
-        let bpe = BPE::builder()
-            .vocab_and_merges(vocab, merges)
-            .build()
-            .map_err(|e| TokenizerError::Library(e.to_string()))?;
-        let mut inner = tokenizers::Tokenizer::new(bpe);
-        inner.with_pre_tokenizer(Some(pre.build()));
-        inner.with_decoder(Some(ByteLevel::default()));
+            let (inner, dropped) = bpe::build(&tokens, &merge_strs, &pre)?;
+            if dropped > 0 {
+                warnings.push(format!("{dropped} merges name tokens missing from the vocabulary and were ignored"));
+            }
+            // llama.cpp's defaults for BPE vocabularies: BOS = EOS = 11.
+            (Model::Bpe { inner, pre }, pre_defaults.add_bos, [Some(11), Some(11), None])
+        } else {
+            let scores = match meta.get(KEY_SCORES) {
+                None => vec![0.0; n],
+                Some(Value::Array(a)) if a.len() >= n => a
+                    .iter()
+                    .take(n)
+                    .map(|v| v.as_f64().map(|x| x as f32))
+                    .collect::<Option<Vec<_>>>()
+                    .ok_or(TokenizerError::BadMetadata { key: KEY_SCORES, msg: "non-numeric entry".into() })?,
+                Some(Value::Array(a)) => return Err(TokenizerError::BadMetadata { key: KEY_SCORES, msg: format!("{} scores for {n} tokens", a.len()) }),
+                Some(v) => return Err(wrong_type(KEY_SCORES, v, "array").into()),
+            };
+            let add_space_prefix = meta_bool(meta, KEY_ADD_SPACE_PREFIX)?.unwrap_or(true);
+            // llama.cpp's defaults for SentencePiece vocabularies: BOS 1, EOS 2, unknown 0.
+            (Model::Spm(Spm::new(&tokens, scores, add_space_prefix)), true, [Some(1), Some(2), Some(0)])
+        };
+        // Defaults outside the vocabulary are dropped, as llama.cpp does.
+        let [def_bos, def_eos, def_unk] = defaults.map(|d: Option<u32>| d.filter(|&i| (i as usize) < n));
+        let mut id = |key: &'static str| meta_id(meta, key, n, &mut warnings);
+        let (bos, eos, unk, pad) = (id(KEY_BOS)?.or(def_bos), id(KEY_EOS)?.or(def_eos), id(KEY_UNK)?.or(def_unk), id(KEY_PAD)?);
+        let (eot, eom) = (id(KEY_EOT)?, id(KEY_EOM)?);
+        let add_bos = meta_bool(meta, KEY_ADD_BOS)?.unwrap_or(default_add_bos);
 
         // Byte table for decoding.
+        let spm = matches!(model, Model::Spm(_));
         let char_to_byte = byte_level_char_to_byte();
         let mut piece_bytes = Vec::new();
         let mut piece_offsets = Vec::with_capacity(n + 1);
         piece_offsets.push(0);
         for (text, ty) in tokens.iter().zip(&types) {
             match ty {
+                // SentencePiece pieces are text with `▁` for spaces.
+                TokenType::Normal if spm => {
+                    for (i, part) in text.split(spm::SPACE).enumerate() {
+                        if i > 0 {
+                            piece_bytes.push(b' ');
+                        }
+                        piece_bytes.extend_from_slice(part.as_bytes());
+                    }
+                }
                 TokenType::Normal => {
                     for c in text.chars() {
                         match char_to_byte.get(&c) {
@@ -279,9 +321,14 @@ impl Tokenizer {
             })
             .collect();
         specials.sort_by(|&a, &b| tokens[b as usize].len().cmp(&tokens[a as usize].len()).then(a.cmp(&b)));
+        let rstrip = rstrip_tokens(meta, &tokens, &specials);
 
+        let text_id = |t: &str| match &model {
+            Model::Bpe { inner, .. } => inner.token_to_id(t),
+            Model::Spm(s) => s.token_id(t),
+        };
         let mut stop: Vec<u32> = [eos, eot, eom].into_iter().flatten().collect();
-        stop.extend(STOP_TEXTS.iter().filter_map(|t| inner.token_to_id(t)));
+        stop.extend(STOP_TEXTS.iter().filter_map(|t| text_id(t)));
         stop.sort_unstable();
         stop.dedup();
 
@@ -289,18 +336,18 @@ impl Tokenizer {
             tracing::warn!("tokenizer: {w}");
         }
         Ok(Tokenizer {
-            inner,
+            model,
             tokens,
             types,
             piece_bytes,
             piece_offsets,
             specials,
+            rstrip,
             bos,
             eos,
             unk,
             pad,
             add_bos,
-            pre,
             stop,
             warnings,
         })
@@ -310,32 +357,66 @@ impl Tokenizer {
     /// `<|im_start|>`) become their single ids; without it they are tokenized as plain text.
     /// User-defined tokens are matched either way. No BOS is added (see [`Tokenizer::encode_prompt`]).
     pub fn encode(&self, text: &str, parse_special: bool) -> Result<Vec<u32>, TokenizerError> {
-        let mut out = Vec::with_capacity(text.len() / 3 + 1);
-        for fragment in self.partition(text, parse_special) {
-            match fragment {
-                Fragment::Token(id) => out.push(id),
-                Fragment::Text(s) => {
-                    let enc = self.inner.encode_fast(s, false).map_err(|e| TokenizerError::Library(e.to_string()))?;
-                    let ids = enc.get_ids();
-                    // The BPE model silently drops characters missing from the vocabulary; refuse instead.
-                    let covered: usize = ids.iter().map(|&id| self.piece(id).map_or(0, <[u8]>::len)).sum();
-                    if covered != s.len() {
-                        return Err(TokenizerError::Unrepresentable { fragment: s.to_owned() });
+        self.encode_fragments(&self.partition(text, parse_special), text.len())
+    }
+
+    /// [`Tokenizer::encode`] of raw bytes, which need not be valid UTF-8 (llama.cpp tokenizes
+    /// bytes): SentencePiece turns what is not a token into byte tokens; byte-level BPE needs
+    /// valid UTF-8 between special tokens and refuses other input.
+    pub fn encode_bytes(&self, text: &[u8], parse_special: bool) -> Result<Vec<u32>, TokenizerError> {
+        match std::str::from_utf8(text) {
+            Ok(s) => self.encode(s, parse_special),
+            Err(_) => self.encode_fragments(&self.partition(text, parse_special), text.len()),
+        }
+    }
+
+    fn encode_fragments<T: Haystack + ?Sized>(&self, frags: &[Fragment<'_, T>], len: usize) -> Result<Vec<u32>, TokenizerError> {
+        let mut out = Vec::with_capacity(len / 3 + 1);
+        let mut prev_special = true;
+        for fragment in frags {
+            match *fragment {
+                Fragment::Token(id) => {
+                    out.push(id);
+                    prev_special = true;
+                }
+                Fragment::Text(t) => {
+                    let bytes = t.as_bytes();
+                    match &self.model {
+                        Model::Bpe { inner, .. } => {
+                            let s = std::str::from_utf8(bytes)
+                                .map_err(|_| TokenizerError::Unrepresentable { fragment: String::from_utf8_lossy(bytes).into_owned() })?;
+                            let enc = inner.encode_fast(s, false).map_err(|e| TokenizerError::Library(e.to_string()))?;
+                            let ids = enc.get_ids();
+                            // The BPE model silently drops characters missing from the vocabulary; refuse instead.
+                            let covered: usize = ids.iter().map(|&id| self.piece(id).map_or(0, <[u8]>::len)).sum();
+                            if covered != s.len() {
+                                return Err(TokenizerError::Unrepresentable { fragment: s.to_owned() });
+                            }
+                            out.extend_from_slice(ids);
+                        }
+                        // llama.cpp: a space before text at the start or right after a special token.
+                        Model::Spm(spm) if spm.add_space_prefix && prev_special => spm.encode(&[b" ", bytes].concat(), &mut out)?,
+                        Model::Spm(spm) => spm.encode(bytes, &mut out)?,
                     }
-                    out.extend_from_slice(ids);
+                    prev_special = false;
                 }
             }
         }
         Ok(out)
     }
 
-    /// A prompt as the model expects it: special tokens parsed, BOS first when the model asks for it.
+    /// A prompt as the model expects it: special tokens parsed, BOS first when the model asks for
+    /// it. A prompt that already starts with the BOS text (chat templates often write
+    /// `{{ bos_token }}`) gets no second one.
     pub fn encode_prompt(&self, text: &str) -> Result<Vec<u32>, TokenizerError> {
         let mut ids = Vec::new();
         if let (true, Some(bos)) = (self.add_bos, self.bos) {
             ids.push(bos);
         }
         ids.extend(self.encode(text, true)?);
+        if ids.len() >= 2 && self.add_bos && ids[1] == ids[0] && Some(ids[0]) == self.bos {
+            ids.remove(0);
+        }
         Ok(ids)
     }
 
@@ -364,9 +445,21 @@ impl Tokenizer {
         self.tokens.get(id as usize).map(String::as_str)
     }
 
-    /// The id of a token by its GGUF text (byte-level symbols: `Ġthe`, or `<|im_end|>`).
+    /// The id of a token by its GGUF text (byte-level symbols: `Ġthe`, SentencePiece's `▁the`, or
+    /// `<|im_end|>`).
     pub fn token_id(&self, text: &str) -> Option<u32> {
-        self.inner.token_to_id(text)
+        match &self.model {
+            Model::Bpe { inner, .. } => inner.token_to_id(text),
+            Model::Spm(s) => s.token_id(text),
+        }
+    }
+
+    /// `"gpt2"` (byte-level BPE) or `"llama"` (SentencePiece), as `tokenizer.ggml.model` names them.
+    pub fn model_name(&self) -> &'static str {
+        match self.model {
+            Model::Bpe { .. } => "gpt2",
+            Model::Spm(_) => "llama",
+        }
     }
 
     pub fn token_type(&self, id: u32) -> Option<TokenType> {
@@ -413,8 +506,12 @@ impl Tokenizer {
         self.stop.binary_search(&id).is_ok()
     }
 
-    pub fn pre_tokenizer(&self) -> &PreTokenizer {
-        &self.pre
+    /// The BPE pre-tokenizer (`None` for SentencePiece).
+    pub fn pre_tokenizer(&self) -> Option<&PreTokenizer> {
+        match &self.model {
+            Model::Bpe { pre, .. } => Some(pre),
+            Model::Spm(_) => None,
+        }
     }
 
     /// Problems found at load that did not stop it (also printed to stderr once, at load).
@@ -423,9 +520,12 @@ impl Tokenizer {
     }
 
     /// The underlying `tokenizers` pipeline (BPE + pre-tokenizer + ByteLevel decoder), without
-    /// the special-token handling of this type.
-    pub fn inner(&self) -> &tokenizers::Tokenizer {
-        &self.inner
+    /// the special-token handling of this type; `None` for SentencePiece.
+    pub fn inner(&self) -> Option<&tokenizers::Tokenizer> {
+        match &self.model {
+            Model::Bpe { inner, .. } => Some(inner),
+            Model::Spm(_) => None,
+        }
     }
 
     fn piece(&self, id: u32) -> Option<&[u8]> {
@@ -440,38 +540,70 @@ impl Tokenizer {
 
     /// llama.cpp's special-token partitioning: for each special token, longest text first, cut
     /// every remaining text fragment at its (non-overlapping, leftmost-first) occurrences.
-    fn partition<'t>(&self, text: &'t str, parse_special: bool) -> Vec<Fragment<'t>> {
-        let mut frags = if text.is_empty() { Vec::new() } else { vec![Fragment::Text(text)] };
+    fn partition<'t, T: Haystack + ?Sized>(&self, text: &'t T, parse_special: bool) -> Vec<Fragment<'t, T>> {
+        let mut frags = if text.len() == 0 { Vec::new() } else { vec![Fragment::Text(text)] };
         for &id in &self.specials {
             if !parse_special && self.is_special(id) {
                 continue;
             }
             let needle = self.tokens[id as usize].as_str();
-            if !frags.iter().any(|f| matches!(f, Fragment::Text(s) if s.contains(needle))) {
+            let hits: Vec<Vec<usize>> = frags.iter().map(|f| if let Fragment::Text(s) = f { s.find_all(needle) } else { Vec::new() }).collect();
+            if hits.iter().all(Vec::is_empty) {
                 continue;
             }
             let mut next = Vec::with_capacity(frags.len() + 4);
-            for f in frags {
+            for (f, starts) in frags.into_iter().zip(hits) {
                 let Fragment::Text(s) = f else {
                     next.push(f);
                     continue;
                 };
                 let mut last = 0;
-                for (pos, m) in s.match_indices(needle) {
+                for pos in starts {
                     if pos > last {
-                        next.push(Fragment::Text(&s[last..pos]));
+                        next.push(Fragment::Text(s.slice(last..pos)));
                     }
                     next.push(Fragment::Token(id));
-                    last = pos + m.len();
+                    last = pos + needle.len();
                 }
                 if last < s.len() {
-                    next.push(Fragment::Text(&s[last..]));
+                    next.push(Fragment::Text(s.slice(last..s.len())));
                 }
             }
             frags = next;
         }
+        if !self.rstrip.is_empty() {
+            // Whitespace right after an RSTRIP token is dropped (C's isspace set, as llama.cpp).
+            for i in 1..frags.len() {
+                if let (Fragment::Token(id), Fragment::Text(s)) = (frags[i - 1], frags[i]) {
+                    if self.rstrip.binary_search(&id).is_ok() {
+                        let skip = s.as_bytes().iter().take_while(|b| matches!(b, b' ' | b'\t' | b'\n' | 0x0B | 0x0C | b'\r')).count();
+                        frags[i] = Fragment::Text(s.slice(skip..s.len()));
+                    }
+                }
+            }
+            frags.retain(|f| !matches!(f, Fragment::Text(s) if s.len() == 0));
+        }
         frags
     }
+}
+
+/// llama.cpp's per-model token attributes that change tokenization: for a model whose
+/// `general.name` contains "phi-3" or "phi3" (any case), every special token but `<unk>`, `<s>`
+/// and `<|endoftext|>` (and `</s>`) strips the whitespace after it.
+fn rstrip_tokens(meta: &BTreeMap<String, Value>, tokens: &[String], specials: &[u32]) -> Vec<u32> {
+    let name = match meta.get("general.name") {
+        Some(Value::String(s)) => s.to_lowercase(),
+        _ => return Vec::new(),
+    };
+    if !(name.contains("phi-3") || name.contains("phi3")) {
+        return Vec::new();
+    }
+    let mut ids: Vec<u32> = specials.to_vec();
+    ids.extend(tokens.iter().position(|t| t == "</s>").map(|i| i as u32));
+    ids.retain(|&i| !["<unk>", "<s>", "<|endoftext|>"].contains(&tokens[i as usize].as_str()));
+    ids.sort_unstable();
+    ids.dedup();
+    ids
 }
 
 /// Turns generated token ids into text as they arrive, holding back the bytes of a UTF-8
@@ -573,6 +705,14 @@ fn meta_str<'m>(meta: &'m BTreeMap<String, Value>, key: &str) -> Result<Option<&
     }
 }
 
+fn meta_bool(meta: &BTreeMap<String, Value>, key: &str) -> Result<Option<bool>, GgufError> {
+    match meta.get(key) {
+        None => Ok(None),
+        Some(Value::Bool(b)) => Ok(Some(*b)),
+        Some(v) => Err(wrong_type(key, v, "bool")),
+    }
+}
+
 fn meta_strings(meta: &BTreeMap<String, Value>, key: &str) -> Result<Option<Vec<String>>, GgufError> {
     match meta.get(key) {
         None => Ok(None),
@@ -605,141 +745,4 @@ fn meta_id(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn strs(v: &[&str]) -> Value {
-        Value::Array(v.iter().map(|s| Value::String(s.to_string())).collect())
-    }
-
-    /// A tiny byte-level vocabulary: 3 control tokens, the 256 byte symbols, a few merges,
-    /// one user-defined token.
-    fn meta(pre: &str) -> BTreeMap<String, Value> {
-        let mut byte_syms: Vec<(char, u8)> = byte_level_char_to_byte().into_iter().collect();
-        byte_syms.sort_by_key(|&(_, b)| b);
-        let mut tokens: Vec<String> = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"].map(String::from).to_vec();
-        tokens.extend(byte_syms.iter().map(|(c, _)| c.to_string()));
-        let merged = ["he", "ll", "hell", "hello", "Ġw", "12"];
-        tokens.extend(merged.iter().map(|s| s.to_string()));
-        tokens.push("<tool>".into());
-        let mut types = vec![Value::I32(3); 3];
-        types.extend(std::iter::repeat_n(Value::I32(1), tokens.len() - 4));
-        types.push(Value::I32(4));
-        let mut m = BTreeMap::new();
-        m.insert(KEY_MODEL.into(), Value::String("gpt2".into()));
-        m.insert(KEY_PRE.into(), Value::String(pre.into()));
-        m.insert(KEY_TOKENS.into(), Value::Array(tokens.into_iter().map(Value::String).collect()));
-        m.insert(KEY_TOKEN_TYPE.into(), Value::Array(types));
-        m.insert(KEY_MERGES.into(), strs(&["h e", "l l", "he ll", "hell o", "Ġ w", "1 2"]));
-        m.insert(KEY_BOS.into(), Value::U32(1));
-        m.insert(KEY_EOS.into(), Value::U32(2));
-        m.insert(KEY_ADD_BOS.into(), Value::Bool(false));
-        m
-    }
-
-    fn tok(pre: &str) -> Tokenizer {
-        Tokenizer::from_metadata(&meta(pre)).expect("tokenizer")
-    }
-
-    #[test]
-    fn unsupported_model_is_a_clear_error() {
-        let mut m = meta("smollm");
-        m.insert(KEY_MODEL.into(), Value::String("llama".into()));
-        let err = Tokenizer::from_metadata(&m).expect_err("must fail");
-        assert!(matches!(err, TokenizerError::UnsupportedModel(ref s) if s == "llama"), "{err}");
-        assert!(err.to_string().contains("\"llama\""));
-        m.remove(KEY_MODEL);
-        assert!(matches!(Tokenizer::from_metadata(&m), Err(TokenizerError::Gguf(GgufError::MissingKey(_)))));
-    }
-
-    #[test]
-    fn bad_merge_and_bad_types_are_errors() {
-        let mut m = meta("smollm");
-        m.insert(KEY_MERGES.into(), strs(&["nospace"]));
-        assert!(matches!(Tokenizer::from_metadata(&m), Err(TokenizerError::BadMetadata { key: KEY_MERGES, .. })));
-        let mut m = meta("smollm");
-        m.insert(KEY_TOKEN_TYPE.into(), Value::Array(vec![Value::I32(1)]));
-        assert!(matches!(Tokenizer::from_metadata(&m), Err(TokenizerError::BadMetadata { key: KEY_TOKEN_TYPE, .. })));
-        let mut m = meta("smollm");
-        m.insert(KEY_TOKENS.into(), Value::String("x".into()));
-        assert!(matches!(Tokenizer::from_metadata(&m), Err(TokenizerError::Gguf(GgufError::WrongType { .. }))));
-    }
-
-    #[test]
-    fn bpe_merges_and_special_tokens() {
-        let t = tok("smollm");
-        let hello = t.token_id("hello").expect("hello");
-        let w = t.token_id("Ġw").expect("Ġw");
-        let o = t.token_id("o").expect("o");
-        assert_eq!(t.encode("hello wo", true).expect("enc"), vec![hello, w, o]);
-        // Control tokens: single ids only when parsing specials.
-        assert_eq!(t.encode("<|im_start|>hello<|im_end|>", true).expect("enc"), vec![1, hello, 2]);
-        let plain = t.encode("<|im_start|>", false).expect("enc");
-        assert_eq!(plain.len(), "<|im_start|>".len());
-        assert_eq!(t.decode(&plain, false).expect("dec"), "<|im_start|>");
-        // User-defined tokens are matched either way.
-        let tool = t.token_id("<tool>").expect("<tool>");
-        assert_eq!(t.encode("<tool>", false).expect("enc"), vec![tool]);
-        assert_eq!(t.encode("", true).expect("enc"), Vec::<u32>::new());
-        assert!(t.is_special(1) && !t.is_special(tool) && !t.is_special(hello));
-        assert_eq!(t.stop_ids(), &[0, 2]);
-        assert!(t.is_stop(2) && !t.is_stop(1));
-        assert_eq!((t.bos_id(), t.eos_id(), t.add_bos()), (Some(1), Some(2), false));
-        assert_eq!(t.encode_prompt("hello").expect("enc"), vec![hello]);
-    }
-
-    #[test]
-    fn digits_split_for_smollm_not_for_gpt2() {
-        let t = tok("smollm");
-        assert_eq!(*t.pre_tokenizer(), PreTokenizer::DigitsThenGpt2);
-        assert_eq!(t.encode("12", true).expect("enc").len(), 2);
-        let g = tok("gpt-2");
-        assert_eq!(*g.pre_tokenizer(), PreTokenizer::Gpt2);
-        assert!(g.warnings().is_empty());
-        assert_eq!(g.encode("12", true).expect("enc"), vec![g.token_id("12").expect("12")]);
-        let f = tok("something-new");
-        assert!(matches!(f.pre_tokenizer(), PreTokenizer::Gpt2Fallback { requested: Some(r) } if r == "something-new"));
-        assert!(f.warnings()[0].contains("something-new"));
-    }
-
-    #[test]
-    fn decode_round_trip_and_skip_special() {
-        let t = tok("smollm");
-        for s in ["héllo wörld 🚀 12", "\n\t  x", "<|im_start|>user\nhi<|im_end|>\n"] {
-            let ids = t.encode(s, true).expect("enc");
-            assert_eq!(t.decode(&ids, false).expect("dec"), s);
-        }
-        let ids = t.encode("<|im_start|>hello<|im_end|>", true).expect("enc");
-        assert_eq!(t.decode(&ids, true).expect("dec"), "hello");
-        assert!(matches!(t.decode(&[9999], false), Err(TokenizerError::IdOutOfRange { id: 9999, .. })));
-        assert!(t.token_bytes(9999).is_none());
-    }
-
-    #[test]
-    fn stream_decoder_never_splits_characters() {
-        let t = tok("smollm");
-        let ids = t.encode("a🚀é", true).expect("enc");
-        assert_eq!(ids.len(), 1 + 4 + 2); // byte tokens only: no merges for these
-        let mut d = StreamDecoder::new(true);
-        let pieces: Vec<String> = ids.iter().map(|&id| d.push(&t, id).expect("push")).collect();
-        assert_eq!(pieces, ["a", "", "", "", "🚀", "", "é"]);
-        assert_eq!(d.pending_len(), 0);
-        // A lone continuation byte can never become valid: replaced at once.
-        let lone = (0..t.vocab_size() as u32).find(|&i| t.token_bytes(i) == Some(&[0x80][..])).expect("0x80");
-        assert_eq!(d.push(&t, lone).expect("push"), "\u{FFFD}");
-        // An unfinished character at the end comes out of finish() as U+FFFD.
-        let first = ids[1];
-        assert_eq!(d.push(&t, first).expect("push"), "");
-        assert_eq!(d.finish(), "\u{FFFD}");
-        assert_eq!(d.push(&t, 1).expect("push"), ""); // control token skipped
-    }
-
-    #[test]
-    fn out_of_range_special_ids_are_ignored_with_a_warning() {
-        let mut m = meta("smollm");
-        m.insert(KEY_PAD.into(), Value::U32(1_000_000));
-        let t = Tokenizer::from_metadata(&m).expect("tokenizer");
-        assert_eq!(t.pad_id(), None);
-        assert!(t.warnings().iter().any(|w| w.contains(KEY_PAD)));
-    }
-}
+mod tests;
