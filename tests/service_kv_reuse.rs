@@ -112,7 +112,9 @@ async fn shared_prefixes_are_reused_block_for_block_with_identical_answers(m: Re
     }
 
     let unrelated = check(&mut c, raw("Once upon a time, in a land far away, there lived a dragon who", 8), &mut earlier, "0% shared").await;
-    assert_eq!(unrelated.outcome.kv_tokens_reused, 0);
+    // Only the tokens it shares with the first prompt (a model that adds BOS shares that one).
+    let common = lcp(&unrelated.outcome.prompt_token_ids, &first.outcome.prompt_token_ids);
+    assert!(common < BLOCK && unrelated.outcome.kv_tokens_reused as usize <= common, "{} reused, {common} shared", unrelated.outcome.kv_tokens_reused);
 
     // The first half of the document, then as much other text.
     let half = &doc[..doc.len() / 2];
