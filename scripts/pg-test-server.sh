@@ -4,7 +4,9 @@
 #   scripts/pg-test-server.sh start [DIR]   initdb in DIR (default: a new temporary folder), start it
 #                                           on a free loopback port, create the extension, print ONE
 #                                           line on stdout: the URL (postgres://forge@127.0.0.1:PORT/forge)
-#   scripts/pg-test-server.sh stop DIR      stop it (fast shutdown) and delete DIR
+#   scripts/pg-test-server.sh stop DIR      stop it (immediate shutdown) and delete DIR
+#   scripts/pg-test-server.sh pause DIR     stop the server, keep DIR (tests of a lost database)
+#   scripts/pg-test-server.sh resume DIR    start it again on the same port
 #
 # The server listens on 127.0.0.1 only (trust authentication, user `forge`, database `forge`), with
 # its Unix socket inside DIR; fsync is off (the data is thrown away). `initdb` and `postgres` refuse
@@ -43,6 +45,17 @@ case "$cmd" in
       -c "CREATE DATABASE forge" >&2 || die "creating the database failed"
     echo "postgres://forge@127.0.0.1:$PORT/forge"
     ;;
+  pause)
+    DIR="${2:?usage: pg-test-server.sh pause DIR}"
+    as_owner "$PG/bin/pg_ctl" -D "$DIR/data" -m immediate -w stop >&2
+    ;;
+  resume)
+    DIR="${2:?usage: pg-test-server.sh resume DIR}"
+    PORT="$(cat "$DIR/port")"
+    as_owner "$PG/bin/pg_ctl" -D "$DIR/data" -l "$DIR/log" -w -t 60 \
+      -o "-p $PORT -k $DIR -c listen_addresses=127.0.0.1 -c fsync=off -c full_page_writes=off -c max_connections=200" start >&2 \
+      || { tail -20 "$DIR/log" >&2 2>/dev/null; die "postgres did not start again (log: $DIR/log)"; }
+    ;;
   stop)
     DIR="${2:?usage: pg-test-server.sh stop DIR}"
     if [[ -f "$DIR/data/postmaster.pid" ]]; then
@@ -51,7 +64,7 @@ case "$cmd" in
     rm -rf "$DIR"
     ;;
   *)
-    echo "usage: $0 start [DIR] | stop DIR" >&2
+    echo "usage: $0 start [DIR] | stop DIR | pause DIR | resume DIR" >&2
     exit 2
     ;;
 esac

@@ -1,4 +1,5 @@
-//! `forge-cache sql "SELECT ..."`: one read-only query on the database file, printed as a table,
+//! `forge-cache sql "SELECT ..."`: one read-only query on the database (a SQLite file, or
+//! `--db postgres://...` in a READ ONLY transaction), printed as a table,
 //! CSV or JSON. Anything that would write (INSERT, UPDATE, DELETE, DROP, CREATE, ATTACH, ...)
 //! is refused; see `forge_cache::store::query` for how. The schema: docs/schema.md.
 
@@ -6,8 +7,7 @@ use std::path::PathBuf;
 
 use clap::Args;
 
-use forge_cache::store::query::{open_read_only, run_read_only};
-use forge_cache::store::QueryResult;
+use forge_cache::store::{QueryResult, ReadOnlyStore};
 
 #[derive(Debug, Args)]
 pub struct SqlArgs {
@@ -44,8 +44,8 @@ fn csv(r: &QueryResult) -> anyhow::Result<String> {
 }
 
 pub fn run(a: &SqlArgs) -> anyhow::Result<()> {
-    let conn = open_read_only(&a.db)?;
-    let r = run_read_only(&conn, &a.query, a.max_rows)?;
+    let db = ReadOnlyStore::open(&a.db)?;
+    let r = db.run_read_only(&a.query, a.max_rows)?;
     if a.json {
         println!("{}", serde_json::to_string(&r)?);
     } else if a.csv {

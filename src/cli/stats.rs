@@ -9,7 +9,7 @@ use clap::Args;
 
 use forge_cache::cache::trust::TrustParams;
 use forge_cache::store::semantic::SemanticStats;
-use forge_cache::store::{query::open_read_only, stats, Stats, StatsFilter};
+use forge_cache::store::{ReadOnlyStore, Stats, StatsFilter};
 
 #[derive(Debug, Args)]
 pub struct StatsArgs {
@@ -135,10 +135,10 @@ fn normal_cdf(z: f64) -> f64 {
 }
 
 pub fn run(a: &StatsArgs) -> anyhow::Result<()> {
-    let conn = open_read_only(&a.db)?;
-    let all = stats::compute(&conn, &StatsFilter { tenant: a.tenant.clone(), since_seconds: a.since })?;
+    let db = ReadOnlyStore::open(&a.db)?;
+    let all = db.stats(&StatsFilter { tenant: a.tenant.clone(), since_seconds: a.since })?;
     let params = TrustParams { delta: a.trust_delta, ..TrustParams::default() };
-    let semantic = forge_cache::store::semantic::stats(&conn, a.tenant.as_deref(), &params)?;
+    let semantic = db.semantic_stats(a.tenant.as_deref(), &params)?;
     if a.json {
         let mut rows = serde_json::to_value(&all)?;
         for row in rows.as_array_mut().into_iter().flatten() {

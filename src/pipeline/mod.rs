@@ -169,7 +169,7 @@ impl Pipeline {
             Some(path) => TenantAuth::load(path)?,
             None => TenantAuth::Open,
         };
-        let store = Arc::new(Store::open(&config.db)?);
+        let store = Arc::new(Store::open_db(&config.db)?);
         if !config.model.is_file() {
             return Err(LoadError::MissingModel(config.model.clone()));
         }
@@ -185,7 +185,7 @@ impl Pipeline {
         let context = model.config.n_ctx_train;
         let backend = model.placement();
         let kv = match &config.kv {
-            Some(c) => Some(Arc::new(KvWorkload::open(c, store.clone(), &model.config, &model_id)?)),
+            Some(c) => Some(Arc::new(KvWorkload::open(c, &store, &model.config, &model_id)?)),
             None => None,
         };
         let in_flight = Arc::new(AtomicUsize::new(0));

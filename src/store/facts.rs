@@ -1,20 +1,20 @@
 //! Facts and the graph around them.
 //!
-//! * [`Store::learn`] runs after every computed answer: the answer's claims become facts of the
+//! * [`SqliteStore::learn`] runs after every computed answer: the answer's claims become facts of the
 //!   tenant (a claim that is already a live fact strengthens it instead of adding a row; one that
 //!   matches only a degraded fact is not revived), the ordered claims are recorded as a
 //!   reasoning chain ending in the last claim, and each earlier claim `implies` that result.
-//! * [`Store::put_fact`] adds a user-provided fact. With a question, it supersedes the live facts
+//! * [`SqliteStore::put_fact`] adds a user-provided fact. With a question, it supersedes the live facts
 //!   about that question (degraded, `degraded_by` = the new fact, reason kept, nothing deleted);
 //!   a model fact with the same content is `supported` instead.
-//! * [`Store::invalidate_facts`] degrades facts by id or by text match, optionally naming the
+//! * [`SqliteStore::invalidate_facts`] degrades facts by id or by text match, optionally naming the
 //!   fact that `contradicts` them.
-//! * [`Store::fact_answer`]: the live user-provided fact that answers a question (the FACT tier).
+//! * [`SqliteStore::fact_answer`]: the live user-provided fact that answers a question (the FACT tier).
 
 use rusqlite::{named_params, OptionalExtension, Row, Transaction};
 
 use super::claims::{normalize, split_claims, MAX_CLAIM_BYTES};
-use super::{now_sql, sha256_hex, Store, StoreError};
+use super::{now_sql, sha256_hex, SqliteStore, StoreError};
 
 /// Confidence of a claim the model stated once.
 pub const INFERENCE_CONFIDENCE: f64 = 0.5;
@@ -60,7 +60,7 @@ fn fact_from_row(r: &Row<'_>) -> rusqlite::Result<Fact> {
     })
 }
 
-/// What [`Store::learn`] did with an answer.
+/// What [`SqliteStore::learn`] did with an answer.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct LearnReport {
     /// The chain's facts, in answer order.
@@ -133,7 +133,7 @@ fn strengthen(tx: &Transaction<'_>, id: i64) -> Result<(), StoreError> {
     Ok(())
 }
 
-impl Store {
+impl SqliteStore {
     /// Extracts the claims of a computed answer into the tenant's facts and records its chain.
     pub fn learn(
         &self,
@@ -340,13 +340,13 @@ impl Store {
 mod tests {
     use super::*;
 
-    fn store() -> (tempfile::TempDir, Store) {
+    fn store() -> (tempfile::TempDir, SqliteStore) {
         let dir = tempfile::tempdir().expect("tempdir");
-        let store = Store::open(dir.path().join("f.db")).expect("open");
+        let store = SqliteStore::open(dir.path().join("f.db")).expect("open");
         (dir, store)
     }
 
-    fn inference(store: &Store, tenant: &str) -> i64 {
+    fn inference(store: &SqliteStore, tenant: &str) -> i64 {
         use crate::store::{inferences::tests::sample, CacheMode, ServedFrom};
         store.record_inference(&sample(tenant, None, ServedFrom::Model, CacheMode::Auto)).expect("record")
     }

@@ -5,7 +5,7 @@
 use rusqlite::{params, OptionalExtension};
 
 use super::inferences::parse_stop_reason;
-use super::{Store, StoreError};
+use super::{SqliteStore, StoreError};
 use crate::vocab::StopReason;
 
 /// An earlier answer whose prompt is near a new one.
@@ -34,7 +34,7 @@ fn blob(v: &[f32]) -> Vec<u8> {
     v.iter().flat_map(|x| x.to_le_bytes()).collect()
 }
 
-impl Store {
+impl SqliteStore {
     /// Files a computed answer's question embedding under `scope`.
     pub fn index_prompt(&self, tenant: &str, scope: &str, inference_id: i64, embedding: &[f32]) -> Result<(), StoreError> {
         self.conn().execute(
@@ -168,7 +168,6 @@ pub struct SemanticStats {
 
 /// Per tenant (sorted), then `*` when no tenant was asked for and there are several.
 pub fn stats(conn: &rusqlite::Connection, tenant: Option<&str>, p: &crate::cache::trust::TrustParams) -> Result<Vec<SemanticStats>, StoreError> {
-    use crate::cache::trust::{fit_threshold, wilson_upper};
     let mut drafts: std::collections::BTreeMap<String, (u64, u64)> = std::collections::BTreeMap::new();
     let mut q = conn.prepare("SELECT tenant, SUM(draft_tokens), SUM(draft_accepted) FROM inferences WHERE ?1 IS NULL OR tenant = ?1 GROUP BY tenant")?;
     for row in q.query_map([tenant], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?, r.get::<_, i64>(2)?)))? {
@@ -181,6 +180,18 @@ pub fn stats(conn: &rusqlite::Connection, tenant: Option<&str>, p: &crate::cache
         let (t, sim, ok) = row?;
         outcomes.entry(t).or_default().push((sim, ok));
     }
+    Ok(build_stats(drafts, outcomes, tenant, p))
+}
+
+/// [`SemanticStats`] from per-tenant (draft tokens, accepted) and outcomes (similarity,
+/// correct), in order; either backend reads those.
+pub(crate) fn build_stats(
+    drafts: std::collections::BTreeMap<String, (u64, u64)>,
+    outcomes: std::collections::BTreeMap<String, Vec<(f64, bool)>>,
+    tenant: Option<&str>,
+    p: &crate::cache::trust::TrustParams,
+) -> Vec<SemanticStats> {
+    use crate::cache::trust::{fit_threshold, wilson_upper};
     let build = |name: String, d: (u64, u64), o: &[(f64, bool)]| {
         let threshold = fit_threshold(o, p);
         let above: Vec<&(f64, bool)> = threshold.map(|t| o.iter().filter(|x| x.0 >= t).collect()).unwrap_or_default();
@@ -208,7 +219,7 @@ pub fn stats(conn: &rusqlite::Connection, tenant: Option<&str>, p: &crate::cache
         let all: Vec<(f64, bool)> = outcomes.values().flatten().copied().collect();
         out.push(build("*".into(), d, &all));
     }
-    Ok(out)
+    out
 }
 
 #[cfg(test)]
@@ -229,7 +240,7 @@ mod tests {
     #[test]
     fn neighbours_stay_in_their_scope_and_come_nearest_first() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let store = Store::open(dir.path().join("s.db")).expect("open");
+        let store = SqliteStore::open(dir.path().join("s.db")).expect("open");
         let a = store.record_inference(&sample("t", Some("k1"), ServedFrom::Model, CacheMode::Auto)).expect("record");
         let b = store.record_inference(&sample("t", Some("k2"), ServedFrom::Model, CacheMode::Auto)).expect("record");
         let other = store.record_inference(&sample("u", Some("k3"), ServedFrom::Model, CacheMode::Auto)).expect("record");
