@@ -13,6 +13,7 @@ use forge_cache::store::{QueryResult, ReadOnlyStore};
 pub struct SqlArgs {
     /// One SQL statement that only reads (SELECT, WITH, VALUES, EXPLAIN, read-only PRAGMAs).
     pub query: String,
+    /// The SQLite file, or a `postgres://` URL (the shared store of replicas).
     #[arg(long, default_value = super::DEFAULT_DB)]
     pub db: PathBuf,
     /// CSV with a header row.

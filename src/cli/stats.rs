@@ -13,6 +13,7 @@ use forge_cache::store::{ReadOnlyStore, Stats, StatsFilter};
 
 #[derive(Debug, Args)]
 pub struct StatsArgs {
+    /// The SQLite file, or a `postgres://` URL (the shared store of replicas).
     #[arg(long, default_value = super::DEFAULT_DB)]
     pub db: PathBuf,
     /// Only requests of the last DURATION: a number with s, m, h or d (e.g. 90s, 15m, 2h, 7d).
