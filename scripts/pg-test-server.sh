@@ -26,10 +26,24 @@ as_owner() {
   fi
 }
 
+# As root the server runs as `nobody`, which must be able to reach the binaries: a checkout under
+# a private folder (/root/...) is not, so the install is copied once to a world-readable place.
+usable_install() {
+  [[ "$(id -u)" == 0 ]] || return 0
+  DIR=/ as_owner test -x "$PG/bin/postgres" && return 0
+  local base="${FORGE_POSTGRES_DIR:-$ROOT/.postgres}"
+  local copy="${TMPDIR:-/tmp}/forge-postgres-$(cat "$base/stamp" 2>/dev/null | cut -c1-12)"
+  if [[ ! -x "$copy/pgserver/pginstall/bin/postgres" ]]; then
+    rm -rf "$copy.new" && cp -a "$base" "$copy.new" && chmod -R a+rX "$copy.new" && rm -rf "$copy" && mv "$copy.new" "$copy"
+  fi
+  PG="$copy/pgserver/pginstall"
+}
+
 cmd="${1:-}"
 case "$cmd" in
   start)
     [[ -x "$PG/bin/postgres" ]] || die "no PostgreSQL in $PG: run scripts/fetch-postgres.sh (or scripts/fetch-test-clients.sh)"
+    usable_install
     DIR="${2:-$(mktemp -d "${TMPDIR:-/tmp}/forge-pg.XXXXXX")}"
     mkdir -p "$DIR"
     [[ "$(id -u)" == 0 ]] && chown nobody:nogroup "$DIR"
@@ -47,10 +61,12 @@ case "$cmd" in
     ;;
   pause)
     DIR="${2:?usage: pg-test-server.sh pause DIR}"
+    usable_install
     as_owner "$PG/bin/pg_ctl" -D "$DIR/data" -m immediate -w stop >&2
     ;;
   resume)
     DIR="${2:?usage: pg-test-server.sh resume DIR}"
+    usable_install
     PORT="$(cat "$DIR/port")"
     as_owner "$PG/bin/pg_ctl" -D "$DIR/data" -l "$DIR/log" -w -t 60 \
       -o "-p $PORT -k $DIR -c listen_addresses=127.0.0.1 -c fsync=off -c full_page_writes=off -c max_connections=200" start >&2 \
@@ -58,6 +74,7 @@ case "$cmd" in
     ;;
   stop)
     DIR="${2:?usage: pg-test-server.sh stop DIR}"
+    usable_install
     if [[ -f "$DIR/data/postmaster.pid" ]]; then
       as_owner "$PG/bin/pg_ctl" -D "$DIR/data" -m immediate -w stop >/dev/null 2>&1 || true
     fi

@@ -83,3 +83,74 @@ async fn two_replicas_share_one_postgres() {
     assert_eq!(served(&back.outcome), ServedFrom::Exact);
     assert_eq!(requests_of(&stats_json(&pg.url), "*"), 7, "the refused request was not recorded");
 }
+
+/// kill -9 of replica A while 100 requests run on A and B at once (25 questions, Zipf-free
+/// round-robin): every answer a client received is a committed row in PostgreSQL; B serves all
+/// of its requests; A, restarted, serves EXACT what B computed meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_of_a_replica_during_100_concurrent_requests() {
+    let pg = PgServer::start();
+    let db = Path::new(&pg.url);
+    let (a, b) = (Serve::spawn_on(db, &["--queue-depth", "128"]), Serve::spawn_on(db, &["--queue-depth", "128"]));
+    let (mut a, b) = (a.ready(), b.ready());
+    let ca = Client::connect(&a.grpc_url()).await.expect("connect A");
+    let cb = Client::connect(&b.grpc_url()).await.expect("connect B");
+    let question = |i: usize| format!("What is {} plus {}?", i % 25, i % 25 + 1);
+
+    let (tx, mut done) = tokio::sync::mpsc::unbounded_channel();
+    for i in 0..100 {
+        let (mut c, tx, q) = (if i % 2 == 0 { ca.clone() } else { cb.clone() }, tx.clone(), question(i));
+        tokio::spawn(async move {
+            let r = c.generate(ask(&q, 8)).await;
+            let _ = tx.send((i, r));
+        });
+    }
+    drop(tx);
+    let mut results = Vec::new();
+    while let Some(r) = done.recv().await {
+        results.push(r);
+        if results.len() == 10 {
+            a.kill9();
+        }
+    }
+    assert_eq!(results.len(), 100);
+
+    // (The store's client blocks: off the async workers.)
+    let (acknowledged, computed_on_b) = tokio::task::block_in_place(|| {
+        let ro = forge_cache::store::ReadOnlyStore::open(db).expect("read-only");
+        let mut acknowledged = 0;
+        let mut computed_on_b = Vec::new();
+        for (i, r) in &results {
+            match r {
+                Ok(g) => {
+                    acknowledged += 1;
+                    let row = ro.run_read_only(&format!("SELECT response FROM inferences WHERE id = {}", g.outcome.inference_id), 1).expect("row");
+                    assert_eq!(row.rows.first().map(|r| r[0].clone()), Some(serde_json::json!(g.text)), "request {i}: answer not in PostgreSQL");
+                    if i % 2 == 1 && served(&g.outcome) == ServedFrom::Model {
+                        computed_on_b.push(*i);
+                    }
+                }
+                Err(e) => assert_eq!(i % 2, 0, "request {i} on B failed: {e}"),
+            }
+        }
+        (acknowledged, computed_on_b)
+    });
+    assert!(acknowledged >= 50, "B's 50 at least: {acknowledged}");
+    assert!(acknowledged < 100, "the kill came while A still had requests in flight");
+    eprintln!("kill -9 during 100 requests: {acknowledged} acknowledged (all in PostgreSQL), {} lost with replica A", 100 - acknowledged);
+    assert!(!computed_on_b.is_empty());
+    // B keeps serving after A is gone.
+    let mut cb2 = cb.clone();
+    let after = cb2.generate(ask("What is 100 plus 1?", 8)).await.expect("B after the kill").outcome;
+    assert_eq!(served(&after), ServedFrom::Model);
+
+    // A comes back on the same database and replays what B computed.
+    let a = Serve::spawn_on(db, &[]).ready();
+    let mut ca = Client::connect(&a.grpc_url()).await.expect("connect A again");
+    for i in computed_on_b.iter().take(5) {
+        let o = ca.generate(ask(&question(*i), 8)).await.expect("A again").outcome;
+        assert_eq!((served(&o), o.tokens_computed), (ServedFrom::Exact, 0), "question {i}: {o:?}");
+    }
+    let replay = ca.generate(ask("What is 100 plus 1?", 8)).await.expect("A again").outcome;
+    assert_eq!((served(&replay), replay.source_inference_id), (ServedFrom::Exact, after.inference_id), "B's answer, computed while A was down");
+}
