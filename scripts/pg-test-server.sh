@@ -48,6 +48,7 @@ case "$cmd" in
     mkdir -p "$DIR"
     [[ "$(id -u)" == 0 ]] && chown nobody:nogroup "$DIR"
     chmod 0700 "$DIR"
+    as_owner test -w "$DIR" || die "$DIR cannot be reached by the server's user (nobody): a parent folder is private; use a folder under /tmp"
     PORT="$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
     as_owner "$PG/bin/initdb" -D "$DIR/data" -U forge --auth=trust -E UTF8 --locale=C --no-sync >"$DIR/initdb.log" 2>&1 \
       || { tail -20 "$DIR/initdb.log" >&2; die "initdb failed in $DIR"; }

@@ -41,8 +41,8 @@ PY
   stop_all
 }
 
-D="$WORK/pg1"; PGDIRS+=("$D"); URL="$(scripts/pg-test-server.sh start "$D" 2>/dev/null)"
+D="$(mktemp -d "${TMPDIR:-/tmp}/forge-zipf-pg.XXXXXX")"; PGDIRS+=("$D"); URL="$(scripts/pg-test-server.sh start "$D" 2>/dev/null)"
 serve a 50071 "$URL"; run "1 replica, PostgreSQL" 127.0.0.1:50071
-D="$WORK/pg2"; PGDIRS+=("$D"); URL="$(scripts/pg-test-server.sh start "$D" 2>/dev/null)"
+D="$(mktemp -d "${TMPDIR:-/tmp}/forge-zipf-pg.XXXXXX")"; PGDIRS+=("$D"); URL="$(scripts/pg-test-server.sh start "$D" 2>/dev/null)"
 serve a 50071 "$URL"; serve b 50072 "$URL"; run "2 replicas, one PostgreSQL" 127.0.0.1:50071,127.0.0.1:50072
 serve a 50071 "$WORK/a.db"; serve b 50072 "$WORK/b.db"; run "2 replicas, SQLite each" 127.0.0.1:50071,127.0.0.1:50072

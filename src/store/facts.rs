@@ -93,6 +93,35 @@ pub fn question_hash(question: &str) -> String {
     sha256_hex(normalize(question).as_bytes())
 }
 
+/// PutFact's input, trimmed and checked (both backends): (content, question).
+pub(crate) fn checked_fact<'a>(content: &'a str, question: Option<&'a str>, confidence: f64) -> Result<(&'a str, Option<&'a str>), StoreError> {
+    let content = content.trim();
+    let question = question.map(str::trim).filter(|q| !q.is_empty());
+    if content.is_empty() {
+        return Err(StoreError::Invalid("the fact's content is empty".into()));
+    }
+    if content.len() > MAX_FACT_BYTES || question.is_some_and(|q| q.len() > MAX_FACT_BYTES) {
+        return Err(StoreError::Invalid(format!("facts and questions are limited to {MAX_FACT_BYTES} bytes")));
+    }
+    if !(confidence > 0.0 && confidence <= 1.0) {
+        return Err(StoreError::Invalid(format!("confidence must be in (0, 1], got {confidence}")));
+    }
+    Ok((content, question))
+}
+
+/// InvalidateFacts' input, checked (both backends): (reason, text to match).
+pub(crate) fn checked_invalidation<'a>(req: &InvalidateRequest<'a>) -> Result<(&'a str, Option<&'a str>), StoreError> {
+    let reason = req.reason.trim();
+    if reason.is_empty() {
+        return Err(StoreError::Invalid("a reason is required to invalidate facts".into()));
+    }
+    let text = req.text_match.map(str::trim).filter(|t| !t.is_empty());
+    if req.ids.is_empty() && text.is_none() {
+        return Err(StoreError::Invalid("name facts by ids or by text_match".into()));
+    }
+    Ok((reason, text))
+}
+
 fn get_fact(tx: &Transaction<'_>, tenant: &str, id: i64) -> Result<Fact, StoreError> {
     tx.query_row(&format!("SELECT {FACT_COLUMNS} FROM facts WHERE tenant = ?1 AND id = ?2"), rusqlite::params![tenant, id], fact_from_row)
         .optional()?
@@ -210,17 +239,7 @@ impl SqliteStore {
     /// Adds a user-provided fact (see the module docs). Stating a live user-provided fact again
     /// (same content and question) strengthens it instead of adding a row.
     pub fn put_fact(&self, tenant: &str, content: &str, question: Option<&str>, confidence: f64) -> Result<PutFactReport, StoreError> {
-        let content = content.trim();
-        let question = question.map(str::trim).filter(|q| !q.is_empty());
-        if content.is_empty() {
-            return Err(StoreError::Invalid("the fact's content is empty".into()));
-        }
-        if content.len() > MAX_FACT_BYTES || question.is_some_and(|q| q.len() > MAX_FACT_BYTES) {
-            return Err(StoreError::Invalid(format!("facts and questions are limited to {MAX_FACT_BYTES} bytes")));
-        }
-        if !(confidence > 0.0 && confidence <= 1.0) {
-            return Err(StoreError::Invalid(format!("confidence must be in (0, 1], got {confidence}")));
-        }
+        let (content, question) = checked_fact(content, question, confidence)?;
         let norm = normalize(content);
         let qhash = question.map(question_hash);
         let mut conn = self.conn();
@@ -272,14 +291,7 @@ impl SqliteStore {
     /// Degrades the live facts named by id or matched by text; returns the ids degraded now.
     /// An id that is not a fact of this tenant is an error (and nothing changes).
     pub fn invalidate_facts(&self, tenant: &str, req: &InvalidateRequest<'_>) -> Result<Vec<i64>, StoreError> {
-        let reason = req.reason.trim();
-        if reason.is_empty() {
-            return Err(StoreError::Invalid("a reason is required to invalidate facts".into()));
-        }
-        let text = req.text_match.map(str::trim).filter(|t| !t.is_empty());
-        if req.ids.is_empty() && text.is_none() {
-            return Err(StoreError::Invalid("name facts by ids or by text_match".into()));
-        }
+        let (reason, text) = checked_invalidation(req)?;
         let mut conn = self.conn();
         let tx = conn.transaction()?;
         if let Some(by) = req.contradicted_by {

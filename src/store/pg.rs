@@ -26,7 +26,10 @@ use pgvector::Vector;
 use postgres::{Client, NoTls, Transaction};
 
 use super::claims::{normalize, split_claims};
-use super::facts::{question_hash, Fact, InvalidateRequest, LearnReport, PutFactReport, INFERENCE_CONFIDENCE, MAX_FACT_BYTES, MAX_MODEL_CONFIDENCE, REPEAT_GAIN};
+use super::facts::{
+    checked_fact, checked_invalidation, question_hash, Fact, InvalidateRequest, LearnReport, PutFactReport, INFERENCE_CONFIDENCE, MAX_MODEL_CONFIDENCE,
+    REPEAT_GAIN,
+};
 use super::inferences::{parse_stop_reason, CachedAnswer, NewInference};
 use super::semantic::{Neighbour, Outcome, SemanticStats};
 use super::stats::{self, KvStats, Raw, Row, Stats, StatsFilter};
@@ -331,17 +334,7 @@ impl PgStore {
     }
 
     pub fn put_fact(&self, tenant: &str, content: &str, question: Option<&str>, confidence: f64) -> Result<PutFactReport, StoreError> {
-        let content = content.trim();
-        let question = question.map(str::trim).filter(|q| !q.is_empty());
-        if content.is_empty() {
-            return Err(StoreError::Invalid("the fact's content is empty".into()));
-        }
-        if content.len() > MAX_FACT_BYTES || question.is_some_and(|q| q.len() > MAX_FACT_BYTES) {
-            return Err(StoreError::Invalid(format!("facts and questions are limited to {MAX_FACT_BYTES} bytes")));
-        }
-        if !(confidence > 0.0 && confidence <= 1.0) {
-            return Err(StoreError::Invalid(format!("confidence must be in (0, 1], got {confidence}")));
-        }
+        let (content, question) = checked_fact(content, question, confidence)?;
         let norm = normalize(content);
         let qhash = question.map(question_hash);
         self.tx(|tx| {
@@ -388,14 +381,7 @@ impl PgStore {
     }
 
     pub fn invalidate_facts(&self, tenant: &str, req: &InvalidateRequest<'_>) -> Result<Vec<i64>, StoreError> {
-        let reason = req.reason.trim();
-        if reason.is_empty() {
-            return Err(StoreError::Invalid("a reason is required to invalidate facts".into()));
-        }
-        let text = req.text_match.map(str::trim).filter(|t| !t.is_empty());
-        if req.ids.is_empty() && text.is_none() {
-            return Err(StoreError::Invalid("name facts by ids or by text_match".into()));
-        }
+        let (reason, text) = checked_invalidation(req)?;
         self.tx(|tx| {
             lock_tenant_facts(tx, tenant)?;
             if let Some(by) = req.contradicted_by {
