@@ -15,6 +15,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let out = std::path::PathBuf::from(std::env::var("OUT_DIR")?);
     tonic_prost_build::configure()
+        // Undecodable requests are INVALID_ARGUMENT, not tonic-prost's INTERNAL (src/server/codec.rs).
+        .codec_path("crate::server::codec::ForgeCodec")
         .file_descriptor_set_path(out.join("forge_descriptor.bin"))
         .compile_protos(&["proto/forge/v1/forge.proto"], &["proto"])?;
     Ok(())

@@ -55,12 +55,17 @@ pub enum CacheMode {
     Trust,
     /// Facts and the exact cache only; no semantic reuse.
     Exact,
+    /// Opt-in: a neighbour's answer that the model, scoring it under the new prompt in one
+    /// teacher-forced pass, finds as acceptable as for its own question is served without
+    /// decoding, when the learned region bounds the error rate; else VERIFIED.
+    Equivalent,
 }
 
 impl CacheMode {
-    pub const ALL: [CacheMode; 6] = [CacheMode::Auto, CacheMode::Bypass, CacheMode::Refresh, CacheMode::Verified, CacheMode::Trust, CacheMode::Exact];
+    pub const ALL: [CacheMode; 7] =
+        [CacheMode::Auto, CacheMode::Bypass, CacheMode::Refresh, CacheMode::Verified, CacheMode::Trust, CacheMode::Exact, CacheMode::Equivalent];
 
-    /// The store's text: `auto`, `bypass`, `refresh`, `verified`, `trust`, `exact`.
+    /// The store's text: `auto`, `bypass`, `refresh`, `verified`, `trust`, `exact`, `equivalent`.
     pub fn as_str(self) -> &'static str {
         match self {
             CacheMode::Auto => "auto",
@@ -69,6 +74,7 @@ impl CacheMode {
             CacheMode::Verified => "verified",
             CacheMode::Trust => "trust",
             CacheMode::Exact => "exact",
+            CacheMode::Equivalent => "equivalent",
         }
     }
 
@@ -94,13 +100,23 @@ pub enum ServedFrom {
     Partial,
     /// A neighbour's answer served without running the model.
     Trust,
+    /// A neighbour's answer that the model scored (one teacher-forced pass, no decoding) as
+    /// acceptable for this question (cache mode EQUIVALENT).
+    Equivalent,
 }
 
 impl ServedFrom {
-    pub const ALL: [ServedFrom; 6] =
-        [ServedFrom::Model, ServedFrom::Exact, ServedFrom::Fact, ServedFrom::Verified, ServedFrom::Partial, ServedFrom::Trust];
+    pub const ALL: [ServedFrom; 7] = [
+        ServedFrom::Model,
+        ServedFrom::Exact,
+        ServedFrom::Fact,
+        ServedFrom::Verified,
+        ServedFrom::Partial,
+        ServedFrom::Trust,
+        ServedFrom::Equivalent,
+    ];
 
-    /// The store's text: `MODEL`, `EXACT`, `FACT`, `VERIFIED`, `PARTIAL`, `TRUST`.
+    /// The store's text: `MODEL`, `EXACT`, `FACT`, `VERIFIED`, `PARTIAL`, `TRUST`, `EQUIVALENT`.
     pub fn as_str(self) -> &'static str {
         match self {
             ServedFrom::Model => "MODEL",
@@ -109,6 +125,7 @@ impl ServedFrom {
             ServedFrom::Verified => "VERIFIED",
             ServedFrom::Partial => "PARTIAL",
             ServedFrom::Trust => "TRUST",
+            ServedFrom::Equivalent => "EQUIVALENT",
         }
     }
 

@@ -25,7 +25,7 @@ fn engine(max_active: usize) -> Engine {
     let tok = Arc::new(Tokenizer::from_gguf(&model.gguf).expect("tokenizer"));
     let template = ChatTemplate::from_gguf(&model.gguf).expect("template").expect("chat template");
     let sched =
-        Scheduler::start(Arc::new(model), tok.clone(), SchedulerConfig { queue_depth: 16, max_active, step_tokens: 64 }).expect("start");
+        Scheduler::start(Arc::new(model), tok.clone(), SchedulerConfig { queue_depth: 16, max_active, step_tokens: 64, ..SchedulerConfig::default() }).expect("start");
     Engine { sched, tok, template }
 }
 
@@ -38,7 +38,7 @@ impl Engine {
     fn submit(&self, prompt: Vec<u32>, max_tokens: usize, drafts: Vec<Draft>) -> mpsc::UnboundedReceiver<Event> {
         let (tx, rx) = mpsc::unbounded_channel();
         let params = GenerateParams { max_tokens, sampling: SamplingParams::greedy(), stop_ids: self.tok.stop_ids().to_vec() };
-        self.sched.submit(Job { prompt, params, stop_strings: Vec::new(), events: tx, drafts, kv: None }).expect("submit");
+        self.sched.submit(Job { prompt, params, stop_strings: Vec::new(), events: tx, drafts, kv: None, tenant: String::new(), logprobs: false, score: None }).expect("submit");
         rx
     }
 }
@@ -49,8 +49,53 @@ fn wait(mut rx: mpsc::UnboundedReceiver<Event>) -> Finished {
             Event::Token { .. } => {}
             Event::Done(f) => return f,
             Event::Failed(e) => panic!("job failed: {e}"),
+            Event::Scored(_) => panic!("a generation job ended as a scoring job"),
         }
     }
+}
+
+fn wait_scored(mut rx: mpsc::UnboundedReceiver<Event>) -> Vec<f32> {
+    match rx.blocking_recv().expect("engine alive") {
+        Event::Scored(s) => s.logprobs,
+        other => panic!("expected a score, got {other:?}"),
+    }
+}
+
+/// EQUIVALENT's check: one teacher-forced pass over prompt + answer gives, token for token, the
+/// bits of the log-probabilities the decode computed (alone, and batched with other work); under
+/// another prompt the same answer scores differently.
+#[test]
+fn scoring_an_answer_gives_the_decode_logprobs_bit_for_bit() {
+    let e = engine(4);
+    let prompt = e.prompt("What is the capital of France?");
+    let (tx, rx) = mpsc::unbounded_channel();
+    let params = GenerateParams { max_tokens: 24, sampling: SamplingParams::greedy(), stop_ids: e.tok.stop_ids().to_vec() };
+    e.sched.submit(Job { prompt: prompt.clone(), params, stop_strings: Vec::new(), events: tx, drafts: Vec::new(), kv: None, tenant: String::new(), logprobs: true, score: None }).expect("submit");
+    let f = wait(rx);
+    let mut answer = f.tokens.clone();
+    if f.stop == forge_cache::vocab::StopReason::Stop {
+        answer.push(e.tok.stop_ids()[0]);
+    }
+    assert_eq!(f.logprobs.len(), answer.len(), "one log-probability per token, the stop included");
+    assert!(f.logprobs.iter().all(|&l| l <= 0.0 && l.is_finite()));
+    // Alone.
+    let (tx, rx) = mpsc::unbounded_channel();
+    e.sched.submit(Job::score(prompt.clone(), answer.clone(), e.tok.stop_ids().to_vec(), String::new(), tx)).expect("score");
+    let alone = wait_scored(rx);
+    assert_eq!(alone.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), f.logprobs.iter().map(|x| x.to_bits()).collect::<Vec<_>>());
+    // In a batch with a decoding request and another score.
+    let busy = e.submit(e.prompt("Name three colors."), 16, Vec::new());
+    let (tx, rx) = mpsc::unbounded_channel();
+    e.sched.submit(Job::score(prompt.clone(), answer.clone(), e.tok.stop_ids().to_vec(), String::new(), tx)).expect("score");
+    let (tx2, rx2) = mpsc::unbounded_channel();
+    let other = e.prompt("What's the capital city of France?");
+    e.sched.submit(Job::score(other, answer.clone(), e.tok.stop_ids().to_vec(), String::new(), tx2)).expect("score");
+    let batched = wait_scored(rx);
+    let elsewhere = wait_scored(rx2);
+    wait(busy);
+    assert_eq!(batched.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), f.logprobs.iter().map(|x| x.to_bits()).collect::<Vec<_>>());
+    assert_eq!(elsewhere.len(), answer.len());
+    assert_ne!(elsewhere, f.logprobs, "another prompt scores the answer differently");
 }
 
 fn draft(tokens: Vec<u32>, source: i64) -> Draft {

@@ -39,7 +39,7 @@ async fn bad_inputs_get_clear_statuses_and_the_server_stays_up() {
         ("top_p 0", r(&|r| r.top_p = Some(0.0)), Code::InvalidArgument, "top_p must be in (0, 1]"),
         ("top_p > 1", r(&|r| r.top_p = Some(1.5)), Code::InvalidArgument, "top_p must be in (0, 1]"),
         ("unknown model", r(&|r| r.model = "gpt-9".into()), Code::NotFound, "unknown model \"gpt-9\""),
-        ("unknown cache mode", r(&|r| r.cache_mode = 7), Code::InvalidArgument, "cache_mode"),
+        ("unknown cache mode", r(&|r| r.cache_mode = 99), Code::InvalidArgument, "cache_mode"),
         ("prompt and messages", r(&|r| r.messages = vec![ChatMessage { role: "user".into(), content: "hi".into() }]), Code::InvalidArgument, "not both"),
         ("bad role", r(&|r| {
             r.prompt.clear();
@@ -122,7 +122,7 @@ async fn api_keys_decide_the_tenant() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_queue_is_refused_at_once_and_a_closed_stream_cancels() {
-    let (scratch, server, mut c) = service_with(|config, _| config.scheduler = SchedulerConfig { queue_depth: 1, max_active: 1, step_tokens: 64 }).await;
+    let (scratch, server, mut c) = service_with(|config, _| config.scheduler = SchedulerConfig { queue_depth: 1, max_active: 1, ..SchedulerConfig::default() }).await;
     let db = &scratch.db;
 
     // A runs (the one active slot), B waits (the one queue slot), C finds the queue full.

@@ -9,7 +9,7 @@ use std::collections::BTreeSet;
 use std::sync::{Arc, Barrier};
 
 use common::postgres::PgServer;
-use forge_cache::store::semantic::Outcome;
+use forge_cache::store::semantic::{EquivalenceObservation, Outcome};
 use forge_cache::store::{NewInference, PgStore, ReadOnlyStore, SqliteStore, Store, StoreError};
 use forge_cache::vocab::{CacheMode, ServedFrom, StopReason};
 
@@ -45,6 +45,10 @@ fn sample<'a>(tenant: &'a str, key: Option<&'a str>, served_from: ServedFrom, mo
         draft_tokens: 0,
         draft_accepted: 0,
         candidates_tried: 0,
+        response_logprobs: Some(&[-0.5, -0.25, -1.0]),
+        equivalence_mean: None,
+        equivalence_worst: None,
+        equivalence_checks: 0,
     }
 }
 
@@ -145,6 +149,29 @@ fn one_schema_same_answers_tenants_apart_and_sql_only_reads() {
     assert_eq!(store.outcomes("a", "mid").expect("outcomes"), vec![o]);
     assert!(store.outcomes("b", "mid").expect("outcomes").is_empty());
     assert_eq!(store.lowest_wrong_similarity(second).expect("min"), Some(0.93));
+    // Issue 22's additions: log-probabilities come back with the neighbour, drafts and
+    // EQUIVALENT observations per tenant and model.
+    assert_eq!(near[0].logprobs, Some(vec![-0.5, -0.25, -1.0]));
+    assert_eq!(store.draft_outcomes("a", "mid").expect("drafts"), vec![(0.93, 10, 2)]);
+    let e = EquivalenceObservation {
+        source_inference_id: second,
+        similarity: 0.9,
+        mean_margin: -0.2,
+        worst_margin: -1.5,
+        candidate_ll: -0.8,
+        fresh_ll: -0.6,
+        acceptable: true,
+    };
+    store.record_equivalence("a", "mid", b, &e).expect("equivalence");
+    assert_eq!(store.equivalence_observations("a", "mid").expect("read"), vec![e]);
+    assert!(store.equivalence_observations("b", "mid").expect("read").is_empty());
+    // Issue 16's model fingerprint cache, in the shared table: hashed once, then remembered.
+    let model = dir.path().join("m.gguf");
+    std::fs::write(&model, b"GGUF not really a model").expect("model file");
+    let id = store.model_identity(&model).expect("identity");
+    assert!(id.hashed_now);
+    assert_eq!(id.sha256, forge_cache::store::sha256_file(&model).expect("hash"));
+    assert!(!again.model_identity(&model).expect("identity").hashed_now, "another replica finds it");
 
     // Stats per tenant and in total; `sql` reads and refuses writes.
     let a = store.tenant_stats("a", None).expect("stats");
@@ -167,6 +194,15 @@ fn one_schema_same_answers_tenants_apart_and_sql_only_reads() {
         assert!(matches!(err, StoreError::Refused(_) | StoreError::Invalid(_)), "{write}: {err}");
     }
     assert_eq!(store.tenant_stats("a", None).expect("stats").requests, 2, "nothing was written");
+    // `sql --timeout`: statement_timeout stops a long query, TimedOut; a quick one is unaffected.
+    let mut ro = ro;
+    let limit = Some(std::time::Duration::from_millis(200));
+    let t0 = std::time::Instant::now();
+    let err = ro.run_read_only_within("SELECT pg_sleep(5)", 10, limit).expect_err("stopped");
+    assert!(matches!(err, StoreError::TimedOut(_)), "{err}");
+    assert!(t0.elapsed() < std::time::Duration::from_secs(3), "{:?}", t0.elapsed());
+    assert_eq!(ro.run_read_only_within("SELECT 1", 10, limit).expect("quick").rows.len(), 1);
+    assert_eq!(ro.run_read_only("SELECT 1", 10).expect("no limit").rows.len(), 1);
 }
 
 #[test]

@@ -8,7 +8,7 @@
 //! what verification found out about earlier neighbours — bounds the error rate by `delta`.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use sha2::{Digest, Sha256};
 
@@ -20,6 +20,8 @@ use crate::engine::scheduler::Draft;
 use crate::store::semantic::{Neighbour, Outcome};
 use crate::store::{Store, StoreError};
 
+use super::equivalent::{EquivalentModel, EquivalentParams};
+use super::skip::{DraftGate, SkipParams};
 use super::trust::{fit_threshold, TrustParams};
 
 #[derive(Debug, Clone, Copy)]
@@ -31,11 +33,22 @@ pub struct SemanticConfig {
     /// Candidate answers handed to the engine as drafts.
     pub max_drafts: usize,
     pub trust: TrustParams,
+    /// The EQUIVALENT mode's knobs.
+    pub equivalent: EquivalentParams,
+    /// VERIFIED's draft skipping (see [`DraftGate`]).
+    pub skip: SkipParams,
 }
 
 impl Default for SemanticConfig {
     fn default() -> Self {
-        SemanticConfig { k: 4, min_similarity: 0.5, max_drafts: 3, trust: TrustParams::default() }
+        SemanticConfig {
+            k: 4,
+            min_similarity: 0.5,
+            max_drafts: 3,
+            trust: TrustParams::default(),
+            equivalent: EquivalentParams::default(),
+            skip: SkipParams::default(),
+        }
     }
 }
 
@@ -43,6 +56,8 @@ impl Default for SemanticConfig {
 pub enum SemanticError {
     #[error("embedding the question: {0}")]
     Embed(#[from] EmbedError),
+    #[error("the sentence embedder did not load: {0}")]
+    NotLoaded(String),
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -103,20 +118,59 @@ impl TrustModel {
     }
 }
 
+/// The sentence embedder, possibly still loading on its own thread: a service answers exact
+/// hits and facts before it is ready, and the first call that needs it waits for it.
+#[derive(Clone)]
+pub struct LazyEmbedder(Arc<OnceLock<Result<Arc<Embedder>, String>>>);
+
+impl LazyEmbedder {
+    /// Runs `load` on a new thread; [`LazyEmbedder::get`] waits for it.
+    pub fn load_in_background(load: impl FnOnce() -> Result<Embedder, String> + Send + 'static) -> std::io::Result<LazyEmbedder> {
+        let cell = Arc::new(OnceLock::new());
+        let slot = cell.clone();
+        std::thread::Builder::new().name("forge-embedder-load".into()).spawn(move || {
+            let loaded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(load)).unwrap_or_else(|_| Err("its loader panicked".into()));
+            let _ = slot.set(loaded.map(Arc::new));
+        })?;
+        Ok(LazyEmbedder(cell))
+    }
+
+    /// The embedder, once loaded (waits while it loads).
+    pub fn get(&self) -> Result<&Arc<Embedder>, SemanticError> {
+        self.0.wait().as_ref().map_err(|e| SemanticError::NotLoaded(e.clone()))
+    }
+}
+
+impl From<Arc<Embedder>> for LazyEmbedder {
+    fn from(e: Arc<Embedder>) -> LazyEmbedder {
+        LazyEmbedder(Arc::new(OnceLock::from(Ok(e))))
+    }
+}
+
 /// The semantic tier: embedder, neighbour search, drafts, trust.
 pub struct SemanticCache {
-    embedder: Arc<Embedder>,
+    embedder: LazyEmbedder,
     /// A wider backend (the engine's thread team) for a question's embedding, used while the
     /// closure says it is free; the embedder's own (one thread) otherwise.
     idle_backend: Option<(Arc<dyn Backend>, Arc<IdleFn>)>,
     store: Arc<Store>,
     pub config: SemanticConfig,
     pub trust: TrustModel,
+    pub equivalent: EquivalentModel,
+    pub drafts: DraftGate,
 }
 
 impl SemanticCache {
-    pub fn new(embedder: Arc<Embedder>, store: Arc<Store>, config: SemanticConfig) -> SemanticCache {
-        SemanticCache { embedder, idle_backend: None, store, config, trust: TrustModel::new(config.trust) }
+    pub fn new(embedder: impl Into<LazyEmbedder>, store: Arc<Store>, config: SemanticConfig) -> SemanticCache {
+        SemanticCache {
+            embedder: embedder.into(),
+            idle_backend: None,
+            store,
+            config,
+            trust: TrustModel::new(config.trust),
+            equivalent: EquivalentModel::new(config.equivalent),
+            drafts: DraftGate::new(config.skip),
+        }
     }
 
     /// Questions are embedded on `backend` whenever `idle()` holds (the vectors are bitwise the
@@ -129,8 +183,8 @@ impl SemanticCache {
     /// A question's embedding: on the idle backend when it is free.
     pub fn embed(&self, text: &str) -> Result<Vec<f32>, SemanticError> {
         let e = match &self.idle_backend {
-            Some((backend, idle)) if idle() => self.embedder.embed_on(backend.as_ref(), text)?,
-            _ => self.embedder.embed(text)?,
+            Some((backend, idle)) if idle() => self.embedder.get()?.embed_on(backend.as_ref(), text)?,
+            _ => self.embedder.get()?.embed(text)?,
         };
         Ok(e.vector)
     }
@@ -145,7 +199,7 @@ impl SemanticCache {
     pub fn index_new_facts(&self, tenant: &str, limit: usize) -> Result<usize, SemanticError> {
         let facts = self.store.unindexed_facts(tenant, limit)?;
         let texts: Vec<&str> = facts.iter().map(|(_, c)| c.as_str()).collect();
-        for ((id, _), e) in facts.iter().zip(self.embedder.embed_batch(&texts)?) {
+        for ((id, _), e) in facts.iter().zip(self.embedder.get()?.embed_batch(&texts)?) {
             self.store.index_fact(tenant, *id, &e.vector)?;
         }
         Ok(facts.len())

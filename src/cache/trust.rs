@@ -8,6 +8,8 @@
 //! there is none and every request falls back to VERIFIED, which produces more evidence. With
 //! zero errors the bound needs n >= z² (1 - delta) / delta outcomes: 268 for delta = 1% at 95%.
 
+use crate::store::semantic::SemanticEvidence;
+
 /// User-set error bound and confidence.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct TrustParams {
@@ -50,6 +52,59 @@ pub fn fit_threshold(outcomes: &[(f64, bool)], p: &TrustParams) -> Option<f64> {
         }
     }
     best
+}
+
+/// Semantic reuse of one tenant (or all, `*`), for `forge-cache stats`.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct SemanticStats {
+    pub tenant: String,
+    pub draft_tokens: u64,
+    pub draft_accepted: u64,
+    /// Verifications of a nearest neighbour's answer, and how many found it exactly right.
+    pub checks: u64,
+    pub checks_correct: u64,
+    /// TRUST under the given parameters: the similarity it serves from (None: not enough
+    /// evidence), the outcomes at or above it, the wrong ones among them, and the Wilson upper
+    /// bound of the false-hit rate there.
+    pub trust_threshold: Option<f64>,
+    pub trust_outcomes: u64,
+    pub trust_wrong: u64,
+    pub trust_false_hit_bound: Option<f64>,
+}
+
+/// TRUST's statistics on the store's raw evidence: per tenant (sorted), then `*` (the pooled
+/// evidence) when `all_tenants` and there are several.
+pub fn semantic_stats(ev: &SemanticEvidence, all_tenants: bool, p: &TrustParams) -> Vec<SemanticStats> {
+    let build = |name: String, d: (u64, u64), o: &[(f64, bool)]| {
+        let threshold = fit_threshold(o, p);
+        let above: Vec<&(f64, bool)> = threshold.map(|t| o.iter().filter(|x| x.0 >= t).collect()).unwrap_or_default();
+        let wrong = above.iter().filter(|x| !x.1).count();
+        SemanticStats {
+            tenant: name,
+            draft_tokens: d.0,
+            draft_accepted: d.1,
+            checks: o.len() as u64,
+            checks_correct: o.iter().filter(|x| x.1).count() as u64,
+            trust_threshold: threshold,
+            trust_outcomes: above.len() as u64,
+            trust_wrong: wrong as u64,
+            trust_false_hit_bound: threshold.map(|_| wilson_upper(wrong, above.len(), p.z)),
+        }
+    };
+    let mut names: Vec<String> = ev.drafts.keys().chain(ev.outcomes.keys()).cloned().collect();
+    names.sort();
+    names.dedup();
+    let mut out: Vec<SemanticStats> = names
+        .iter()
+        .map(|t| build(t.clone(), ev.drafts.get(t).copied().unwrap_or_default(), ev.outcomes.get(t).map_or(&[][..], |v| v)))
+        .collect();
+    if all_tenants && out.len() > 1 {
+        let d = ev.drafts.values().fold((0, 0), |a, x| (a.0 + x.0, a.1 + x.1));
+        // TRUST learns per tenant; the total shows the pooled evidence.
+        let all: Vec<(f64, bool)> = ev.outcomes.values().flatten().copied().collect();
+        out.push(build("*".into(), d, &all));
+    }
+    out
 }
 
 #[cfg(test)]

@@ -65,9 +65,13 @@ pub struct GenerateArgs {
     /// Tenant (sent as x-forge-tenant).
     #[arg(long, requires = "server")]
     pub tenant: Option<String>,
-    /// API key, for a service started with --tenants (sent as x-forge-api-key).
-    #[arg(long, requires = "server")]
+    /// API key, for a service started with --tenants (sent as x-forge-api-key). Prefer
+    /// --api-key-file or $FORGE_API_KEY: a flag's value is visible to other users in `ps`.
+    #[arg(long, requires = "server", conflicts_with = "api_key_file")]
     pub api_key: Option<String>,
+    /// A file whose first line is the API key (else $FORGE_API_KEY is used when set).
+    #[arg(long, requires = "server")]
+    pub api_key_file: Option<PathBuf>,
     /// auto: serve from a fact or the exact cache when possible; bypass: compute, touch no
     /// cache; refresh: compute and replace the cached answer.
     #[arg(long, value_enum, default_value_t = CacheModeArg::Auto)]
@@ -87,6 +91,7 @@ pub enum CacheModeArg {
     Verified,
     Trust,
     Exact,
+    Equivalent,
 }
 
 impl CacheModeArg {
@@ -98,6 +103,7 @@ impl CacheModeArg {
             CacheModeArg::Verified => proto::CacheMode::Verified,
             CacheModeArg::Trust => proto::CacheMode::Trust,
             CacheModeArg::Exact => proto::CacheMode::Exact,
+            CacheModeArg::Equivalent => proto::CacheMode::Equivalent,
         }
     }
 }
@@ -219,13 +225,30 @@ pub fn run(a: &GenerateArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Environment variable holding the API key for `generate --server`.
+pub const API_KEY_ENV: &str = "FORGE_API_KEY";
+
+/// The API key: --api-key, else the first line of --api-key-file, else $FORGE_API_KEY.
+fn api_key(a: &GenerateArgs) -> anyhow::Result<Option<String>> {
+    if let Some(k) = &a.api_key {
+        return Ok(Some(k.clone()));
+    }
+    if let Some(path) = &a.api_key_file {
+        let text = std::fs::read_to_string(path).with_context(|| format!("reading the API key file {}", path.display()))?;
+        let key = text.lines().next().unwrap_or_default().trim();
+        anyhow::ensure!(!key.is_empty(), "the API key file {} is empty", path.display());
+        return Ok(Some(key.to_string()));
+    }
+    Ok(std::env::var(API_KEY_ENV).ok().map(|k| k.trim().to_string()).filter(|k| !k.is_empty()))
+}
+
 /// `generate --server URL`: one Generate call, streamed to stdout (or one JSON object).
 async fn remote(a: &GenerateArgs, url: &str) -> anyhow::Result<()> {
     let mut client = Client::connect(url).await?;
     if let Some(t) = &a.tenant {
         client = client.with_tenant(t);
     }
-    if let Some(k) = &a.api_key {
+    if let Some(k) = api_key(a)? {
         client = client.with_api_key(k);
     }
     let req = proto::GenerateRequest {

@@ -4,6 +4,7 @@
 mod ab;
 mod bench;
 mod bench_kv;
+mod bench_serve;
 mod embed;
 mod generate;
 mod hardware;
@@ -48,6 +49,10 @@ pub enum Command {
     Bench(bench::BenchArgs),
     /// Time to first token with KV-block reuse: cold, warm (memory), after a restart (disk), on SQuAD documents.
     BenchKv(bench_kv::BenchKvArgs),
+    /// Time to first token of short requests while long prompts are being prefilled (0, 1, 4 at once).
+    BenchTtft(bench_serve::BenchTtftArgs),
+    /// Launch to the EXACT answer of a restarted `serve` on an existing store.
+    BenchRestart(bench_serve::BenchRestartArgs),
     /// Show the detected CPU, SIMD level, memory, GPUs and execution tier.
     Hardware(hardware::HardwareArgs),
     /// Write a GGUF model with random weights in a real model's shape (for speed measurements).
@@ -57,7 +62,16 @@ pub enum Command {
 }
 
 /// Runs the parsed command.
+/// When the command started (the first thing `run` does).
+static LAUNCH: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+
+/// Time since the command started.
+pub(crate) fn since_launch() -> std::time::Duration {
+    LAUNCH.get_or_init(std::time::Instant::now).elapsed()
+}
+
 pub fn run(cli: Cli) -> anyhow::Result<()> {
+    LAUNCH.get_or_init(std::time::Instant::now);
     match cli.command {
         Command::Serve(args) => serve::run(&args),
         Command::Generate(args) => generate::run(&args),
@@ -67,6 +81,8 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Embed(args) => embed::run(&args),
         Command::Bench(args) => bench::run(&args),
         Command::BenchKv(args) => bench_kv::run(&args),
+        Command::BenchTtft(args) => bench_serve::run_ttft(&args),
+        Command::BenchRestart(args) => bench_serve::run_restart(&args),
         Command::Hardware(args) => hardware::run(&args),
         Command::SynthModel(args) => synth_model::run(&args),
         Command::Ab(args) => ab::run(&args),

@@ -1,7 +1,10 @@
 //! `forge-cache serve`: the gRPC service and the OpenAI-compatible HTTP API on one model and one
 //! database, in one process, until Ctrl-C or SIGTERM.
 
+use forge_cache::cache::equivalent::EquivalentParams;
 use forge_cache::cache::semantic::SemanticConfig;
+use forge_cache::cache::skip::SkipParams;
+use forge_cache::vocab::CacheMode;
 use forge_cache::cache::trust::TrustParams;
 use std::path::PathBuf;
 
@@ -31,6 +34,10 @@ pub struct ServeArgs {
     /// /health, /metrics); it answers /health with 503 while the model loads.
     #[arg(long, default_value = DEFAULT_HTTP_ADDR)]
     pub http_addr: String,
+    /// The largest gRPC request message accepted, in MiB; a longer one is refused with
+    /// RESOURCE_EXHAUSTED before it is read.
+    #[arg(long, default_value_t = (forge_cache::server::codec::DEFAULT_MAX_MESSAGE_BYTES >> 20) as u64, value_parser = clap::value_parser!(u64).range(1..=1024))]
+    pub max_message_mb: u64,
     /// No HTTP API (gRPC only).
     #[arg(long)]
     pub no_http: bool,
@@ -68,6 +75,29 @@ pub struct ServeArgs {
     /// Neighbours less similar than this (cosine) are not used as drafts.
     #[arg(long, default_value_t = SemanticConfig::default().min_similarity)]
     pub min_similarity: f64,
+    /// A tenant's cache mode for requests that leave it unset (or say AUTO): TENANT=MODE,
+    /// repeatable (e.g. `--tenant-cache-mode acme=equivalent`).
+    #[arg(long = "tenant-cache-mode", value_parser = parse_tenant_mode)]
+    pub tenant_cache_modes: Vec<(String, CacheMode)>,
+    /// EQUIVALENT: bound on the rate of served candidates that are not acceptable.
+    #[arg(long, default_value_t = EquivalentParams::default().delta)]
+    pub equivalent_delta: f64,
+    /// EQUIVALENT: a candidate is acceptable when its log-likelihood per token under the new
+    /// prompt is at most this many nats below the fresh greedy answer's.
+    #[arg(long, default_value_t = EquivalentParams::default().margin)]
+    pub equivalent_margin: f64,
+    /// EQUIVALENT: share of candidates inside the serving region decoded anyway (exploration).
+    #[arg(long, default_value_t = EquivalentParams::default().explore)]
+    pub equivalent_explore: f64,
+    /// EQUIVALENT: nearest answers scored per request (one batch).
+    #[arg(long, default_value_t = EquivalentParams::default().candidates)]
+    pub equivalent_candidates: usize,
+    /// VERIFIED: skip drafts in similarity bands whose acceptance is below this (0 = never skip).
+    #[arg(long, default_value_t = SkipParams::default().floor)]
+    pub draft_floor: f64,
+    /// VERIFIED: share of requests in a skipped band that still get drafts.
+    #[arg(long, default_value_t = SkipParams::default().explore)]
+    pub draft_explore: f64,
     #[command(flatten)]
     pub backend: super::BackendArgs,
     /// Memory for reusable KV blocks, in MiB (least recently used evicted first).
@@ -89,6 +119,10 @@ pub struct ServeArgs {
     /// Turn KV-block reuse off.
     #[arg(long)]
     pub no_kv_reuse: bool,
+    /// How an existing database is checked at start: auto (integrity_check up to 64 MiB,
+    /// quick_check above), quick, full, or off (huge stores); a damaged one is refused untouched.
+    #[arg(long, default_value = "auto", value_parser = ["auto", "quick", "full", "off"])]
+    pub db_check: String,
 }
 
 impl ServeArgs {
@@ -123,6 +157,16 @@ async fn shutdown_signal() {
     let _ = tokio::signal::ctrl_c().await;
 }
 
+/// `acme=equivalent` → (tenant, mode).
+fn parse_tenant_mode(s: &str) -> Result<(String, CacheMode), String> {
+    let (t, m) = s.split_once('=').ok_or_else(|| format!("{s:?}: expected TENANT=MODE"))?;
+    if !forge_cache::pipeline::tenants::valid_tenant_name(t) {
+        return Err(format!("{t:?} is not a valid tenant name"));
+    }
+    let mode = CacheMode::parse(m).ok_or_else(|| format!("unknown cache mode {m:?}: auto, bypass, refresh, verified, trust, exact, equivalent"))?;
+    Ok((t.to_string(), mode))
+}
+
 pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
     let mut config = ServerConfig::new(a.model.clone().unwrap_or_else(forge_cache::models::default_llm), &a.db);
     config.threads = a.threads;
@@ -135,19 +179,41 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
     }
     config.embed_weights = a.embed_weights.into();
     config.embedder = if a.no_semantic { None } else { Some(a.embedder.clone().unwrap_or_else(forge_cache::models::default_embedder)) };
+    if !(a.equivalent_delta > 0.0 && a.equivalent_delta < 1.0) || !(0.0..=1.0).contains(&a.equivalent_explore) || !(a.equivalent_margin >= 0.0) {
+        anyhow::bail!("--equivalent-delta must be in (0, 1), --equivalent-explore in [0, 1], --equivalent-margin >= 0");
+    }
+    if !(0.0..=1.0).contains(&a.draft_floor) || !(0.0..=1.0).contains(&a.draft_explore) || a.equivalent_candidates == 0 {
+        anyhow::bail!("--draft-floor and --draft-explore must be in [0, 1], --equivalent-candidates >= 1");
+    }
     config.semantic = SemanticConfig {
         min_similarity: a.min_similarity,
         trust: TrustParams { delta: a.trust_delta, z: a.trust_z },
+        equivalent: EquivalentParams {
+            delta: a.equivalent_delta,
+            z: a.trust_z,
+            margin: a.equivalent_margin,
+            explore: a.equivalent_explore,
+            candidates: a.equivalent_candidates,
+        },
+        skip: SkipParams { floor: a.draft_floor, explore: a.draft_explore, enabled: a.draft_floor > 0.0, ..SkipParams::default() },
         ..SemanticConfig::default()
     };
+    config.tenant_modes = a.tenant_cache_modes.iter().cloned().collect();
     config.tenants = a.tenants.clone();
     config.placement = a.backend.options()?;
     config.kv = a.kv_config()?;
+    config.db_check = forge_cache::store::DbCheck::parse(&a.db_check).unwrap_or_default();
     config.scheduler = SchedulerConfig { queue_depth: a.queue_depth, max_active: a.max_batch, ..SchedulerConfig::default() };
     let config_kv = config.kv.clone();
-    let listen = Listen { grpc: a.addr.clone(), http: (!a.no_http).then(|| a.http_addr.clone()) };
+    let listen = Listen {
+        grpc: a.addr.clone(),
+        http: (!a.no_http).then(|| a.http_addr.clone()),
+        max_message_bytes: (a.max_message_mb << 20) as usize,
+    };
     super::runtime()?.block_on(async {
         let server = start_listening(config, listen, shutdown_signal()).await.context("starting the service")?;
+        let phases: Vec<String> = server.startup.iter().map(|(what, t)| format!("{what} {:.1} ms", t.as_secs_f64() * 1e3)).collect();
+        tracing::info!(since_launch_ms = format!("{:.1}", super::since_launch().as_secs_f64() * 1e3), phases = %phases.join(", "), "start-up");
         tracing::info!(
             model = %server.model_name,
             sha256 = &server.model_id[..12],

@@ -1,7 +1,9 @@
 //! `forge-cache sql "SELECT ..."`: one read-only query on the database (a SQLite file, or
 //! `--db postgres://...` in a READ ONLY transaction), printed as a table,
 //! CSV or JSON. Anything that would write (INSERT, UPDATE, DELETE, DROP, CREATE, ATTACH, ...)
-//! is refused; see `forge_cache::store::query` for how. The schema: docs/schema.md.
+//! is refused; see `forge_cache::store::query` for how. A query stops after `--timeout` seconds
+//! (default 5; SQLite: a progress handler, PostgreSQL: the transaction's `statement_timeout`),
+//! and no file is created beside the database. The schema: docs/schema.md.
 
 use std::path::PathBuf;
 
@@ -25,6 +27,9 @@ pub struct SqlArgs {
     /// Print at most this many rows.
     #[arg(long, default_value_t = 10_000)]
     pub max_rows: usize,
+    /// Stop the query after this many seconds (0: no limit).
+    #[arg(long, default_value_t = 5.0)]
+    pub timeout: f64,
 }
 
 fn cell(v: &serde_json::Value) -> String {
@@ -45,8 +50,12 @@ fn csv(r: &QueryResult) -> anyhow::Result<String> {
 }
 
 pub fn run(a: &SqlArgs) -> anyhow::Result<()> {
-    let db = ReadOnlyStore::open(&a.db)?;
-    let r = db.run_read_only(&a.query, a.max_rows)?;
+    if !(a.timeout >= 0.0 && a.timeout.is_finite()) {
+        anyhow::bail!("--timeout must be a number of seconds (0: no limit)");
+    }
+    let limit = (a.timeout > 0.0).then(|| std::time::Duration::from_secs_f64(a.timeout));
+    let mut db = ReadOnlyStore::open(&a.db)?;
+    let r = db.run_read_only_within(&a.query, a.max_rows, limit)?;
     if a.json {
         println!("{}", serde_json::to_string(&r)?);
     } else if a.csv {

@@ -7,8 +7,7 @@ use std::path::PathBuf;
 use anyhow::bail;
 use clap::Args;
 
-use forge_cache::cache::trust::TrustParams;
-use forge_cache::store::semantic::SemanticStats;
+use forge_cache::cache::trust::{semantic_stats, SemanticStats, TrustParams};
 use forge_cache::store::{ReadOnlyStore, Stats, StatsFilter};
 
 #[derive(Debug, Args)]
@@ -139,7 +138,8 @@ pub fn run(a: &StatsArgs) -> anyhow::Result<()> {
     let db = ReadOnlyStore::open(&a.db)?;
     let all = db.stats(&StatsFilter { tenant: a.tenant.clone(), since_seconds: a.since })?;
     let params = TrustParams { delta: a.trust_delta, ..TrustParams::default() };
-    let semantic = db.semantic_stats(a.tenant.as_deref(), &params)?;
+    let evidence = db.semantic_evidence(a.tenant.as_deref())?;
+    let semantic = semantic_stats(&evidence, a.tenant.is_none(), &params);
     if a.json {
         let mut rows = serde_json::to_value(&all)?;
         for row in rows.as_array_mut().into_iter().flatten() {

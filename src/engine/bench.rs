@@ -102,3 +102,34 @@ pub fn bench(
     }
     Ok(out)
 }
+
+/// A raw prompt of exactly `tokens` tokens (when the tokenizer allows; at least close): numbered
+/// delivery records that read like a ledger, varied by `seed`. For scheduling measurements and
+/// tests that need long prompts of a known length.
+pub fn ledger_text(tok: &super::tokenizer::Tokenizer, tokens: usize, seed: u64) -> Result<String, super::tokenizer::TokenizerError> {
+    const NAMES: [&str; 8] = ["Ada", "Bruno", "Chen", "Dana", "Emil", "Farah", "Goran", "Hana"];
+    const CITIES: [&str; 8] = ["Lyon", "Porto", "Oslo", "Quito", "Accra", "Hanoi", "Perth", "Riga"];
+    let mut rng = Rng::new(seed);
+    let mut pick = |n: u64| (rng.next_u64() % n) as usize;
+    let count = |text: &str| tok.encode_prompt(text).map(|ids| ids.len());
+    let mut lines = vec!["Ledger of deliveries.\n".to_string()];
+    let mut text = lines[0].clone();
+    while count(&text)? < tokens {
+        for _ in 0..16 {
+            let i = lines.len();
+            let line =
+                format!("Record {i}: {} moved {} boxes from {} to {} on day {}.\n", NAMES[pick(8)], pick(90) + 10, CITIES[pick(8)], CITIES[pick(8)], pick(28) + 1);
+            text.push_str(&line);
+            lines.push(line);
+        }
+    }
+    while lines.len() > 1 && count(&text)? > tokens {
+        let last = lines.pop().unwrap_or_default();
+        text.truncate(text.len() - last.len());
+    }
+    // Single-token words up to the length.
+    while count(&text)? < tokens {
+        text.push_str(" ok");
+    }
+    Ok(text)
+}

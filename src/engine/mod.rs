@@ -9,6 +9,7 @@
 //! * `sampler` — greedy / temperature / top-k / top-p sampling, seeded
 //! * `generate` — prefill + decode loop on token ids, with timings
 //! * `scheduler` — continuous batching: one engine thread, a bounded queue, shared forward passes
+//! * `fair` — the scheduler's policy: slots per tenant, step budget in time, prompt chunks shared per tenant
 //! * `eval` — perplexity (llama.cpp's method)
 //! * `offload` — the model's side of the layer-offload seam: its tensors for a backend, its list of
 //!   offloaded segments (`backend::offload::LayerOffload`)
@@ -19,6 +20,7 @@ pub mod chat;
 pub mod bench;
 pub mod config;
 pub mod eval;
+pub mod fair;
 pub mod generate;
 pub mod kv;
 pub mod model;

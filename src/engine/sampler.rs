@@ -79,6 +79,17 @@ impl Rng {
     }
 }
 
+/// The natural-log probability of `token` under the softmax of `logits` (the model's raw
+/// distribution, temperature 1); when `token` is one of `stops`, of any stop token (every stop
+/// ends the answer the same way). Deterministic: the same row gives the same bits.
+pub fn log_prob(logits: &[f32], token: u32, stops: &[u32]) -> f32 {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let sum: f64 = logits.iter().map(|&l| f64::from(l - max).exp()).sum();
+    let p = |t: u32| logits.get(t as usize).map_or(0.0, |&l| f64::from(l - max).exp());
+    let mass = if stops.contains(&token) { stops.iter().map(|&t| p(t)).sum() } else { p(token) };
+    (mass.ln() - sum.ln()) as f32
+}
+
 /// Index of the largest logit (the lowest index among exact ties).
 pub fn argmax(logits: &[f32]) -> u32 {
     let mut best = 0;

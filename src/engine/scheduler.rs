@@ -2,12 +2,15 @@
 //! thread pool) owns a [`RunState`] and runs the model for every request, fed by a bounded
 //! queue. Each step it
 //!
-//! 1. admits waiting requests while fewer than `max_active` sequences run (a full queue refuses
-//!    new requests at once: [`SubmitError::QueueFull`]);
+//! 1. admits waiting requests while fewer than `max_active` sequences run, the tenant with the
+//!    fewest running sequences first, and never gives one tenant the last free slot
+//!    ([`fair::pick`]; a full queue refuses new requests at once: [`SubmitError::QueueFull`]);
 //! 2. drops sequences whose client went away (their event channel closed);
 //! 3. makes ONE forward call holding the next token of every decoding sequence plus prompt
-//!    chunks of prefilling ones, within `step_tokens` tokens, so a long prompt is spread over
-//!    several steps instead of stalling everyone's decoding;
+//!    chunks of prefilling ones, within a budget that keeps a step near `step_time` however
+//!    deep into a long prompt it is, shared equally between tenants and, within a tenant,
+//!    shortest prompt first ([`fair::split`]): a short request is prefilled in the step after
+//!    it arrives, even while another request's 8,000-token prompt is being prefilled;
 //! 4. samples each sequence's next token on the CPU and streams it back through that request's
 //!    channel; finished sequences leave.
 //!
@@ -22,23 +25,31 @@
 //! model produces without drafts; an accepted draft token costs a prefill row instead of a
 //! decode step.
 //!
+//! Scoring (EQUIVALENT's check): a job with [`Job::score`] feeds prompt + a given continuation
+//! like a prompt (chunked with everyone else's work), reads the log-probability of each
+//! continuation token from its row and ends with [`Event::Scored`]; no sampling, no decoding.
+//! With [`Job::logprobs`] a generation records the same quantity for every token it chooses, so a
+//! stored answer's log-probabilities under its own prompt and a later score are comparable bit
+//! for bit.
+//!
 //! The forward pass is bitwise batch invariant (see `docs/architecture.md`), so a greedy
 //! request produces the same tokens alone, in any company, and with any prefill chunking —
 //! the same tokens as [`super::generate::generate`]: the same sampling and stop checks in the
 //! same order.
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::mpsc::{self, Receiver, SyncSender, TryRecvError, TrySendError};
-use std::sync::Arc;
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc::UnboundedSender;
 
+use super::fair::{self, StepClock, Want};
 use super::generate::{GenerateError, GenerateParams};
 use crate::vocab::StopReason;
 use super::model::{Logits, Model, RunState, SeqBatch};
-use super::sampler::Sampler;
+use super::sampler::{log_prob, Sampler};
 use super::tokenizer::{StreamDecoder, Tokenizer, TokenizerError};
 use super::KvCache;
 use crate::workload::KvPlan;
@@ -49,13 +60,16 @@ pub struct SchedulerConfig {
     pub queue_depth: usize,
     /// Sequences generating at the same time.
     pub max_active: usize,
-    /// Tokens per forward call (decode tokens first, then prompt chunks); at least `max_active`.
+    /// The most tokens in one forward call (the run state's size); at least `max_active`.
     pub step_tokens: usize,
+    /// The wall time a step aims at: prompt chunks shrink as their attention grows, so a new
+    /// request waits about one step (not a whole long prompt) before its own prompt starts.
+    pub step_time: Duration,
 }
 
 impl Default for SchedulerConfig {
     fn default() -> Self {
-        SchedulerConfig { queue_depth: 64, max_active: 8, step_tokens: 64 }
+        SchedulerConfig { queue_depth: 64, max_active: 8, step_tokens: 128, step_time: Duration::from_millis(200) }
     }
 }
 
@@ -73,6 +87,38 @@ pub struct Job {
     pub drafts: Vec<Draft>,
     /// KV reuse: the stored prefix to load at admission, where computed blocks are published.
     pub kv: Option<KvPlan>,
+    /// Whose request this is (the tenant): slots and each step's work are shared equally
+    /// between the keys of the waiting and running requests.
+    pub tenant: String,
+    /// Record the log-probability of every generated token (and the stop) under this prompt:
+    /// [`Finished::logprobs`].
+    pub logprobs: bool,
+    /// Score instead of generate: the log-probability of each of these tokens given the prompt
+    /// and the tokens before it, in one teacher-forced pass (no sampling, no decoding); the job
+    /// ends with [`Event::Scored`]. The rows are the same bits a decode would compute (the
+    /// forward pass is batch invariant).
+    pub score: Option<Vec<u32>>,
+}
+
+impl Job {
+    /// A scoring job: the per-token log-probabilities of `continuation` after `prompt` (for a
+    /// token of `stop_ids`: of any stop token, as generation records it).
+    pub fn score(prompt: Vec<u32>, continuation: Vec<u32>, stop_ids: Vec<u32>, tenant: String, events: UnboundedSender<Event>) -> Job {
+        let params = GenerateParams { max_tokens: continuation.len().max(1), sampling: Default::default(), stop_ids };
+        Job { prompt, params, stop_strings: Vec::new(), events, drafts: Vec::new(), kv: None, tenant, logprobs: false, score: Some(continuation) }
+    }
+}
+
+/// What a scoring job found.
+#[derive(Debug, Clone)]
+pub struct Scored {
+    /// log p(continuation[i] | prompt, continuation[..i]), natural log.
+    pub logprobs: Vec<f32>,
+    /// Positions the model computed.
+    pub computed: usize,
+    /// Submit to admission, and admission to the end.
+    pub queue_time: Duration,
+    pub run_time: Duration,
 }
 
 /// A candidate answer: the tokens the model is expected to generate, ending with a stop token
@@ -98,6 +144,8 @@ pub enum Event {
     /// character, or text that could be the start of a stop string, is held back).
     Token { id: u32, text: String },
     Done(Finished),
+    /// The end of a scoring job.
+    Scored(Scored),
     Failed(JobError),
 }
 
@@ -142,6 +190,9 @@ pub struct Finished {
     pub partial_source: Option<Draft>,
     /// Prompt positions whose KV was loaded from stored blocks instead of computed.
     pub kv_reused: usize,
+    /// With [`Job::logprobs`]: the natural-log probability of each generated token under the
+    /// model's raw distribution, then of any stop token when the answer ended on one.
+    pub logprobs: Vec<f32>,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -157,18 +208,45 @@ struct Queued {
     at: Instant,
 }
 
-/// How busy the engine is, for metrics: jobs waiting in the queue, sequences running.
-#[derive(Debug, Default)]
-struct Load {
-    queued: AtomicUsize,
+/// What the handle and the engine thread share: the waiting requests.
+struct Queue {
+    waiting: Mutex<Waiting>,
+    /// Signalled when a request arrives or the engine is to stop.
+    arrived: Condvar,
+    /// Sequences in the engine (prefilling or decoding), for metrics.
     active: AtomicUsize,
+}
+
+struct Waiting {
+    jobs: VecDeque<Queued>,
+    /// The handle was dropped: stop.
+    stop: bool,
+    /// The engine thread has ended (stopped, or panicked): refuse new requests.
+    ended: bool,
+}
+
+impl Queue {
+    fn lock(&self) -> MutexGuard<'_, Waiting> {
+        // A panic while holding the lock leaves plain data in a consistent state.
+        self.waiting.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Marks the queue ended when the engine thread leaves, however it leaves.
+struct EndGuard(Arc<Queue>);
+
+impl Drop for EndGuard {
+    fn drop(&mut self) {
+        let mut w = self.0.lock();
+        w.ended = true;
+        // Waiting requests get `None` from their channel: the service reports the engine stopped.
+        w.jobs.clear();
+    }
 }
 
 /// Handle to the engine thread. Dropping it stops the thread (running requests are cancelled).
 pub struct Scheduler {
-    tx: Option<SyncSender<Queued>>,
-    stop: Arc<AtomicBool>,
-    load: Arc<Load>,
+    queue: Arc<Queue>,
     thread: Option<JoinHandle<()>>,
     config: SchedulerConfig,
 }
@@ -180,49 +258,50 @@ impl Scheduler {
             queue_depth: config.queue_depth.max(1),
             max_active: config.max_active.max(1),
             step_tokens: config.step_tokens.max(config.max_active.max(1)),
+            step_time: config.step_time,
         };
-        let (tx, rx) = mpsc::sync_channel(config.queue_depth);
-        let stop = Arc::new(AtomicBool::new(false));
-        let flag = stop.clone();
-        let load = Arc::new(Load::default());
-        let engine_load = load.clone();
-        let thread = std::thread::Builder::new()
-            .name("forge-engine".into())
-            .spawn(move || Engine { model: &model, tok: &tokenizer, config, stop: &flag, load: &engine_load }.run(rx))?;
-        Ok(Scheduler { tx: Some(tx), stop, load, thread: Some(thread), config })
+        let queue = Arc::new(Queue {
+            waiting: Mutex::new(Waiting { jobs: VecDeque::new(), stop: false, ended: false }),
+            arrived: Condvar::new(),
+            active: AtomicUsize::new(0),
+        });
+        let q = queue.clone();
+        let thread = std::thread::Builder::new().name("forge-engine".into()).spawn(move || {
+            let _end = EndGuard(q.clone());
+            Engine { model: &model, tok: &tokenizer, config, clock: StepClock::new(config.step_time) }.run(&q)
+        })?;
+        Ok(Scheduler { queue, thread: Some(thread), config })
     }
 
     /// Queues a job, or refuses it at once when the queue is full.
     pub fn submit(&self, job: Job) -> Result<(), SubmitError> {
-        let tx = self.tx.as_ref().ok_or(SubmitError::Stopped)?;
-        // Counted before sending: the engine may take the job before `try_send` returns.
-        self.load.queued.fetch_add(1, Ordering::Relaxed);
-        let sent = tx.try_send(Queued { job, at: Instant::now() });
-        if sent.is_err() {
-            self.load.queued.fetch_sub(1, Ordering::Relaxed);
+        let mut w = self.queue.lock();
+        if w.ended || w.stop {
+            return Err(SubmitError::Stopped);
         }
-        match sent {
-            Ok(()) => Ok(()),
-            Err(TrySendError::Full(_)) => Err(SubmitError::QueueFull(self.config.queue_depth)),
-            Err(TrySendError::Disconnected(_)) => Err(SubmitError::Stopped),
+        if w.jobs.len() >= self.config.queue_depth {
+            return Err(SubmitError::QueueFull(self.config.queue_depth));
         }
+        w.jobs.push_back(Queued { job, at: Instant::now() });
+        self.queue.arrived.notify_one();
+        Ok(())
     }
 
     /// Jobs waiting for a slot.
     pub fn queued(&self) -> usize {
-        self.load.queued.load(Ordering::Relaxed)
+        self.queue.lock().jobs.len()
     }
 
     /// Sequences in the engine (prefilling or decoding).
     pub fn active(&self) -> usize {
-        self.load.active.load(Ordering::Relaxed)
+        self.queue.active.load(Ordering::Relaxed)
     }
 }
 
 impl Drop for Scheduler {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        self.tx.take();
+        self.queue.lock().stop = true;
+        self.queue.arrived.notify_all();
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
@@ -271,6 +350,9 @@ struct Seq {
     part: usize,
     /// Prompt positions loaded from stored KV blocks.
     kv_reused: usize,
+    /// Log-probabilities of the chosen tokens (generation with `logprobs`) or of the
+    /// continuation's tokens (scoring).
+    logprobs: Vec<f32>,
 }
 
 impl Seq {
@@ -349,8 +431,8 @@ struct Engine<'a> {
     model: &'a Model,
     tok: &'a Tokenizer,
     config: SchedulerConfig,
-    stop: &'a AtomicBool,
-    load: &'a Load,
+    /// Turns measured step times into the next step's budget.
+    clock: StepClock,
 }
 
 /// What happened to a sequence after a token.
@@ -361,36 +443,45 @@ enum Next {
 }
 
 impl Engine<'_> {
-    fn run(self, rx: Receiver<Queued>) {
+    fn run(mut self, queue: &Queue) {
         let mut state: RunState = self.model.new_state(self.config.step_tokens);
         let mut active: Vec<Seq> = Vec::new();
         loop {
-            if self.stop.load(Ordering::Relaxed) {
-                return;
-            }
-            if active.is_empty() {
-                match rx.recv() {
-                    Ok(q) => self.admit(q, &mut active),
-                    Err(_) => return,
+            let admitted = {
+                let mut w = queue.lock();
+                while active.is_empty() && w.jobs.is_empty() && !w.stop {
+                    w = queue.arrived.wait(w).unwrap_or_else(|e| e.into_inner());
                 }
-            }
-            while active.len() < self.config.max_active {
-                match rx.try_recv() {
-                    Ok(q) => self.admit(q, &mut active),
-                    Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
+                if w.stop {
+                    return;
                 }
+                // A request whose client left while it waited is dropped unseen.
+                w.jobs.retain(|q| !q.job.events.is_closed());
+                let mut running: Vec<String> = active.iter().map(|s| s.job.tenant.clone()).collect();
+                let mut admitted = Vec::new();
+                loop {
+                    let tenants: Vec<&str> = running.iter().map(String::as_str).collect();
+                    let Some(i) = fair::pick(w.jobs.iter().map(|q| q.job.tenant.as_str()), &tenants, self.config.max_active) else { break };
+                    let Some(q) = w.jobs.remove(i) else { break };
+                    running.push(q.job.tenant.clone());
+                    admitted.push(q);
+                }
+                admitted
+            };
+            // Outside the lock: loading a stored KV prefix may read the disk.
+            for q in admitted {
+                self.admit(q, &mut active);
             }
             active.retain(|s| !s.job.events.is_closed());
-            self.load.active.store(active.len(), Ordering::Relaxed);
+            queue.active.store(active.len(), Ordering::Relaxed);
             if !active.is_empty() {
                 self.step(&mut state, &mut active);
             }
-            self.load.active.store(active.len(), Ordering::Relaxed);
+            queue.active.store(active.len(), Ordering::Relaxed);
         }
     }
 
     fn admit(&self, q: Queued, active: &mut Vec<Seq>) {
-        self.load.queued.fetch_sub(1, Ordering::Relaxed);
         let mut job = q.job;
         let context = self.model.config.n_ctx_train;
         let fail = |e: GenerateError| {
@@ -406,10 +497,21 @@ impl Engine<'_> {
             Ok(s) => s,
             Err(e) => return fail(GenerateError::Sampling(e)),
         };
+        if let Some(c) = &job.score {
+            if c.is_empty() || job.prompt.len() + c.len() > context {
+                return fail(GenerateError::PromptTooLong { prompt: job.prompt.len() + c.len(), context });
+            }
+        }
         let mut kv = self.model.new_kv(job.prompt.len() + job.params.max_tokens);
         let kv_reused = job.kv.as_mut().map_or(0, |p| p.load(&mut kv, &job.prompt));
         let mut feed = Vec::with_capacity(job.prompt.len() + job.params.max_tokens + 1);
         feed.extend_from_slice(&job.prompt);
+        // Scoring feeds the continuation but its last token (whose own row predicts nothing asked).
+        let score_len = job.score.as_ref().map_or(0, |c| c.len());
+        if let Some(c) = &job.score {
+            feed.extend_from_slice(&c[..c.len() - 1]);
+        }
+        let logprobs = Vec::with_capacity(if job.logprobs { job.params.max_tokens + 1 } else { score_len });
         let mut seq = Seq {
             job,
             kv,
@@ -420,7 +522,8 @@ impl Engine<'_> {
             draft: None,
             align: (0, 0),
             used: 0,
-            window: FIRST_DRAFT_WINDOW,
+            // A scoring job feeds its whole continuation like a prompt.
+            window: if score_len > 0 { score_len } else { FIRST_DRAFT_WINDOW },
             draft_tokens: 0,
             draft_accepted: 0,
             candidates_tried: 0,
@@ -437,6 +540,7 @@ impl Engine<'_> {
             decode_steps: 0,
             peak_batch: 0,
             part: 0,
+            logprobs,
         };
         if !seq.job.drafts.is_empty() {
             seq.use_draft(0, 0, 0, false);
@@ -445,19 +549,26 @@ impl Engine<'_> {
     }
 
     /// One forward call over every active sequence, then sampling.
-    fn step(&self, state: &mut RunState, active: &mut Vec<Seq>) {
-        // Decode tokens first (one each; step_tokens >= max_active), then prompt chunks and draft
-        // windows, oldest first.
-        let mut budget = self.config.step_tokens;
-        for s in active.iter_mut() {
-            s.part = usize::from(s.remaining() == 1);
-            budget -= s.part;
+    fn step(&mut self, state: &mut RunState, active: &mut Vec<Seq>) {
+        // One token of every decoding sequence, then prompt chunks and draft windows, shared
+        // fairly within the clock's budget (`fair::split`).
+        let wants: Vec<Want<'_>> = active
+            .iter()
+            .map(|s| Want {
+                tenant: &s.job.tenant,
+                pos: s.fed,
+                tokens: if s.remaining() > 1 { s.remaining().min(s.prompt_len().saturating_sub(s.fed) + s.window) } else { s.remaining() },
+                prompt_left: s.prompt_len().saturating_sub(s.fed),
+            })
+            .collect();
+        let budget = self.clock.budget(self.config.max_active as f64);
+        let parts = fair::split(&wants, budget, state.max_tokens);
+        let units: f64 = wants.iter().zip(&parts).map(|(w, &n)| fair::cost(w.pos, n)).sum();
+        drop(wants);
+        for (s, part) in active.iter_mut().zip(parts) {
+            s.part = part;
         }
-        for s in active.iter_mut().filter(|s| s.remaining() > 1) {
-            let limit = s.prompt_len().saturating_sub(s.fed) + s.window;
-            s.part = s.remaining().min(limit).min(budget);
-            budget -= s.part;
-        }
+        let started = Instant::now();
         let n_seqs = active.iter().filter(|s| s.part > 0).count();
         let mut batch: Vec<SeqBatch<'_>> = active
             .iter_mut()
@@ -471,6 +582,7 @@ impl Engine<'_> {
             .collect();
         let result = self.model.forward(state, &mut batch);
         drop(batch);
+        self.clock.observe(units, started.elapsed());
         if let Err(e) = result {
             // Cannot happen for validated jobs; fail those in the call and keep serving the rest.
             let msg = e.to_string();
@@ -506,7 +618,8 @@ impl Engine<'_> {
                 if s.first_token_at.is_none() {
                     s.first_token_at = Some(Instant::now());
                 }
-                let next = self.on_row(s, self.model.logits(state, row + (p - first_row)), p);
+                let logits = self.model.logits(state, row + (p - first_row));
+                let next = if s.job.score.is_some() { on_score_row(s, logits, p) } else { self.on_row(s, logits, p) };
                 if let Some(n) = next {
                     outcome = Some(n);
                     break;
@@ -538,6 +651,9 @@ impl Engine<'_> {
             Some(t) => s.sampler.verify(logits, t),
             None => s.sampler.sample(logits),
         };
+        if s.job.logprobs {
+            s.logprobs.push(log_prob(logits, chosen, &s.job.params.stop_ids));
+        }
         // Any stop token ends the answer the same way.
         let agreed = target.is_some_and(|t| t == chosen || (stops.contains(&t) && stops.contains(&chosen)));
         if agreed {
@@ -620,6 +736,16 @@ impl Engine<'_> {
     }
 
     fn finish(&self, mut s: Seq, stop: StopReason) {
+        if s.job.score.is_some() {
+            let scored = Scored {
+                logprobs: std::mem::take(&mut s.logprobs),
+                computed: s.computed,
+                queue_time: s.admitted_at.duration_since(s.queued_at),
+                run_time: s.admitted_at.elapsed(),
+            };
+            let _ = s.send(Event::Scored(scored));
+            return;
+        }
         if !s.cut {
             // An unfinished character at the end becomes U+FFFD.
             s.text.push_str(&s.decoder.finish());
@@ -650,9 +776,19 @@ impl Engine<'_> {
                 .filter(|_| s.own_tokens > 0 && s.draft_accepted > 0)
                 .map(|d| s.job.drafts[d].clone()),
             kv_reused: s.kv_reused,
+            logprobs: std::mem::take(&mut s.logprobs),
         };
         let _ = s.send(Event::Done(done));
     }
+}
+
+/// A scoring sequence's row `p`: the log-probability of the continuation's token after it.
+/// Finishes after the last one.
+fn on_score_row(s: &mut Seq, logits: &[f32], p: usize) -> Option<Next> {
+    let cont = s.job.score.as_ref()?;
+    let i = p + 1 - s.prompt_len();
+    s.logprobs.push(log_prob(logits, cont[i], &s.job.params.stop_ids));
+    (s.logprobs.len() == cont.len()).then_some(Next::Finish(StopReason::Length))
 }
 
 /// Byte offset of the earliest stop string in `text`.

@@ -13,7 +13,7 @@ pub enum ServiceError {
     Unauthenticated(String),
     #[error("{0}")]
     PermissionDenied(String),
-    #[error("unknown model {requested:?}: this server serves {served:?} (id {id})")]
+    #[error("unknown model {}: this server serves {served:?} (id {id})", quoted(.requested))]
     UnknownModel { requested: String, served: String, id: String },
     #[error(transparent)]
     Submit(#[from] SubmitError),
@@ -34,4 +34,26 @@ impl From<tokio::task::JoinError> for ServiceError {
 /// Shorthand for a request the pipeline refuses as invalid.
 pub(crate) fn invalid(msg: impl Into<String>) -> ServiceError {
     ServiceError::InvalidArgument(msg.into())
+}
+
+/// `text` as a quoted string for an error message, shortened when long: a caller's value is
+/// echoed back, and a status message travels in an HTTP/2 header (a 1 MB one never arrives).
+pub fn quoted(text: &str) -> String {
+    const SHOWN: usize = 64;
+    if text.chars().count() <= SHOWN {
+        return format!("{text:?}");
+    }
+    let head: String = text.chars().take(SHOWN).collect();
+    format!("{head:?}... ({} bytes)", text.len())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn quoted_shortens_long_values() {
+        assert_eq!(super::quoted("acme"), "\"acme\"");
+        let long = "é".repeat(100);
+        let q = super::quoted(&long);
+        assert!(q.starts_with(&format!("\"{}", "é".repeat(64))) && q.ends_with("\"... (200 bytes)"), "{q}");
+    }
 }

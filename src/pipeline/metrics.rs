@@ -204,6 +204,8 @@ mod tests {
             draft_tokens: 0,
             draft_tokens_accepted: 0,
             candidates_tried: 0,
+            equivalence: None,
+            equivalence_checks: 0,
         };
         m.request("acme", &o, (Duration::ZERO, Duration::from_millis(1), Duration::from_millis(2)));
         o.served_from = ServedFrom::Exact;

@@ -40,7 +40,7 @@ pub use tenants::{TenantAuth, TenantsError};
 
 use crate::backend::cpu::CpuBackend;
 use crate::cache::indexer::{FactIndexer, IdleFn, IndexFn, IndexerConfig};
-use crate::cache::semantic::{SemanticCache, SemanticConfig};
+use crate::cache::semantic::{LazyEmbedder, SemanticCache, SemanticConfig};
 use crate::cache::ExactCache;
 use crate::embed::{Embedder, MatrixFormat};
 use crate::engine::chat::{ChatError, ChatTemplate};
@@ -48,7 +48,7 @@ use crate::engine::placement::{place, PlacementOptions};
 use crate::engine::scheduler::{Scheduler, SchedulerConfig};
 use crate::engine::tokenizer::{Tokenizer, TokenizerError};
 use crate::engine::{Model, ModelError};
-use crate::store::{sha256_file, Store, StoreError};
+use crate::store::{DbCheck, Store, StoreError};
 use crate::workload::{KvConfig, KvWorkload, WorkloadError};
 
 /// How to run the pipeline: the model, the database, the caches, the engine.
@@ -77,6 +77,10 @@ pub struct PipelineConfig {
     pub placement: PlacementOptions,
     /// KV-block reuse (`None`: off).
     pub kv: Option<KvConfig>,
+    /// How an existing database is checked before it is used (`--db-check`).
+    pub db_check: DbCheck,
+    /// Per tenant: the cache mode of requests that leave it unset (or say AUTO).
+    pub tenant_modes: std::collections::HashMap<String, crate::vocab::CacheMode>,
 }
 
 impl PipelineConfig {
@@ -95,7 +99,29 @@ impl PipelineConfig {
             semantic: SemanticConfig::default(),
             placement: PlacementOptions::default(),
             kv: Some(KvConfig::default()),
+            db_check: DbCheck::default(),
+            tenant_modes: Default::default(),
         }
+    }
+}
+
+/// Where start-up time went: (phase, time), in order (`serve` logs it).
+pub type StartupPhases = Vec<(&'static str, std::time::Duration)>;
+
+/// Times the phases of [`Pipeline::load`].
+struct Phases(StartupPhases, std::time::Instant);
+
+impl Default for Phases {
+    fn default() -> Phases {
+        Phases(Vec::new(), std::time::Instant::now())
+    }
+}
+
+impl Phases {
+    fn done(&mut self, phase: &'static str) {
+        let now = std::time::Instant::now();
+        self.0.push((phase, now - self.1));
+        self.1 = now;
     }
 }
 
@@ -157,19 +183,23 @@ pub struct Pipeline {
     /// Embeds new facts while no request runs (with the semantic tier).
     pub(crate) fact_indexer: Option<FactIndexer>,
     pub(crate) metrics: Metrics,
+    /// Per tenant: the cache mode of requests that leave it unset.
+    pub(crate) tenant_modes: std::collections::HashMap<String, crate::vocab::CacheMode>,
     /// The next request id (logs and traces).
     next_request: AtomicU64,
+    /// Where [`Pipeline::load`] spent its time.
+    pub(crate) startup: StartupPhases,
 }
 
 impl Pipeline {
-    /// Opens the store (first: a bad database fails fast), loads the model, starts the engine.
-    /// Blocking.
+    /// Loads the model and the configuration, then opens (or creates) the store: no file is
+    /// created before everything it depends on has loaded. Starts the engine. Blocking.
     pub fn load(config: &PipelineConfig) -> Result<Pipeline, LoadError> {
+        let mut phases = Phases::default();
         let auth = match &config.tenants {
             Some(path) => TenantAuth::load(path)?,
             None => TenantAuth::Open,
         };
-        let store = Arc::new(Store::open_db(&config.db)?);
         if !config.model.is_file() {
             return Err(LoadError::MissingModel(config.model.clone()));
         }
@@ -178,9 +208,29 @@ impl Pipeline {
         let mut model = Model::load(&config.model, backend).map_err(|source| LoadError::Model { path: config.model.clone(), source })?;
         let placement = place(&mut model, &config.placement).map_err(|e| LoadError::Backend(e.to_string()))?;
         tracing::info!(placement = %placement, layers = %model.placement(), "model placed");
-        let model_id = sha256_file(&config.model).map_err(|source| LoadError::ModelFile { path: config.model.clone(), source })?;
+        phases.done("model (map, check, place)");
         let tokenizer = Arc::new(Tokenizer::from_gguf(&model.gguf)?);
         let template = ChatTemplate::from_gguf(&model.gguf)?;
+        phases.done("tokenizer and chat template");
+        // The sentence embedder loads on its own thread while the service starts: exact hits
+        // and facts do not need it; the first question that does waits for it.
+        let embedder = match config.embedder.as_ref().filter(|dir| config.cache && dir.join("tokenizer.json").is_file()) {
+            Some(dir) => {
+                let (dir, weights) = (dir.clone(), config.embed_weights);
+                let load = move || {
+                    // One thread: embedding runs beside the engine's own thread team.
+                    let backend = Arc::new(CpuBackend::new(1).map_err(|e| e.to_string())?);
+                    Embedder::load_with(&dir, backend, weights).map_err(|e| format!("{}: {e}", dir.display()))
+                };
+                Some(LazyEmbedder::load_in_background(load).map_err(LoadError::Engine)?)
+            }
+            None => None,
+        };
+        let store = Arc::new(Store::open_with(&config.db, config.db_check)?);
+        phases.done("database (open, check, migrate)");
+        let identity = store.model_identity(&config.model)?;
+        let model_id = identity.sha256;
+        phases.done(if identity.hashed_now { "model id (full SHA-256, first start)" } else { "model id (remembered)" });
         let model_name = config.model.file_stem().map_or_else(|| "model".into(), |s| s.to_string_lossy().into_owned());
         let context = model.config.n_ctx_train;
         let backend = model.placement();
@@ -188,16 +238,15 @@ impl Pipeline {
             Some(c) => Some(Arc::new(KvWorkload::open(c, &store, &model.config, &model_id)?)),
             None => None,
         };
+        phases.done("KV-block tier");
         let in_flight = Arc::new(AtomicUsize::new(0));
         let scheduler = Scheduler::start(Arc::new(model), tokenizer.clone(), config.scheduler).map_err(LoadError::Engine)?;
-        let semantic = match &config.embedder {
-            Some(dir) if config.cache && dir.join("tokenizer.json").is_file() => {
-                // One thread: embedding runs beside the engine's own thread team. A question
-                // arriving while no other request is in flight (the engine is idle) borrows the
-                // engine's team instead: the hit path is mostly this embedding.
-                let backend = Arc::new(CpuBackend::new(1).map_err(|e| LoadError::Backend(e.to_string()))?);
-                let embedder = Embedder::load_with(dir, backend, config.embed_weights).map_err(LoadError::Embedder)?;
-                let mut sem = SemanticCache::new(Arc::new(embedder), store.clone(), config.semantic);
+        phases.done("engine thread");
+        let semantic = match (&config.embedder, embedder) {
+            (Some(_), Some(embedder)) => {
+                // A question arriving while no other request is in flight (the engine is idle)
+                // borrows the engine's team: the hit path is mostly this embedding.
+                let mut sem = SemanticCache::new(embedder, store.clone(), config.semantic);
                 if engine_cpu.threads() > 1 {
                     let busy = in_flight.clone();
                     let alone: Arc<IdleFn> = Arc::new(move || busy.load(Ordering::Relaxed) <= 1);
@@ -205,7 +254,7 @@ impl Pipeline {
                 }
                 Some(Arc::new(sem))
             }
-            Some(dir) if config.cache => {
+            (Some(dir), None) if config.cache => {
                 tracing::warn!(dir = %dir.display(), "semantic cache off: no embedder there (scripts/fetch-models.sh fetches it)");
                 None
             }
@@ -225,6 +274,7 @@ impl Pipeline {
             }
             None => None,
         };
+        phases.done("semantic tier, fact indexer (embedder loading in the background)");
         Ok(Pipeline {
             in_flight,
             fact_indexer,
@@ -243,13 +293,20 @@ impl Pipeline {
             semantic,
             kv,
             metrics: Metrics::new(),
+            tenant_modes: config.tenant_modes.clone(),
             next_request: AtomicU64::new(1),
+            startup: phases.0,
         })
     }
 
     /// The served model's name (its file name without `.gguf`).
     pub fn model_name(&self) -> &str {
         &self.model_name
+    }
+
+    /// Where loading spent its time, in order.
+    pub fn startup(&self) -> &StartupPhases {
+        &self.startup
     }
 
     /// sha256 of the served model file.

@@ -11,7 +11,8 @@ use super::error::ServiceError;
 use super::request::Outcome;
 use super::validation::Plan;
 use super::Pipeline;
-use crate::store::semantic::Outcome as SemanticOutcome;
+use crate::cache::equivalent::{self, Score};
+use crate::store::semantic::{EquivalenceObservation, Outcome as SemanticOutcome};
 use crate::store::{CachedAnswer, NewInference};
 use crate::vocab::{CacheMode, ServedFrom, StopReason};
 
@@ -39,6 +40,10 @@ pub(crate) struct Answer {
     pub(crate) candidates_tried: usize,
     /// Similarity of the neighbour the answer came from (semantic tiers).
     pub(crate) similarity: Option<f64>,
+    /// log p of each answer token (and the stop) under this prompt, when the model computed them.
+    pub(crate) logprobs: Option<Vec<f32>>,
+    /// EQUIVALENT: the served candidate's score.
+    pub(crate) equivalence: Option<Score>,
 }
 
 impl Answer {
@@ -63,6 +68,8 @@ impl Answer {
             draft_accepted: 0,
             candidates_tried: 0,
             similarity: None,
+            logprobs: None,
+            equivalence: None,
         }
     }
 }
@@ -81,6 +88,7 @@ impl Pipeline {
         let latency = plan.received.elapsed();
         let (p, a) = (plan, &answer);
         let similarity = a.similarity.unwrap_or(if a.from == ServedFrom::Model { 0.0 } else { 1.0 });
+        let equivalence = a.equivalence.or(p.equivalence.as_ref().map(|c| c.score));
         let id = self.store.record_inference(&NewInference {
             tenant: &p.tenant,
             question: p.question.as_deref(),
@@ -112,6 +120,10 @@ impl Pipeline {
             draft_tokens: a.draft_tokens,
             draft_accepted: a.draft_accepted,
             candidates_tried: a.candidates_tried,
+            response_logprobs: a.logprobs.as_deref().filter(|l| !l.is_empty() && a.stop != StopReason::Cancelled),
+            equivalence_mean: equivalence.map(|e| e.mean_margin),
+            equivalence_worst: equivalence.map(|e| e.worst_margin),
+            equivalence_checks: p.equivalence_checks,
         })?;
         if let (Some(kv), Some(report)) = (&self.kv, &p.kv) {
             let decode = |t: &[u32]| self.tokenizer.decode(t, false).ok();
@@ -166,6 +178,8 @@ impl Pipeline {
             draft_tokens: a.draft_tokens,
             draft_tokens_accepted: a.draft_accepted,
             candidates_tried: a.candidates_tried,
+            equivalence,
+            equivalence_checks: p.equivalence_checks,
         };
         self.metrics.request(&p.tenant, &outcome, (a.queue, a.prefill, a.decode));
         self.metrics.stage("record", started.elapsed());
@@ -210,11 +224,37 @@ impl Pipeline {
                 let o = SemanticOutcome { source_inference_id: top.inference_id, similarity: top.similarity, correct };
                 self.store.record_outcome(&plan.tenant, &self.model_id, id, &o, answer.draft_tokens, answer.draft_accepted).map_err(|e| e.to_string())?;
                 sem.trust.observe(&self.store, &plan.tenant, &self.model_id, &o).map_err(|e| e.to_string())?;
+                sem.drafts.observe(&self.store, &plan.tenant, &self.model_id, top.similarity, answer.draft_tokens, answer.draft_accepted).map_err(|e| e.to_string())?;
             }
+            self.learn_equivalence(plan, answer, id).map_err(|e| e.to_string())?;
             Ok(())
         })();
         if let Err(e) = result {
             tracing::warn!(inference_id = id, error = %e, "semantic indexing failed");
         }
+    }
+
+    /// After a computed answer F to a request whose EQUIVALENT candidate A was scored but not
+    /// served: whether A was acceptable (A is F, or A's log-likelihood per token under this
+    /// prompt is within the margin of F's), recorded and learned from.
+    fn learn_equivalence(&self, plan: &Plan, answer: &Answer, id: i64) -> Result<(), crate::store::StoreError> {
+        let (Some(sem), Some(check), Some(fresh)) = (&self.semantic, &plan.equivalence, &answer.logprobs) else { return Ok(()) };
+        let Some(fresh_ll) = equivalent::mean_ll(fresh) else { return Ok(()) };
+        let mut own = answer.tokens.clone();
+        if answer.stop == StopReason::Stop && fresh.len() > answer.tokens.len() {
+            own.extend(plan.params.stop_ids.first());
+        }
+        let same = own == check.tokens;
+        let o = EquivalenceObservation {
+            source_inference_id: check.source,
+            similarity: check.similarity,
+            mean_margin: check.score.mean_margin,
+            worst_margin: check.score.worst_margin,
+            candidate_ll: check.score.candidate_ll,
+            fresh_ll,
+            acceptable: equivalent::acceptable(same, check.score.candidate_ll, fresh_ll, sem.equivalent.params.margin),
+        };
+        self.store.record_equivalence(&plan.tenant, &self.model_id, id, &o)?;
+        sem.equivalent.observe(&self.store, &plan.tenant, &self.model_id, &o)
     }
 }

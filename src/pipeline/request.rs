@@ -85,6 +85,10 @@ pub struct Outcome {
     pub draft_tokens_accepted: usize,
     /// Neighbours whose answers were tried as drafts.
     pub candidates_tried: usize,
+    /// EQUIVALENT: the score of the served candidate (or of the best one, when none was served).
+    pub equivalence: Option<crate::cache::equivalent::Score>,
+    /// Candidate answers EQUIVALENT scored for this request.
+    pub equivalence_checks: usize,
 }
 
 impl Outcome {

@@ -19,7 +19,7 @@ use super::tiers::Found;
 use super::validation::Plan;
 use super::Pipeline;
 use crate::engine::scheduler::{Event, Job};
-use crate::vocab::{ServedFrom, StopReason};
+use crate::vocab::{CacheMode, ServedFrom, StopReason};
 use crate::workload::KvPlan;
 
 /// Pieces buffered towards a slow client before generation waits for it.
@@ -113,6 +113,11 @@ impl Pipeline {
             events: events_tx,
             drafts,
             kv,
+            tenant: plan.tenant.clone(),
+            // The answer's log-probabilities are what EQUIVALENT compares a later paraphrase's
+            // scores with (and the fresh answer's likelihood when it explores).
+            logprobs: plan.mode != CacheMode::Bypass,
+            score: None,
         };
         if let Err(e) = self.scheduler.submit(job) {
             let e = ServiceError::from(e);
@@ -188,11 +193,17 @@ impl Pipeline {
                         draft_accepted: f.draft_accepted,
                         candidates_tried: f.candidates_tried,
                         similarity: source.map(|d| d.similarity),
+                        logprobs: Some(f.logprobs),
+                        equivalence: None,
                     };
                     let last = self.record(plan, answer).await.map(|outcome| chunk(tail, Vec::new(), Some(outcome)));
                     // Done before the client hears so: its next request finds the service idle.
                     drop(in_flight);
                     let _ = out.send(last).await;
+                    return;
+                }
+                Some(Event::Scored(_)) => {
+                    let _ = out.send(Err(ServiceError::Internal("a generation job ended as a scoring job".into()))).await;
                     return;
                 }
                 Some(Event::Failed(e)) => {

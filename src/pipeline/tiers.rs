@@ -1,8 +1,9 @@
 //! The cache tiers, in order, as calls into `cache/` and the store: FACT (a live user-provided
 //! fact filed under the question), EXACT (the recorded answer to the same key), then the
 //! semantic tier — TRUST serves a neighbour's answer when its learned bound allows, else the
-//! neighbours' answers become drafts the engine verifies (VERIFIED / PARTIAL). Which tiers a
-//! request may use follows its cache mode.
+//! neighbours' answers become drafts the engine verifies (VERIFIED / PARTIAL); EQUIVALENT has the
+//! model score the neighbours' answers under the new prompt and serves one its learned region
+//! accepts. Which tiers a request may use follows its cache mode.
 
 use std::time::Instant;
 
@@ -10,8 +11,11 @@ use super::error::ServiceError;
 use super::record::Answer;
 use super::validation::Plan;
 use super::Pipeline;
-use crate::cache::semantic::{draft_of, fits_budget};
-use crate::engine::scheduler::Draft;
+use super::validation::EquivalenceCheck;
+use crate::cache::equivalent::{self, Score};
+use crate::cache::semantic::{draft_of, fits_budget, SemanticCache};
+use crate::engine::scheduler::{Draft, Event, Job};
+use crate::store::semantic::Neighbour;
 use crate::vocab::{CacheMode, ServedFrom, StopReason};
 
 /// What the caches found for a request.
@@ -25,7 +29,7 @@ pub(crate) enum Found {
 impl Pipeline {
     /// FACT, then EXACT, then the semantic tier. Blocking (store, embedding).
     pub(crate) fn lookup(&self, plan: &mut Plan) -> Result<Found, ServiceError> {
-        if !matches!(plan.mode, CacheMode::Auto | CacheMode::Verified | CacheMode::Trust | CacheMode::Exact) {
+        if !matches!(plan.mode, CacheMode::Auto | CacheMode::Verified | CacheMode::Trust | CacheMode::Exact | CacheMode::Equivalent) {
             return Ok(Found::Nothing);
         }
         if let Some(q) = &plan.question {
@@ -65,10 +69,78 @@ impl Pipeline {
             a.similarity = Some(top.similarity);
             return Ok(Found::Answer(a));
         }
+        let stop = self.tokenizer.stop_ids().first().copied();
+        if plan.mode == CacheMode::Equivalent && greedy {
+            if let Some(a) = self.equivalent(plan, sem, &neighbours, stop)? {
+                return Ok(Found::Answer(a));
+            }
+        }
+        // VERIFIED's drafts cost rows the model throws away where they do not pay: skipped in
+        // similarity bands whose measured acceptance is below the floor (TRUST needs the checks).
+        if plan.mode != CacheMode::Trust && !sem.drafts.offer(&self.store, &plan.tenant, &self.model_id, top.similarity)? {
+            return Ok(Found::Nothing);
+        }
         if comparable {
             plan.top = Some(top.clone());
         }
-        let stop = self.tokenizer.stop_ids().first().copied();
         Ok(Found::Drafts(neighbours.iter().take(sem.config.max_drafts).map(|n| draft_of(n, stop)).collect()))
+    }
+
+    /// EQUIVALENT: the model scores the nearest answers under this prompt in one batch of
+    /// teacher-forced passes; the best (by mean margin against its own prompt) is served when
+    /// the learned region holds it and it is not picked for exploration. Else `None` (the
+    /// request goes on as VERIFIED, and its fresh answer tells whether the candidate was
+    /// acceptable). Blocking.
+    fn equivalent(&self, plan: &mut Plan, sem: &SemanticCache, neighbours: &[Neighbour], stop: Option<u32>) -> Result<Option<Answer>, ServiceError> {
+        let max_tokens = plan.params.max_tokens;
+        let candidates: Vec<(&Neighbour, Draft)> = neighbours
+            .iter()
+            .filter(|n| fits_budget(n, max_tokens))
+            .map(|n| (n, draft_of(n, stop)))
+            .filter(|(n, d)| n.logprobs.as_ref().is_some_and(|l| l.len() == d.tokens.len()))
+            .take(sem.config.equivalent.candidates.max(1))
+            .collect();
+        if candidates.is_empty() {
+            return Ok(None);
+        }
+        let t = Instant::now();
+        let mut waiting = Vec::new();
+        for (_, d) in &candidates {
+            let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+            self.scheduler.submit(Job::score(plan.prompt_ids.clone(), d.tokens.clone(), plan.params.stop_ids.clone(), plan.tenant.clone(), tx))?;
+            waiting.push(rx);
+        }
+        let mut best: Option<(usize, Score)> = None;
+        let mut computed = 0;
+        for (i, mut rx) in waiting.into_iter().enumerate() {
+            let scored = match rx.blocking_recv() {
+                Some(Event::Scored(s)) => s,
+                Some(Event::Failed(e)) => return Err(ServiceError::Job(e)),
+                _ => return Err(ServiceError::Internal("the engine stopped while scoring".into())),
+            };
+            computed += scored.computed;
+            let own = candidates[i].0.logprobs.as_deref().unwrap_or_default();
+            if let Some(s) = equivalent::score(&scored.logprobs, own) {
+                if best.is_none_or(|(_, b)| s.mean_margin > b.mean_margin) {
+                    best = Some((i, s));
+                }
+            }
+        }
+        self.metrics.stage("equivalence", t.elapsed());
+        plan.equivalence_checks = candidates.len();
+        let Some((i, score)) = best else { return Ok(None) };
+        let (n, d) = &candidates[i];
+        if sem.equivalent.serves(&self.store, &plan.tenant, &self.model_id, &score)? {
+            let saved = n.response_tokens.len();
+            let mut a = Answer::stored(ServedFrom::Equivalent, n.response.clone(), n.response_tokens.clone(), n.stop_reason, saved);
+            a.source_inference_id = Some(n.inference_id);
+            a.similarity = Some(n.similarity);
+            a.tokens_computed = computed;
+            a.equivalence = Some(score);
+            a.prefill = t.elapsed();
+            return Ok(Some(a));
+        }
+        plan.equivalence = Some(EquivalenceCheck { source: n.inference_id, similarity: n.similarity, tokens: d.tokens.clone(), score });
+        Ok(None)
     }
 }

@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::error::{invalid, ServiceError};
+use super::error::{invalid, quoted, ServiceError};
 use super::request::Request;
 use super::Pipeline;
 use crate::cache::semantic;
@@ -26,6 +26,16 @@ const QUESTION_PLACEHOLDER: &str = "\u{1}question\u{1}";
 /// At most this many stop strings, each at most [`MAX_STOP_BYTES`].
 pub const MAX_STOPS: usize = 16;
 pub const MAX_STOP_BYTES: usize = 256;
+
+/// An EQUIVALENT candidate the model scored for this request.
+#[derive(Debug, Clone)]
+pub(crate) struct EquivalenceCheck {
+    pub(crate) source: i64,
+    pub(crate) similarity: f64,
+    /// The candidate's tokens as the model would emit them (the stop token included).
+    pub(crate) tokens: Vec<u32>,
+    pub(crate) score: crate::cache::equivalent::Score,
+}
 
 /// A validated request: what the tiers, the engine and the recording need.
 pub struct Plan {
@@ -53,6 +63,11 @@ pub struct Plan {
     pub(crate) embedding: Option<Vec<f32>>,
     /// The nearest earlier answer, when one was offered as a draft (TRUST learns from it).
     pub(crate) top: Option<Neighbour>,
+    /// EQUIVALENT: the best scored candidate, when one was scored and not served (its fresh
+    /// answer tells whether it was acceptable).
+    pub(crate) equivalence: Option<EquivalenceCheck>,
+    /// Candidates scored by EQUIVALENT.
+    pub(crate) equivalence_checks: usize,
     /// Keys of the prompt's KV blocks (`None`: no KV reuse, e.g. BYPASS).
     pub(crate) kv_keys: Option<Vec<BlockKey>>,
     /// What KV reuse did for this request (set when it goes to the engine).
@@ -66,7 +81,11 @@ impl Pipeline {
         if !req.model.is_empty() && req.model != self.model_name && req.model != self.model_id {
             return Err(ServiceError::UnknownModel { requested: req.model.clone(), served: self.model_name.clone(), id: self.model_id.clone() });
         }
-        let mode = if self.cache_enabled { req.cache_mode } else { CacheMode::Bypass };
+        let mode = match req.cache_mode {
+            _ if !self.cache_enabled => CacheMode::Bypass,
+            CacheMode::Auto => self.tenant_modes.get(&tenant).copied().unwrap_or(CacheMode::Auto),
+            m => m,
+        };
         let (prompt, question, around) = self.render(req)?;
         let prompt_ids = self.tokenizer.encode_prompt(&prompt).map_err(|e| invalid(format!("cannot tokenize the prompt: {e}")))?;
         if prompt_ids.len() >= self.context {
@@ -92,7 +111,7 @@ impl Pipeline {
         }
         let cache_key = match mode {
             CacheMode::Bypass => None,
-            CacheMode::Auto | CacheMode::Refresh | CacheMode::Verified | CacheMode::Trust | CacheMode::Exact => exact_key(&KeyParts {
+            CacheMode::Auto | CacheMode::Refresh | CacheMode::Verified | CacheMode::Trust | CacheMode::Exact | CacheMode::Equivalent => exact_key(&KeyParts {
                 tenant: &tenant,
                 model_id: &self.model_id,
                 prompt: &prompt,
@@ -132,6 +151,8 @@ impl Pipeline {
             scope,
             embedding: None,
             top: None,
+            equivalence: None,
+            equivalence_checks: 0,
         })
     }
 
@@ -161,7 +182,7 @@ impl Pipeline {
             }
             for m in &req.messages {
                 if !matches!(m.role.as_str(), "system" | "user" | "assistant") {
-                    return Err(invalid(format!("message role {:?} is not system, user or assistant", m.role)));
+                    return Err(invalid(format!("message role {} is not system, user or assistant", quoted(&m.role))));
                 }
             }
             if req.messages.iter().all(|m| m.content.trim().is_empty()) {

@@ -1,4 +1,5 @@
-//! The one mapping of the pipeline's request errors ([`ServiceError`]) to gRPC status codes.
+//! The one mapping of the pipeline's request errors ([`ServiceError`]) to gRPC status codes
+//! (what goes wrong on the wire, before a request exists, is mapped in `server/codec.rs`).
 
 use tonic::{Code, Status};
 
@@ -34,8 +35,27 @@ impl From<ServiceError> for Status {
         if code == Code::Internal {
             tracing::error!(error = %e, "internal error");
         }
-        Status::new(code, e.to_string())
+        Status::new(code, clip(e.to_string()))
     }
+}
+
+/// A status message travels in an HTTP/2 header, which clients limit (16 KiB by default): a
+/// longer message would arrive as a protocol error instead of the status. Messages name what
+/// was wrong in a line or two, and echo callers' values shortened
+/// ([`crate::pipeline::error::quoted`]); this is the backstop.
+const MAX_MESSAGE_BYTES: usize = 4096;
+
+fn clip(mut message: String) -> String {
+    if message.len() > MAX_MESSAGE_BYTES {
+        let total = message.len();
+        let mut cut = MAX_MESSAGE_BYTES;
+        while !message.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        message.truncate(cut);
+        message.push_str(&format!("... (message cut, {total} bytes)"));
+    }
+    message
 }
 
 #[cfg(test)]
@@ -51,5 +71,7 @@ mod tests {
         let s = Status::from(e);
         assert_eq!(s.code(), Code::InvalidArgument);
         assert!(s.message().contains("9000"), "{}", s.message());
+        let long = Status::from(ServiceError::InvalidArgument("é".repeat(10_000)));
+        assert!(long.message().len() < MAX_MESSAGE_BYTES + 64 && long.message().ends_with("(message cut, 20000 bytes)"), "{}", long.message().len());
     }
 }

@@ -6,6 +6,8 @@
 //!
 //! * `proto` — generated code, descriptor set, conversions to and from the pipeline's words
 //! * `error` — the one mapping of [`ServiceError`] to `tonic::Status`
+//! * `codec` — reading request messages: undecodable ones are `INVALID_ARGUMENT`, ones over the
+//!   size limit `RESOURCE_EXHAUSTED` (the one mapping of wire-level failures)
 //! * `service` — the tonic trait implementation
 //! * `http` — the HTTP API (routes, OpenAI JSON, SSE, its one error mapping)
 //! * `client` — a small gRPC client (tenant / key headers, collecting a Generate stream), used by
@@ -15,6 +17,7 @@
 //! loads; the gRPC listener comes up once the pipeline is ready.
 
 pub mod client;
+pub mod codec;
 mod error;
 pub mod http;
 pub mod proto;
@@ -30,7 +33,7 @@ use tokio::task::JoinHandle;
 use tokio_stream::wrappers::TcpListenerStream;
 
 pub use crate::pipeline::tenants::{self, TenantAuth, TenantsError};
-pub use crate::pipeline::{LoadError, Pipeline, PipelineConfig, ServiceError};
+pub use crate::pipeline::{LoadError, Pipeline, PipelineConfig, ServiceError, StartupPhases};
 
 /// How to run the service (the pipeline's configuration; the addresses are given to
 /// [`start_listening`]).
@@ -46,6 +49,15 @@ pub struct Listen {
     pub grpc: String,
     /// The HTTP address (`None`: no HTTP API).
     pub http: Option<String>,
+    /// The largest gRPC request message accepted, in bytes (`serve --max-message-mb`).
+    pub max_message_bytes: usize,
+}
+
+impl Listen {
+    /// gRPC on `grpc`, no HTTP API, the default message limit.
+    pub fn grpc(grpc: &str) -> Listen {
+        Listen { grpc: grpc.to_string(), http: None, max_message_bytes: codec::DEFAULT_MAX_MESSAGE_BYTES }
+    }
 }
 
 /// Why the service could not start or stopped with an error.
@@ -79,8 +91,14 @@ impl ServerError {
     }
 }
 
-/// Serves `state` on `listener` until `shutdown` completes.
-pub async fn serve(state: Arc<Pipeline>, listener: TcpListener, shutdown: impl Future<Output = ()>) -> Result<(), ServerError> {
+/// Serves `state` on `listener` until `shutdown` completes; request messages over
+/// `max_message_bytes` are refused ([`codec::too_large`]).
+pub async fn serve(
+    state: Arc<Pipeline>,
+    listener: TcpListener,
+    max_message_bytes: usize,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), ServerError> {
     use proto::forge_server::ForgeServer;
     let (health_reporter, health) = tonic_health::server::health_reporter();
     health_reporter.set_serving::<ForgeServer<service::ForgeService>>().await;
@@ -95,7 +113,11 @@ pub async fn serve(state: Arc<Pipeline>, listener: TcpListener, shutdown: impl F
         .add_service(health)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
-        .add_service(ForgeServer::new(service::ForgeService::new(state)))
+        .add_service(codec::MessageLimit::new(
+            // tonic's own limit (OUT_OF_RANGE) is the same, so MessageLimit always answers first.
+            ForgeServer::new(service::ForgeService::new(state)).max_decoding_message_size(max_message_bytes),
+            max_message_bytes,
+        ))
         .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
         .await?;
     Ok(())
@@ -109,6 +131,8 @@ pub struct RunningServer {
     pub http_addr: Option<SocketAddr>,
     pub model_name: String,
     pub model_id: String,
+    /// Where loading the pipeline spent its time, in order (`serve` logs it).
+    pub startup: StartupPhases,
     shutdown: watch::Sender<bool>,
     task: JoinHandle<Result<(), ServerError>>,
 }
@@ -148,7 +172,7 @@ pub async fn start_with_shutdown(
     addr: &str,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<RunningServer, ServerError> {
-    start_listening(config, Listen { grpc: addr.to_string(), http: None }, shutdown).await
+    start_listening(config, Listen::grpc(addr), shutdown).await
 }
 
 /// Binds the HTTP API first (it answers `/health` with 503 while loading), loads the pipeline
@@ -208,10 +232,11 @@ pub async fn start_listening(
         }
     };
     slot.set(state.clone());
-    let (model_name, model_id) = (state.model_name.clone(), state.model_id.clone());
+    let (model_name, model_id, startup) = (state.model_name.clone(), state.model_id.clone(), state.startup().clone());
     let grpc_stop = stopped(stop_rx.clone());
+    let max_message_bytes = listen.max_message_bytes;
     let task = tokio::spawn(async move {
-        let grpc = serve(state.clone(), listener, grpc_stop).await;
+        let grpc = serve(state.clone(), listener, max_message_bytes, grpc_stop).await;
         let http = match http_task {
             Some(t) => t.await.map_err(|e| ServerError::Join(e.to_string())).and_then(|r| r.map_err(ServerError::Http)),
             None => Ok(()),
@@ -221,5 +246,5 @@ pub async fn start_listening(
         let _ = tokio::task::spawn_blocking(move || drop(state)).await;
         grpc.and(http)
     });
-    Ok(RunningServer { addr: local, http_addr, model_name, model_id, shutdown: stop_tx, task })
+    Ok(RunningServer { addr: local, http_addr, model_name, model_id, startup, shutdown: stop_tx, task })
 }

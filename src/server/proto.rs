@@ -21,6 +21,7 @@ impl From<vocab::ServedFrom> for ServedFrom {
             vocab::ServedFrom::Verified => ServedFrom::Verified,
             vocab::ServedFrom::Partial => ServedFrom::Partial,
             vocab::ServedFrom::Trust => ServedFrom::Trust,
+            vocab::ServedFrom::Equivalent => ServedFrom::Equivalent,
         }
     }
 }
@@ -36,6 +37,7 @@ impl TryFrom<ServedFrom> for vocab::ServedFrom {
             ServedFrom::Verified => Ok(vocab::ServedFrom::Verified),
             ServedFrom::Partial => Ok(vocab::ServedFrom::Partial),
             ServedFrom::Trust => Ok(vocab::ServedFrom::Trust),
+            ServedFrom::Equivalent => Ok(vocab::ServedFrom::Equivalent),
             ServedFrom::Unspecified => Err(s),
         }
     }
@@ -76,6 +78,7 @@ impl From<CacheMode> for vocab::CacheMode {
             CacheMode::Verified => vocab::CacheMode::Verified,
             CacheMode::Trust => vocab::CacheMode::Trust,
             CacheMode::Exact => vocab::CacheMode::Exact,
+            CacheMode::Equivalent => vocab::CacheMode::Equivalent,
         }
     }
 }
@@ -89,6 +92,7 @@ impl From<vocab::CacheMode> for CacheMode {
             vocab::CacheMode::Verified => CacheMode::Verified,
             vocab::CacheMode::Trust => CacheMode::Trust,
             vocab::CacheMode::Exact => CacheMode::Exact,
+            vocab::CacheMode::Equivalent => CacheMode::Equivalent,
         }
     }
 }
@@ -118,6 +122,9 @@ impl From<pipeline::Outcome> for Outcome {
             draft_tokens: o.draft_tokens as u32,
             draft_tokens_accepted: o.draft_tokens_accepted as u32,
             candidates_tried: o.candidates_tried as u32,
+            equivalence_mean_margin: o.equivalence.map_or(0.0, |e| e.mean_margin as f32),
+            equivalence_worst_margin: o.equivalence.map_or(0.0, |e| e.worst_margin as f32),
+            equivalence_checks: o.equivalence_checks as u32,
         }
     }
 }

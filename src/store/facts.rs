@@ -242,7 +242,8 @@ impl SqliteStore {
         let (content, question) = checked_fact(content, question, confidence)?;
         let norm = normalize(content);
         let qhash = question.map(question_hash);
-        let mut conn = self.conn();
+        // A user's write is acknowledged only once it would survive a power loss.
+        let mut conn = self.durable_conn()?;
         let tx = conn.transaction()?;
         let same: Option<i64> = tx
             .query_row(
@@ -292,7 +293,7 @@ impl SqliteStore {
     /// An id that is not a fact of this tenant is an error (and nothing changes).
     pub fn invalidate_facts(&self, tenant: &str, req: &InvalidateRequest<'_>) -> Result<Vec<i64>, StoreError> {
         let (reason, text) = checked_invalidation(req)?;
-        let mut conn = self.conn();
+        let mut conn = self.durable_conn()?;
         let tx = conn.transaction()?;
         if let Some(by) = req.contradicted_by {
             if !get_fact(&tx, tenant, by)?.live {
@@ -356,6 +357,26 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let store = SqliteStore::open(dir.path().join("f.db")).expect("open");
         (dir, store)
+    }
+
+    fn synchronous(store: &SqliteStore) -> i64 {
+        store.conn().query_row("PRAGMA synchronous", [], |r| r.get(0)).expect("pragma")
+    }
+
+    #[test]
+    fn user_writes_commit_at_synchronous_full_and_the_rest_at_normal() {
+        let (_dir, store) = store();
+        assert_eq!(synchronous(&store), 1, "NORMAL by default");
+        {
+            let conn = store.durable_conn().expect("durable");
+            let level: i64 = conn.query_row("PRAGMA synchronous", [], |r| r.get(0)).expect("pragma");
+            assert_eq!(level, 2, "FULL while a user's write runs");
+        }
+        assert_eq!(synchronous(&store), 1, "back to NORMAL");
+        store.put_fact("t", "Paris is the capital of France.", Some("capital of France?"), 1.0).expect("put");
+        let req = InvalidateRequest { ids: &[], text_match: Some("Paris"), reason: "test", contradicted_by: None };
+        assert_eq!(store.invalidate_facts("t", &req).expect("invalidate").len(), 1);
+        assert_eq!(synchronous(&store), 1);
     }
 
     fn inference(store: &SqliteStore, tenant: &str) -> i64 {

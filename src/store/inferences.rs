@@ -43,6 +43,12 @@ pub struct NewInference<'a> {
     pub draft_tokens: usize,
     pub draft_accepted: usize,
     pub candidates_tried: usize,
+    /// log p of each answer token (and the stop) under this prompt, when the model computed them.
+    pub response_logprobs: Option<&'a [f32]>,
+    /// EQUIVALENT: the served (or best) candidate's mean and worst margins, and the candidates scored.
+    pub equivalence_mean: Option<f64>,
+    pub equivalence_worst: Option<f64>,
+    pub equivalence_checks: usize,
 }
 
 /// A computed answer the exact cache can replay.
@@ -73,12 +79,13 @@ impl SqliteStore {
                  cache_key, served_from, source_inference_id, source_fact_id, similarity, prompt_tokens,
                  completion_tokens, tokens_computed, tokens_reused, stop_reason, response, response_tokens,
                  queue_ms, prefill_ms, decode_ms, latency_ms, backend, ttft_ms, kv_tokens_reused, draft_tokens,
-                 draft_accepted, candidates_tried)
+                 draft_accepted, candidates_tried, response_logprobs, equivalence_mean, equivalence_worst, equivalence_checks)
              VALUES (:tenant, :question, :prompt, :prompt_hash, :model, :model_id, :params, :cache_mode,
                  :cache_key, :served_from, :source_inference_id, :source_fact_id, :similarity, :prompt_tokens,
                  :completion_tokens, :tokens_computed, :tokens_reused, :stop_reason, :response, :response_tokens,
                  :queue_ms, :prefill_ms, :decode_ms, :latency_ms, :backend, :ttft_ms, :kv_tokens_reused, :draft_tokens,
-                 :draft_accepted, :candidates_tried)",
+                 :draft_accepted, :candidates_tried, :response_logprobs, :equivalence_mean, :equivalence_worst,
+                 :equivalence_checks)",
             named_params! {
                 ":tenant": r.tenant, ":question": r.question, ":prompt": r.prompt, ":prompt_hash": r.prompt_hash,
                 ":model": r.model, ":model_id": r.model_id, ":params": r.params, ":cache_mode": r.cache_mode.as_str(),
@@ -92,6 +99,9 @@ impl SqliteStore {
                 ":backend": r.backend, ":ttft_ms": r.ttft_ms, ":kv_tokens_reused": r.kv_tokens_reused as i64,
                 ":draft_tokens": r.draft_tokens as i64, ":draft_accepted": r.draft_accepted as i64,
                 ":candidates_tried": r.candidates_tried as i64,
+                ":response_logprobs": r.response_logprobs.map(super::semantic::blob),
+                ":equivalence_mean": r.equivalence_mean, ":equivalence_worst": r.equivalence_worst,
+                ":equivalence_checks": r.equivalence_checks as i64,
             },
         )?;
         let id = tx.last_insert_rowid();
@@ -194,6 +204,10 @@ pub(crate) mod tests {
             draft_tokens: 0,
             draft_accepted: 0,
             candidates_tried: 0,
+            response_logprobs: Some(&[-0.5, -0.25, -0.125, -1.0]),
+            equivalence_mean: None,
+            equivalence_worst: None,
+            equivalence_checks: 0,
         }
     }
 

@@ -11,6 +11,7 @@
 //! * `stats` — hit rates, tokens and time saved, latency percentiles
 //! * `query` — read-only connections and the guarded ad-hoc query runner (`forge-cache sql`)
 //! * `semantic` — prompt and fact embeddings (sqlite-vec), neighbours, verification outcomes
+//! * `model_files` — a model file's SHA-256, computed once per (size, mtime, header) fingerprint
 //!
 //! Every read and write takes the tenant: nothing crosses tenants.
 //!
@@ -22,6 +23,7 @@
 pub mod claims;
 pub mod facts;
 pub mod inferences;
+pub mod model_files;
 pub mod pg;
 pub mod query;
 pub mod semantic;
@@ -31,6 +33,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
+use rusqlite::config::DbConfig;
 use rusqlite::{Connection, OpenFlags};
 use sha2::{Digest, Sha256};
 
@@ -57,6 +60,8 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
     ("0002_reuse.sql", include_str!("../../migrations/0002_reuse.sql")),
     ("0003_semantic.sql", include_str!("../../migrations/0003_semantic.sql")),
     ("0004_kv_blocks.sql", include_str!("../../migrations/0004_kv_blocks.sql")),
+    ("0005_model_files.sql", include_str!("../../migrations/0005_model_files.sql")),
+    ("0006_equivalent.sql", include_str!("../../migrations/0006_equivalent.sql")),
 ];
 
 #[derive(Debug, thiserror::Error)]
@@ -73,6 +78,13 @@ pub enum StoreError {
         #[source]
         source: rusqlite::Error,
     },
+    #[error(
+        "{}: the database is damaged (SQLite's {check}: {report}); nothing was changed. Restore a backup, or copy out what \
+         is readable with `sqlite3 {} .recover`; a huge store can skip this check (--db-check off)",
+        path.display(),
+        path.display()
+    )]
+    Damaged { path: PathBuf, check: &'static str, report: String },
     #[error("{}: schema version {found} is newer than this build knows ({known}); use a newer forge-cache", path.display())]
     TooNew { path: PathBuf, found: i64, known: usize },
     #[error("migration {name} failed: {source}")]
@@ -99,6 +111,8 @@ pub enum StoreError {
     /// connect again. Requests fail with UNAVAILABLE / 503.
     #[error("the knowledge store is unavailable: {0}")]
     Unavailable(String),
+    #[error("the query ran longer than {0:?} and was stopped (a longer limit: --timeout SECONDS, 0 for none)")]
+    TimedOut(Duration),
 }
 
 /// Registers sqlite-vec as an auto-extension (once per process): every connection opened
@@ -156,6 +170,55 @@ pub fn sha256_file(path: &Path) -> std::io::Result<String> {
     Ok(hex(&h.finalize()))
 }
 
+/// How much of an existing database [`Store::open_with`] checks before it changes anything.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DbCheck {
+    /// `integrity_check` for files up to [`FULL_CHECK_MAX_BYTES`], `quick_check` above.
+    #[default]
+    Auto,
+    /// `PRAGMA quick_check`: every page and record (O(size)), not index contents.
+    Quick,
+    /// `PRAGMA integrity_check`: also that every index matches its table.
+    Full,
+    /// No check (a store so large its check would delay the start; damage then shows as errors).
+    Off,
+}
+
+impl DbCheck {
+    pub fn parse(s: &str) -> Option<DbCheck> {
+        Some(match s {
+            "auto" => DbCheck::Auto,
+            "quick" => DbCheck::Quick,
+            "full" => DbCheck::Full,
+            "off" => DbCheck::Off,
+            _ => return None,
+        })
+    }
+}
+
+/// Largest database [`DbCheck::Auto`] runs the full `integrity_check` on.
+pub const FULL_CHECK_MAX_BYTES: u64 = 64 << 20;
+
+/// Runs `check` on `conn` (a database of `bytes` bytes at `path`): `Err(Damaged)` with SQLite's
+/// first findings when it reports anything but "ok". Only reads.
+pub fn check_database(conn: &Connection, path: &Path, bytes: u64, check: DbCheck) -> Result<(), StoreError> {
+    let pragma = match check {
+        DbCheck::Off => return Ok(()),
+        DbCheck::Full => "integrity_check",
+        DbCheck::Auto if bytes <= FULL_CHECK_MAX_BYTES => "integrity_check",
+        DbCheck::Auto | DbCheck::Quick => "quick_check",
+    };
+    let damaged = |report: String| StoreError::Damaged { path: path.to_path_buf(), check: pragma, report };
+    // At most 5 findings: enough to say what is wrong.
+    let mut st = conn.prepare(&format!("PRAGMA {pragma}(5)")).map_err(|e| damaged(e.to_string()))?;
+    let rows = st.query_map([], |r| r.get::<_, String>(0)).map_err(|e| damaged(e.to_string()))?;
+    let found: Vec<String> = rows.collect::<Result<_, _>>().map_err(|e| damaged(e.to_string()))?;
+    if found.len() == 1 && found[0] == "ok" {
+        return Ok(());
+    }
+    Err(damaged(found.join("; ")))
+}
+
 /// The read-write store of a service. Cheap to share behind an `Arc`; calls block (run them
 /// off the async executor).
 pub struct SqliteStore {
@@ -170,18 +233,32 @@ impl std::fmt::Debug for SqliteStore {
 }
 
 impl SqliteStore {
-    /// Opens (creating if missing) the database at `path`, checks that it is a readable SQLite
-    /// file before changing anything in it, switches it to WAL and applies pending migrations.
-    /// A file that is not a database is an error and is not modified.
+    /// [`SqliteStore::open_with`] with the default check ([`DbCheck::Auto`]).
     pub fn open(path: impl AsRef<Path>) -> Result<SqliteStore, StoreError> {
+        SqliteStore::open_with(path, DbCheck::Auto)
+    }
+
+    /// Opens (creating if missing) the database at `path`, checks that it is a readable SQLite
+    /// file and, when it existed, runs `check` on it before changing anything in it, then
+    /// switches it to WAL and applies pending migrations. A file that is not a database, or a
+    /// damaged one, is an error and is not modified.
+    pub fn open_with(path: impl AsRef<Path>, check: DbCheck) -> Result<SqliteStore, StoreError> {
         let path = path.as_ref().to_path_buf();
         register_sqlite_vec()?;
+        let existing = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
         let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
         let mut conn = Connection::open_with_flags(&path, flags).map_err(|source| StoreError::Open { path: path.clone(), source })?;
         // The first statement reads the header and schema: a non-database fails here, before any write.
         conn.query_row("SELECT count(*) FROM sqlite_master", [], |r| r.get::<_, i64>(0))
             .map_err(|source| StoreError::Corrupt { path: path.clone(), source })?;
         conn.busy_timeout(Duration::from_secs(5))?;
+        if existing > 0 {
+            // Closing the last connection would checkpoint a WAL left by a crash into the file:
+            // not into a damaged one.
+            conn.set_db_config(DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, true)?;
+            check_database(&conn, &path, existing, check)?;
+            conn.set_db_config(DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, false)?;
+        }
         let mode: String = conn.query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))?;
         if !mode.eq_ignore_ascii_case("wal") {
             return Err(StoreError::Invalid(format!("{}: journal mode is {mode}, WAL could not be set", path.display())));
@@ -199,6 +276,17 @@ impl SqliteStore {
     /// back on drop), so a poisoned lock is taken over.
     pub(crate) fn conn(&self) -> MutexGuard<'_, Connection> {
         self.conn.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The connection, with `synchronous = FULL` until the guard drops: a transaction committed
+    /// through it is on disk when the commit returns (WAL fsynced), so a power loss cannot take
+    /// back what a user was told was written (PutFact, InvalidateFacts). The store's own writes
+    /// (request records, learned facts, KV rows) stay at `NORMAL`: durable across a crash of the
+    /// process, possibly not the last ones across a power loss (docs/schema.md).
+    pub(crate) fn durable_conn(&self) -> Result<DurableConn<'_>, StoreError> {
+        let conn = self.conn();
+        conn.pragma_update(None, "synchronous", "FULL")?;
+        Ok(DurableConn(conn))
     }
 
     /// The database file.
@@ -236,17 +324,27 @@ macro_rules! dispatch {
 }
 
 impl Store {
-    /// Opens a SQLite file (see [`SqliteStore::open`]).
+    /// Opens a SQLite file with the default check (see [`SqliteStore::open`]).
     pub fn open(path: impl AsRef<Path>) -> Result<Store, StoreError> {
         Ok(Store::Sqlite(std::sync::Arc::new(SqliteStore::open(path)?)))
     }
 
     /// `--db`: a `postgres://` / `postgresql://` URL opens the shared store, anything else is a
-    /// SQLite file.
+    /// SQLite file (checked with [`DbCheck::Auto`]).
     pub fn open_db(db: &Path) -> Result<Store, StoreError> {
+        Store::open_with(db, DbCheck::Auto)
+    }
+
+    /// `--db` with `--db-check`: a SQLite file is checked as `check` says before anything in it
+    /// changes ([`SqliteStore::open_with`]). A PostgreSQL URL ignores `check`: SQLite's
+    /// `integrity_check` / `quick_check` have no PostgreSQL counterpart to run at start-up (the
+    /// server keeps its own pages consistent: WAL, checksums when the cluster has them, and
+    /// `amcheck` is a DBA's tool), so the shared store is opened (and migrated) as is.
+    pub fn open_with(db: impl AsRef<Path>, check: DbCheck) -> Result<Store, StoreError> {
+        let db = db.as_ref();
         match db.to_str() {
             Some(url) if is_postgres_url(url) => Ok(Store::Postgres(PgStore::open(url)?)),
-            _ => Store::open(db),
+            _ => Ok(Store::Sqlite(std::sync::Arc::new(SqliteStore::open_with(db, check)?))),
         }
     }
 
@@ -282,6 +380,10 @@ impl Store {
     dispatch!(fn unindexed_facts(&self, tenant: &str, limit: usize) -> Result<Vec<(i64, String)>, StoreError>);
     dispatch!(fn tenants_with_unindexed_facts(&self) -> Result<Vec<String>, StoreError>);
     dispatch!(fn lowest_wrong_similarity(&self, source_inference_id: i64) -> Result<Option<f64>, StoreError>);
+    dispatch!(fn draft_outcomes(&self, tenant: &str, model_id: &str) -> Result<Vec<(f64, u64, u64)>, StoreError>);
+    dispatch!(fn record_equivalence(&self, tenant: &str, model_id: &str, inference_id: i64, o: &semantic::EquivalenceObservation) -> Result<(), StoreError>);
+    dispatch!(fn equivalence_observations(&self, tenant: &str, model_id: &str) -> Result<Vec<semantic::EquivalenceObservation>, StoreError>);
+    dispatch!(fn model_identity(&self, path: &Path) -> Result<model_files::ModelIdentity, StoreError>);
     dispatch!(fn tenant_stats(&self, tenant: &str, since_seconds: Option<u64>) -> Result<Stats, StoreError>);
 }
 
@@ -308,18 +410,51 @@ impl ReadOnlyStore {
         }
     }
 
-    pub fn semantic_stats(&self, tenant: Option<&str>, p: &crate::cache::trust::TrustParams) -> Result<Vec<semantic::SemanticStats>, StoreError> {
+    /// The raw evidence of semantic reuse (the statistics on it are `cache::trust::semantic_stats`).
+    pub fn semantic_evidence(&self, tenant: Option<&str>) -> Result<semantic::SemanticEvidence, StoreError> {
         match self {
-            ReadOnlyStore::Sqlite(c) => semantic::stats(c, tenant, p),
-            ReadOnlyStore::Postgres(pg) => pg.semantic_stats(tenant, p),
+            ReadOnlyStore::Sqlite(c) => semantic::evidence(c, tenant),
+            ReadOnlyStore::Postgres(pg) => pg.semantic_evidence(tenant),
         }
     }
 
     pub fn run_read_only(&self, sql: &str, max_rows: usize) -> Result<QueryResult, StoreError> {
         match self {
             ReadOnlyStore::Sqlite(c) => query::run_read_only(c, sql, max_rows),
-            ReadOnlyStore::Postgres(p) => p.run_read_only(sql, max_rows),
+            ReadOnlyStore::Postgres(p) => p.run_read_only(sql, max_rows, None),
         }
+    }
+
+    /// [`ReadOnlyStore::run_read_only`] stopped after `limit` (`None`: no limit) with
+    /// [`StoreError::TimedOut`]: SQLite's progress handler, PostgreSQL's `statement_timeout`.
+    pub fn run_read_only_within(&mut self, sql: &str, max_rows: usize, limit: Option<Duration>) -> Result<QueryResult, StoreError> {
+        match self {
+            ReadOnlyStore::Sqlite(c) => query::run_read_only_within(c, sql, max_rows, limit),
+            ReadOnlyStore::Postgres(p) => p.run_read_only(sql, max_rows, limit),
+        }
+    }
+}
+
+/// The store's connection at `synchronous = FULL`, back to `NORMAL` when dropped.
+pub(crate) struct DurableConn<'a>(MutexGuard<'a, Connection>);
+
+impl std::ops::Deref for DurableConn<'_> {
+    type Target = Connection;
+    fn deref(&self) -> &Connection {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for DurableConn<'_> {
+    fn deref_mut(&mut self) -> &mut Connection {
+        &mut self.0
+    }
+}
+
+impl Drop for DurableConn<'_> {
+    fn drop(&mut self) {
+        // Only fails inside a transaction, and every transaction ended before the guard drops.
+        let _ = self.0.pragma_update(None, "synchronous", "NORMAL");
     }
 }
 

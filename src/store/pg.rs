@@ -31,7 +31,8 @@ use super::facts::{
     REPEAT_GAIN,
 };
 use super::inferences::{parse_stop_reason, CachedAnswer, NewInference};
-use super::semantic::{Neighbour, Outcome, SemanticStats};
+use super::model_files::{fingerprint, ModelIdentity};
+use super::semantic::{blob, floats, EquivalenceObservation, Neighbour, Outcome, SemanticEvidence};
 use super::stats::{self, KvStats, Raw, Row, Stats, StatsFilter};
 use super::{QueryResult, StoreError};
 use crate::vocab::{CacheMode, ServedFrom};
@@ -42,6 +43,8 @@ pub const PG_MIGRATIONS: &[(&str, &str)] = &[
     ("0002_reuse.sql", include_str!("../../migrations/postgres/0002_reuse.sql")),
     ("0003_semantic.sql", include_str!("../../migrations/postgres/0003_semantic.sql")),
     ("0004_kv_blocks.sql", include_str!("../../migrations/postgres/0004_kv_blocks.sql")),
+    ("0005_model_files.sql", include_str!("../../migrations/postgres/0005_model_files.sql")),
+    ("0006_equivalent.sql", include_str!("../../migrations/postgres/0006_equivalent.sql")),
 ];
 
 /// Key of the session advisory lock held while migrating.
@@ -200,6 +203,8 @@ impl PgStore {
     pub fn record_inference(&self, r: &NewInference<'_>) -> Result<i64, StoreError> {
         let tokens = serde_json::to_string(r.response_tokens).map_err(|e| StoreError::Malformed(e.to_string()))?;
         let n = |v: usize| v as i64;
+        // The same float32 little-endian bytes as the SQLite store's BLOB.
+        let logprobs: Option<Vec<u8>> = r.response_logprobs.map(blob);
         self.tx(|tx| {
             let id: i64 = tx
                 .query_one(
@@ -207,9 +212,9 @@ impl PgStore {
                          cache_key, served_from, source_inference_id, source_fact_id, similarity, prompt_tokens,
                          completion_tokens, tokens_computed, tokens_reused, stop_reason, response, response_tokens,
                          queue_ms, prefill_ms, decode_ms, latency_ms, backend, ttft_ms, kv_tokens_reused, draft_tokens,
-                         draft_accepted, candidates_tried)
+                         draft_accepted, candidates_tried, response_logprobs, equivalence_mean, equivalence_worst, equivalence_checks)
                      VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20,
-                         $21, $22, $23, $24, $25, $26, $27, $28, $29, $30)
+                         $21, $22, $23, $24, $25, $26, $27, $28, $29, $30, $31, $32, $33, $34)
                      RETURNING id",
                     &[
                         &r.tenant, &r.question, &r.prompt, &r.prompt_hash, &r.model, &r.model_id, &r.params,
@@ -218,6 +223,7 @@ impl PgStore {
                         &n(r.tokens_computed), &n(r.tokens_reused), &r.stop_reason.as_str(), &r.response, &tokens,
                         &r.queue_ms, &r.prefill_ms, &r.decode_ms, &r.latency_ms, &r.backend, &r.ttft_ms,
                         &n(r.kv_tokens_reused), &n(r.draft_tokens), &n(r.draft_accepted), &n(r.candidates_tried),
+                        &logprobs, &r.equivalence_mean, &r.equivalence_worst, &n(r.equivalence_checks),
                     ],
                 )?
                 .get(0);
@@ -468,7 +474,7 @@ impl PgStore {
                 "WITH near AS (
                      SELECT inference_id, (embedding <=> $1)::float8 AS distance FROM prompt_vectors
                      WHERE scope = $2 ORDER BY embedding <=> $1 LIMIT $3)
-                 SELECT n.inference_id, n.distance, i.response, i.response_tokens, i.stop_reason, i.params
+                 SELECT n.inference_id, n.distance, i.response, i.response_tokens, i.stop_reason, i.params, i.response_logprobs
                  FROM near n JOIN inferences i ON i.id = n.inference_id
                  WHERE i.stop_reason != 'cancelled' AND i.superseded_by IS NULL
                  ORDER BY n.distance, n.inference_id",
@@ -491,7 +497,16 @@ impl PgStore {
                 .ok()
                 .and_then(|p| p.get("max_tokens").and_then(|m| m.as_u64()))
                 .unwrap_or(0) as usize;
-            out.push(Neighbour { inference_id, similarity, response: r.try_get(2)?, response_tokens, stop_reason: parse_stop_reason(r.try_get(4)?)?, max_tokens });
+            let logprobs = r.try_get::<_, Option<Vec<u8>>>(6)?.as_deref().and_then(floats);
+            out.push(Neighbour {
+                inference_id,
+                similarity,
+                response: r.try_get(2)?,
+                response_tokens,
+                stop_reason: parse_stop_reason(r.try_get(4)?)?,
+                max_tokens,
+                logprobs,
+            });
         }
         Ok(out)
     }
@@ -541,6 +556,97 @@ impl PgStore {
 
     pub fn lowest_wrong_similarity(&self, source_inference_id: i64) -> Result<Option<f64>, StoreError> {
         self.with(|c| Ok(c.query_one("SELECT MIN(similarity) FROM semantic_outcomes WHERE source_inference_id = $1 AND correct = 0", &[&source_inference_id])?.get(0)))
+    }
+
+    /// (similarity, draft tokens fed, accepted) of every verified check of `tenant` and model.
+    pub fn draft_outcomes(&self, tenant: &str, model_id: &str) -> Result<Vec<(f64, u64, u64)>, StoreError> {
+        let rows = self.with(|c| {
+            Ok(c.query(
+                "SELECT similarity, draft_tokens, accepted_tokens FROM semantic_outcomes WHERE tenant = $1 AND model_id = $2 ORDER BY id",
+                &[&tenant, &model_id],
+            )?)
+        })?;
+        rows.iter().map(|r| Ok((r.try_get(0)?, r.try_get::<_, i64>(1)?.max(0) as u64, r.try_get::<_, i64>(2)?.max(0) as u64))).collect()
+    }
+
+    /// Records what exploring an EQUIVALENT candidate for inference `inference_id` found.
+    pub fn record_equivalence(&self, tenant: &str, model_id: &str, inference_id: i64, o: &EquivalenceObservation) -> Result<(), StoreError> {
+        self.with(|c| {
+            c.execute(
+                "INSERT INTO equivalence_outcomes (tenant, model_id, inference_id, source_inference_id, similarity,
+                     mean_margin, worst_margin, candidate_ll, fresh_ll, acceptable)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+                &[
+                    &tenant,
+                    &model_id,
+                    &inference_id,
+                    &o.source_inference_id,
+                    &o.similarity,
+                    &o.mean_margin,
+                    &o.worst_margin,
+                    &o.candidate_ll,
+                    &o.fresh_ll,
+                    &(o.acceptable as i64),
+                ],
+            )?;
+            Ok(())
+        })
+    }
+
+    /// Every explored EQUIVALENT candidate of `tenant` and model, oldest first (every replica's:
+    /// the region one replica learns is the one all of them serve from).
+    pub fn equivalence_observations(&self, tenant: &str, model_id: &str) -> Result<Vec<EquivalenceObservation>, StoreError> {
+        let rows = self.with(|c| {
+            Ok(c.query(
+                "SELECT source_inference_id, similarity, mean_margin, worst_margin, candidate_ll, fresh_ll, acceptable
+                 FROM equivalence_outcomes WHERE tenant = $1 AND model_id = $2 ORDER BY id",
+                &[&tenant, &model_id],
+            )?)
+        })?;
+        rows.iter()
+            .map(|r| {
+                Ok(EquivalenceObservation {
+                    source_inference_id: r.try_get(0)?,
+                    similarity: r.try_get(1)?,
+                    mean_margin: r.try_get(2)?,
+                    worst_margin: r.try_get(3)?,
+                    candidate_ll: r.try_get(4)?,
+                    fresh_ll: r.try_get(5)?,
+                    acceptable: r.try_get::<_, i64>(6)? != 0,
+                })
+            })
+            .collect()
+    }
+
+    // ---- model files ----
+
+    /// The SHA-256 of the model file at `path`, as the SQLite store's `model_identity`: looked
+    /// up by the file's fingerprint (size, modification time, first 4 MiB) in `model_files`,
+    /// else computed and remembered. The table is shared, so a replica whose copy of the model
+    /// has the same fingerprint as one already hashed (same size, mtime and header, e.g. one
+    /// image or one shared volume) skips the full read too; a copy with another mtime is hashed
+    /// once on its own. Two replicas hashing at once both write the same row (upsert).
+    pub fn model_identity(&self, path: &std::path::Path) -> Result<ModelIdentity, StoreError> {
+        let io = |e: std::io::Error| StoreError::Invalid(format!("reading the model file {}: {e}", path.display()));
+        let fp = fingerprint(path).map_err(io)?;
+        let known = self.with(|c| Ok(c.query_opt("SELECT sha256 FROM model_files WHERE fingerprint = $1", &[&fp.key])?))?;
+        if let Some(row) = known {
+            return Ok(ModelIdentity { sha256: row.try_get(0)?, hashed_now: false });
+        }
+        let t0 = std::time::Instant::now();
+        let sha256 = super::sha256_file(path).map_err(io)?;
+        let ms = t0.elapsed().as_secs_f64() * 1e3;
+        let shown = path.to_string_lossy().into_owned();
+        self.with(|c| {
+            c.execute(
+                "INSERT INTO model_files (fingerprint, path, size_bytes, modified_ns, sha256, hash_ms) VALUES ($1, $2, $3, $4, $5, $6)
+                 ON CONFLICT (fingerprint) DO UPDATE SET path = EXCLUDED.path, size_bytes = EXCLUDED.size_bytes,
+                     modified_ns = EXCLUDED.modified_ns, sha256 = EXCLUDED.sha256, hash_ms = EXCLUDED.hash_ms, hashed_at = forge_now()",
+                &[&fp.key, &shown, &(fp.size as i64), &fp.modified_ns, &sha256, &ms],
+            )?;
+            Ok(())
+        })?;
+        Ok(ModelIdentity { sha256, hashed_now: true })
     }
 
     // ---- stats and ad-hoc queries ----
@@ -609,30 +715,38 @@ impl PgStore {
         self.stats(&filter)?.into_iter().next().ok_or_else(|| StoreError::Malformed("no stats row for the tenant".into()))
     }
 
-    pub fn semantic_stats(&self, tenant: Option<&str>, p: &crate::cache::trust::TrustParams) -> Result<Vec<SemanticStats>, StoreError> {
-        let (drafts, outcomes) = self.with(|c| {
-            let mut drafts = std::collections::BTreeMap::new();
+    /// The raw evidence of semantic reuse, as `semantic::evidence` reads it from SQLite.
+    pub fn semantic_evidence(&self, tenant: Option<&str>) -> Result<SemanticEvidence, StoreError> {
+        self.with(|c| {
+            let mut ev = SemanticEvidence::default();
             for r in c.query(
                 "SELECT tenant, SUM(draft_tokens)::bigint, SUM(draft_accepted)::bigint FROM inferences WHERE $1::text IS NULL OR tenant = $1 GROUP BY tenant",
                 &[&tenant],
             )? {
-                drafts.insert(r.try_get::<_, String>(0)?, (r.try_get::<_, i64>(1)?.max(0) as u64, r.try_get::<_, i64>(2)?.max(0) as u64));
+                ev.drafts.insert(r.try_get::<_, String>(0)?, (r.try_get::<_, i64>(1)?.max(0) as u64, r.try_get::<_, i64>(2)?.max(0) as u64));
             }
-            let mut outcomes: std::collections::BTreeMap<String, Vec<(f64, bool)>> = std::collections::BTreeMap::new();
             for r in c.query("SELECT tenant, similarity, correct FROM semantic_outcomes WHERE $1::text IS NULL OR tenant = $1 ORDER BY id", &[&tenant])? {
-                outcomes.entry(r.try_get(0)?).or_default().push((r.try_get(1)?, r.try_get::<_, i64>(2)? != 0));
+                ev.outcomes.entry(r.try_get(0)?).or_default().push((r.try_get(1)?, r.try_get::<_, i64>(2)? != 0));
             }
-            Ok((drafts, outcomes))
-        })?;
-        Ok(super::semantic::build_stats(drafts, outcomes, tenant, p))
+            Ok(ev)
+        })
     }
 
     /// One statement in a READ ONLY transaction (rolled back): anything that writes fails in
     /// PostgreSQL itself; a statement list is refused (the extended protocol takes one).
-    pub fn run_read_only(&self, sql: &str, max_rows: usize) -> Result<QueryResult, StoreError> {
+    /// `limit` (`None`: no limit) is the transaction's `statement_timeout` (`SET LOCAL`): the
+    /// server cancels a longer query, which comes back as [`StoreError::TimedOut`].
+    pub fn run_read_only(&self, sql: &str, max_rows: usize, limit: Option<Duration>) -> Result<QueryResult, StoreError> {
         let sql = super::query::checked_statement(sql)?;
+        let timed_out = |e: StoreError| match (e, limit) {
+            (StoreError::Postgres(pe), Some(l)) if pe.code() == Some(&postgres::error::SqlState::QUERY_CANCELED) => StoreError::TimedOut(l),
+            (e, _) => e,
+        };
         self.with(|c| {
             let mut tx = c.build_transaction().read_only(true).start()?;
+            // 0 = no limit; at least 1 ms (a smaller value would mean none).
+            let ms = limit.map_or(0, |l| l.as_millis().clamp(1, i32::MAX as u128) as i64);
+            tx.batch_execute(&format!("SET LOCAL statement_timeout = {ms}"))?;
             let stmt = match tx.prepare(sql) {
                 Ok(s) => s,
                 Err(e) => return Err(refusal(e)),
@@ -668,6 +782,7 @@ impl PgStore {
             tx.rollback()?;
             Ok(QueryResult { columns, rows, truncated })
         })
+        .map_err(timed_out)
     }
 }
 
@@ -677,6 +792,8 @@ fn refusal(e: postgres::Error) -> StoreError {
         Some(c) if *c == postgres::error::SqlState::READ_ONLY_SQL_TRANSACTION => {
             StoreError::Refused("forge-cache sql only reads the database: the statement would change it (change data through the service's API)".into())
         }
+        // statement_timeout: `run_read_only` says TimedOut.
+        Some(c) if *c == postgres::error::SqlState::QUERY_CANCELED => StoreError::Postgres(e),
         _ => match e.as_db_error() {
             Some(db) => StoreError::Invalid(db.message().to_string()),
             None => StoreError::Postgres(e),

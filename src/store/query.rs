@@ -60,14 +60,37 @@ fn authorize(ctx: AuthContext<'_>) -> Authorization {
     }
 }
 
-/// Opens `path` read-only (never creating it) with the read-only authorizer installed.
+/// `path` as an SQLite URI filename (`file:` + the path, percent-encoded) with `query`.
+fn uri(path: &Path, query: &str) -> String {
+    let mut out = String::from("file:");
+    for &b in path.as_os_str().as_encoded_bytes() {
+        if b.is_ascii_alphanumeric() || b"/._-~".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out.push('?');
+    out.push_str(query);
+    out
+}
+
+/// Opens `path` read-only (never creating it) with the read-only authorizer installed, leaving
+/// no file beside it. While a service has the database open its `-wal` and `-shm` files exist
+/// and this connection reads through them (a consistent snapshot); otherwise the file is
+/// complete on its own and is opened `immutable` (no locks, no `-wal` / `-shm` created, which
+/// a read-only connection could not remove again).
 pub fn open_read_only(path: &Path) -> Result<Connection, StoreError> {
     register_sqlite_vec()?;
     if !path.is_file() {
         return Err(StoreError::Invalid(format!("{} does not exist (start `forge-cache serve --db {}` first)", path.display(), path.display())));
     }
-    let flags = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX;
-    let mut conn = Connection::open_with_flags(path, flags).map_err(|source| StoreError::Open { path: path.to_path_buf(), source })?;
+    let mut wal = path.as_os_str().to_os_string();
+    wal.push("-wal");
+    let in_use = Path::new(&wal).exists();
+    let flags = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX | OpenFlags::SQLITE_OPEN_URI;
+    let name = uri(path, if in_use { "mode=ro" } else { "mode=ro&immutable=1" });
+    let mut conn = Connection::open_with_flags(name, flags).map_err(|source| StoreError::Open { path: path.to_path_buf(), source })?;
     conn.query_row("SELECT count(*) FROM sqlite_master", [], |r| r.get::<_, i64>(0))
         .map_err(|source| StoreError::Corrupt { path: path.to_path_buf(), source })?;
     conn.busy_timeout(Duration::from_secs(5))?;
@@ -102,6 +125,23 @@ fn first_keyword(sql: &str) -> String {
 
 pub(crate) fn refused(what: &str) -> StoreError {
     StoreError::Refused(format!("forge-cache sql only reads the database: {what} (change data through the service's API)"))
+}
+
+/// [`run_read_only`] stopped after `limit` (`None`: no limit) with [`StoreError::TimedOut`],
+/// through SQLite's progress handler (checked every few thousand virtual-machine steps, so an
+/// unbounded recursive CTE stops too).
+pub fn run_read_only_within(conn: &mut Connection, sql: &str, max_rows: usize, limit: Option<Duration>) -> Result<QueryResult, StoreError> {
+    let Some(limit) = limit else { return run_read_only(conn, sql, max_rows) };
+    let deadline = std::time::Instant::now() + limit;
+    conn.progress_handler(10_000, Some(move || std::time::Instant::now() >= deadline))?;
+    let result = run_read_only(conn, sql, max_rows);
+    conn.progress_handler(0, None::<fn() -> bool>)?;
+    match result {
+        Err(StoreError::Sqlite(rusqlite::Error::SqliteFailure(f, _))) if f.code == rusqlite::ErrorCode::OperationInterrupted => {
+            Err(StoreError::TimedOut(limit))
+        }
+        other => other,
+    }
 }
 
 /// `sql` without surrounding space and closing semicolons, refused when empty or when its first

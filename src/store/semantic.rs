@@ -19,6 +19,26 @@ pub struct Neighbour {
     pub stop_reason: StopReason,
     /// The `max_tokens` the answer was generated with.
     pub max_tokens: usize,
+    /// log p of each answer token (and the stop token when it ended on one) under its own
+    /// prompt, when recorded (`inferences.response_logprobs`).
+    pub logprobs: Option<Vec<f32>>,
+}
+
+/// One explored EQUIVALENT candidate (`equivalence_outcomes`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct EquivalenceObservation {
+    pub source_inference_id: i64,
+    pub similarity: f64,
+    pub mean_margin: f64,
+    pub worst_margin: f64,
+    pub candidate_ll: f64,
+    pub fresh_ll: f64,
+    pub acceptable: bool,
+}
+
+/// float32 little-endian bytes back into values (`None`: not a whole number of floats).
+pub(crate) fn floats(b: &[u8]) -> Option<Vec<f32>> {
+    (b.len() % 4 == 0).then(|| b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
 }
 
 /// One verification of a nearest neighbour's answer.
@@ -29,8 +49,8 @@ pub struct Outcome {
     pub correct: bool,
 }
 
-/// Little-endian f32 bytes: sqlite-vec's vector format.
-fn blob(v: &[f32]) -> Vec<u8> {
+/// Little-endian f32 bytes: sqlite-vec's vector format (and `response_logprobs`).
+pub(crate) fn blob(v: &[f32]) -> Vec<u8> {
     v.iter().flat_map(|x| x.to_le_bytes()).collect()
 }
 
@@ -64,19 +84,21 @@ impl SqliteStore {
             knn.query_map(params![blob(embedding), k as i64, scope], |r| Ok((r.get(0)?, r.get(1)?)))?.collect::<Result<_, _>>()?;
         near.sort_by(|a, b| a.1.total_cmp(&b.1).then(a.0.cmp(&b.0)));
         let mut answer = conn.prepare_cached(
-            "SELECT response, response_tokens, stop_reason, params FROM inferences
+            "SELECT response, response_tokens, stop_reason, params, response_logprobs FROM inferences
              WHERE id = ?1 AND stop_reason != 'cancelled' AND superseded_by IS NULL",
         )?;
         let mut rows = Vec::new();
         for (id, distance) in near {
             let row = answer
-                .query_row([id], |r| Ok((id, distance, r.get::<_, String>(0)?, r.get::<_, String>(1)?, r.get::<_, String>(2)?, r.get::<_, String>(3)?)))
+                .query_row([id], |r| {
+                    Ok((id, distance, r.get::<_, String>(0)?, r.get::<_, String>(1)?, r.get::<_, String>(2)?, r.get::<_, String>(3)?, r.get::<_, Option<Vec<u8>>>(4)?))
+                })
                 .optional()?;
             rows.extend(row.map(Ok::<_, StoreError>));
         }
         let mut out = Vec::new();
         for row in rows {
-            let (inference_id, distance, response, tokens, stop, params) = row?;
+            let (inference_id, distance, response, tokens, stop, params, logprobs) = row?;
             let similarity = 1.0 - distance;
             if similarity < min_similarity {
                 continue;
@@ -87,7 +109,8 @@ impl SqliteStore {
                 .ok()
                 .and_then(|p| p.get("max_tokens").and_then(|m| m.as_u64()))
                 .unwrap_or(0) as usize;
-            out.push(Neighbour { inference_id, similarity, response, response_tokens, stop_reason: parse_stop_reason(&stop)?, max_tokens });
+            let logprobs = logprobs.as_deref().and_then(floats);
+            out.push(Neighbour { inference_id, similarity, response, response_tokens, stop_reason: parse_stop_reason(&stop)?, max_tokens, logprobs });
         }
         Ok(out)
     }
@@ -111,6 +134,59 @@ impl SqliteStore {
              WHERE tenant = ?1 AND model_id = ?2 ORDER BY id",
         )?;
         let rows = q.query_map(params![tenant, model_id], |r| Ok(Outcome { source_inference_id: r.get(0)?, similarity: r.get(1)?, correct: r.get(2)? }))?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    /// (similarity, draft tokens fed, accepted) of every verified check of `tenant` and model.
+    pub fn draft_outcomes(&self, tenant: &str, model_id: &str) -> Result<Vec<(f64, u64, u64)>, StoreError> {
+        let conn = self.conn();
+        let mut q = conn.prepare_cached(
+            "SELECT similarity, draft_tokens, accepted_tokens FROM semantic_outcomes WHERE tenant = ?1 AND model_id = ?2 ORDER BY id",
+        )?;
+        let rows = q.query_map(params![tenant, model_id], |r| Ok((r.get::<_, f64>(0)?, r.get::<_, i64>(1)?.max(0) as u64, r.get::<_, i64>(2)?.max(0) as u64)))?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    /// Records what exploring an EQUIVALENT candidate for inference `inference_id` found.
+    pub fn record_equivalence(&self, tenant: &str, model_id: &str, inference_id: i64, o: &EquivalenceObservation) -> Result<(), StoreError> {
+        self.conn().execute(
+            "INSERT INTO equivalence_outcomes (tenant, model_id, inference_id, source_inference_id, similarity,
+                 mean_margin, worst_margin, candidate_ll, fresh_ll, acceptable)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+            params![
+                tenant,
+                model_id,
+                inference_id,
+                o.source_inference_id,
+                o.similarity,
+                o.mean_margin,
+                o.worst_margin,
+                o.candidate_ll,
+                o.fresh_ll,
+                o.acceptable
+            ],
+        )?;
+        Ok(())
+    }
+
+    /// Every explored EQUIVALENT candidate of `tenant` and model, oldest first.
+    pub fn equivalence_observations(&self, tenant: &str, model_id: &str) -> Result<Vec<EquivalenceObservation>, StoreError> {
+        let conn = self.conn();
+        let mut q = conn.prepare_cached(
+            "SELECT source_inference_id, similarity, mean_margin, worst_margin, candidate_ll, fresh_ll, acceptable
+             FROM equivalence_outcomes WHERE tenant = ?1 AND model_id = ?2 ORDER BY id",
+        )?;
+        let rows = q.query_map(params![tenant, model_id], |r| {
+            Ok(EquivalenceObservation {
+                source_inference_id: r.get(0)?,
+                similarity: r.get(1)?,
+                mean_margin: r.get(2)?,
+                worst_margin: r.get(3)?,
+                candidate_ll: r.get(4)?,
+                fresh_ll: r.get(5)?,
+                acceptable: r.get(6)?,
+            })
+        })?;
         Ok(rows.collect::<Result<_, _>>()?)
     }
 
@@ -148,78 +224,31 @@ impl SqliteStore {
     }
 }
 
-/// Semantic reuse of one tenant (or all, `*`), for `forge-cache stats`.
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct SemanticStats {
-    pub tenant: String,
-    pub draft_tokens: u64,
-    pub draft_accepted: u64,
-    /// Verifications of a nearest neighbour's answer, and how many found it exactly right.
-    pub checks: u64,
-    pub checks_correct: u64,
-    /// TRUST under the given parameters: the similarity it serves from (None: not enough
-    /// evidence), the outcomes at or above it, the wrong ones among them, and the Wilson upper
-    /// bound of the false-hit rate there.
-    pub trust_threshold: Option<f64>,
-    pub trust_outcomes: u64,
-    pub trust_wrong: u64,
-    pub trust_false_hit_bound: Option<f64>,
+/// The raw evidence of semantic reuse, per tenant: draft tokens offered and accepted, and every
+/// verification outcome (similarity, exactly right), oldest first. The statistics on top of it
+/// (TRUST's threshold, its error bound) are the cache tier's (`cache::trust::semantic_stats`).
+#[derive(Debug, Clone, Default)]
+pub struct SemanticEvidence {
+    /// Tenant → (draft tokens offered, draft tokens accepted).
+    pub drafts: std::collections::BTreeMap<String, (u64, u64)>,
+    /// Tenant → (similarity, correct) of every verified neighbour check.
+    pub outcomes: std::collections::BTreeMap<String, Vec<(f64, bool)>>,
 }
 
-/// Per tenant (sorted), then `*` when no tenant was asked for and there are several.
-pub fn stats(conn: &rusqlite::Connection, tenant: Option<&str>, p: &crate::cache::trust::TrustParams) -> Result<Vec<SemanticStats>, StoreError> {
-    let mut drafts: std::collections::BTreeMap<String, (u64, u64)> = std::collections::BTreeMap::new();
+/// Reads the evidence of one tenant (or of all).
+pub fn evidence(conn: &rusqlite::Connection, tenant: Option<&str>) -> Result<SemanticEvidence, StoreError> {
+    let mut ev = SemanticEvidence::default();
     let mut q = conn.prepare("SELECT tenant, SUM(draft_tokens), SUM(draft_accepted) FROM inferences WHERE ?1 IS NULL OR tenant = ?1 GROUP BY tenant")?;
     for row in q.query_map([tenant], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?, r.get::<_, i64>(2)?)))? {
         let (t, d, a) = row?;
-        drafts.insert(t, (d.max(0) as u64, a.max(0) as u64));
+        ev.drafts.insert(t, (d.max(0) as u64, a.max(0) as u64));
     }
-    let mut outcomes: std::collections::BTreeMap<String, Vec<(f64, bool)>> = std::collections::BTreeMap::new();
     let mut q = conn.prepare("SELECT tenant, similarity, correct FROM semantic_outcomes WHERE ?1 IS NULL OR tenant = ?1 ORDER BY id")?;
     for row in q.query_map([tenant], |r| Ok((r.get::<_, String>(0)?, r.get::<_, f64>(1)?, r.get::<_, bool>(2)?)))? {
         let (t, sim, ok) = row?;
-        outcomes.entry(t).or_default().push((sim, ok));
+        ev.outcomes.entry(t).or_default().push((sim, ok));
     }
-    Ok(build_stats(drafts, outcomes, tenant, p))
-}
-
-/// [`SemanticStats`] from per-tenant (draft tokens, accepted) and outcomes (similarity,
-/// correct), in order; either backend reads those.
-pub(crate) fn build_stats(
-    drafts: std::collections::BTreeMap<String, (u64, u64)>,
-    outcomes: std::collections::BTreeMap<String, Vec<(f64, bool)>>,
-    tenant: Option<&str>,
-    p: &crate::cache::trust::TrustParams,
-) -> Vec<SemanticStats> {
-    use crate::cache::trust::{fit_threshold, wilson_upper};
-    let build = |name: String, d: (u64, u64), o: &[(f64, bool)]| {
-        let threshold = fit_threshold(o, p);
-        let above: Vec<&(f64, bool)> = threshold.map(|t| o.iter().filter(|x| x.0 >= t).collect()).unwrap_or_default();
-        let wrong = above.iter().filter(|x| !x.1).count();
-        SemanticStats {
-            tenant: name,
-            draft_tokens: d.0,
-            draft_accepted: d.1,
-            checks: o.len() as u64,
-            checks_correct: o.iter().filter(|x| x.1).count() as u64,
-            trust_threshold: threshold,
-            trust_outcomes: above.len() as u64,
-            trust_wrong: wrong as u64,
-            trust_false_hit_bound: threshold.map(|_| wilson_upper(wrong, above.len(), p.z)),
-        }
-    };
-    let mut names: Vec<String> = drafts.keys().chain(outcomes.keys()).cloned().collect();
-    names.sort();
-    names.dedup();
-    let mut out: Vec<SemanticStats> =
-        names.iter().map(|t| build(t.clone(), drafts.get(t).copied().unwrap_or_default(), outcomes.get(t).map_or(&[][..], |v| v))).collect();
-    if tenant.is_none() && out.len() > 1 {
-        let d = drafts.values().fold((0, 0), |a, x| (a.0 + x.0, a.1 + x.1));
-        // TRUST learns per tenant; the total shows the pooled evidence.
-        let all: Vec<(f64, bool)> = outcomes.values().flatten().copied().collect();
-        out.push(build("*".into(), d, &all));
-    }
-    out
+    Ok(ev)
 }
 
 #[cfg(test)]
@@ -254,6 +283,7 @@ mod tests {
         assert!(near[0].similarity > 0.99 && near[1].similarity < near[0].similarity, "{near:?}");
         assert_eq!(near[0].response, "Paris.");
         assert_eq!(near[0].response_tokens, vec![1, 2, 3]);
+        assert_eq!(near[0].logprobs, Some(vec![-0.5, -0.25, -0.125, -1.0]));
         // The other tenant's identical vector is never a neighbour; a floor drops the far one.
         let near = store.nearest_answers("scope-t", &q, 5, 0.9).expect("knn");
         assert_eq!(near.len(), 1);
@@ -265,6 +295,19 @@ mod tests {
         assert!(store.outcomes("u", "mid").expect("outcomes").is_empty());
         assert_eq!(store.lowest_wrong_similarity(a).expect("min"), Some(0.93));
         assert_eq!(store.lowest_wrong_similarity(b).expect("min"), None);
+        assert_eq!(store.draft_outcomes("t", "mid").expect("drafts"), vec![(0.93, 10, 2)]);
+        let e = EquivalenceObservation {
+            source_inference_id: a,
+            similarity: 0.9,
+            mean_margin: -0.2,
+            worst_margin: -1.5,
+            candidate_ll: -0.8,
+            fresh_ll: -0.6,
+            acceptable: false,
+        };
+        store.record_equivalence("t", "mid", b, &e).expect("equivalence");
+        assert_eq!(store.equivalence_observations("t", "mid").expect("read"), vec![e]);
+        assert!(store.equivalence_observations("u", "mid").expect("read").is_empty());
         store.index_fact("t", 1, &q).expect("fact vector");
 
         // Facts without embeddings are found per tenant until they are indexed.

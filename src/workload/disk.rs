@@ -131,6 +131,10 @@ impl DiskTier {
         let block_bytes = codec.block_bytes(&geom);
         let max_blocks = budget_bytes / block_bytes as u64;
         let db = store.path().to_path_buf();
+        if max_blocks > 0 {
+            // Before any change (with no budget every row goes: nothing to trust).
+            check_index(&store.conn(), &side_file_path(&db))?;
+        }
         store.conn().execute(
             "DELETE FROM kv_lineage WHERE storage != ?1 OR codec != ?2 OR size_bytes != ?3 OR (?1 = 'file' AND slot IS NULL)",
             params![storage.as_str(), codec.as_str(), block_bytes as i64],
@@ -401,6 +405,37 @@ fn evict_lru(tx: &Transaction<'_>, keep: &[i64]) -> Result<Option<Option<u64>>, 
     let Some((id, slot)) = row else { return Ok(None) };
     tx.execute("DELETE FROM kv_lineage WHERE id = ?1", [id])?;
     Ok(Some(slot.map(|s| s.max(0) as u64)))
+}
+
+/// The side file's index (its `kv_lineage` rows) is consistent: the table and its indexes pass
+/// SQLite's `integrity_check` (whatever `--db-check` did for the whole file: the table is
+/// small), every slot is held by one block at most and none is negative. (A slot past the
+/// file's end is not damage: its block fails its checksum and is recomputed.) Only reads.
+fn check_index(conn: &Connection, side: &Path) -> Result<(), WorkloadError> {
+    let damaged = |what: String| WorkloadError::DamagedIndex { what, side: side.to_path_buf() };
+    let report: Vec<String> = {
+        let mut st = conn.prepare("PRAGMA integrity_check(kv_lineage)")?;
+        let rows = st.query_map([], |r| r.get(0))?;
+        rows.collect::<Result<_, _>>()?
+    };
+    if report != ["ok"] {
+        return Err(damaged(format!("SQLite's integrity_check of kv_lineage: {}", report.join("; "))));
+    }
+    let shared: Vec<(i64, i64)> = {
+        let mut st = conn.prepare(
+            "SELECT slot, COUNT(*) FROM kv_lineage WHERE storage = 'file' AND slot IS NOT NULL GROUP BY slot HAVING COUNT(*) > 1 LIMIT 3",
+        )?;
+        let rows = st.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
+        rows.collect::<Result<_, _>>()?
+    };
+    if let Some(&(slot, n)) = shared.first() {
+        return Err(damaged(format!("{n} blocks claim slot {slot}{}", if shared.len() > 1 { ", and more" } else { "" })));
+    }
+    let negative: i64 = conn.query_row("SELECT COUNT(*) FROM kv_lineage WHERE storage = 'file' AND slot < 0", [], |r| r.get(0))?;
+    if negative > 0 {
+        return Err(damaged(format!("{negative} blocks have a negative slot")));
+    }
+    Ok(())
 }
 
 /// Moves blocks stored in slots at or past `max_blocks` (the budget shrank) into free slots

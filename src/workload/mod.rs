@@ -11,7 +11,7 @@
 //! * `plan` — [`KvPlan`], what the engine thread does with it (load the prefix at admission,
 //!   publish computed blocks), and the per-request [`KvReport`]
 //!
-//! Request path: `server::generate` computes the prompt's block keys per tenant, asks
+//! Request path: `pipeline::validation` computes the prompt's block keys per tenant, asks
 //! [`KvWorkload::prepare`] for the longest reusable prefix (memory first, then disk, promoting
 //! disk blocks into memory) and sends the plan with the job; the scheduler starts the sequence's
 //! prefill after the loaded prefix; after the answer is recorded, [`KvWorkload::finish`] stores
@@ -30,7 +30,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 pub use codec::{Codec, CodecError};
-pub use disk::{DiskTier, Storage};
+pub use disk::{side_file_path, DiskTier, Storage};
 pub use index::{Block, Geometry, MemoryIndex};
 pub use keys::{BlockKey, ChainSeed};
 pub use plan::{KvPlan, KvReport, ReportData};
@@ -48,6 +48,12 @@ pub enum WorkloadError {
     Codec(#[from] CodecError),
     #[error("KV store: {0}")]
     Invalid(String),
+    #[error(
+        "the index of the KV side file {} is damaged ({what}); nothing was changed. Start with --no-kv-reuse to serve \
+         without stored KV blocks, or once with --kv-disk-mb 0 to drop them all (they are recomputed)",
+        side.display()
+    )]
+    DamagedIndex { what: String, side: std::path::PathBuf },
 }
 
 /// How the service reuses KV blocks.

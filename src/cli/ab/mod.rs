@@ -26,6 +26,7 @@ pub enum Mode {
     Verified,
     Trust,
     Exact,
+    Equivalent,
 }
 
 impl Mode {
@@ -34,6 +35,7 @@ impl Mode {
             Mode::Verified => CacheMode::Verified,
             Mode::Trust => CacheMode::Trust,
             Mode::Exact => CacheMode::Exact,
+            Mode::Equivalent => CacheMode::Equivalent,
         }
     }
 }
@@ -105,6 +107,11 @@ pub struct Shot {
     pub draft_tokens: u32,
     pub draft_accepted: u32,
     pub similarity: f32,
+    /// Server-side prefill time (for EQUIVALENT hits: the check's scoring pass), prompt and
+    /// answer tokens.
+    pub prefill_ms: f64,
+    pub prompt_tokens: u32,
+    pub completion_tokens: u32,
     pub error: Option<String>,
 }
 
@@ -269,6 +276,9 @@ async fn shoot(client: &Client, l: &workload::Line, mode: CacheMode, tenant: &dy
             draft_tokens: g.outcome.draft_tokens,
             draft_accepted: g.outcome.draft_tokens_accepted,
             similarity: g.outcome.similarity,
+            prefill_ms: g.outcome.prefill_ms,
+            prompt_tokens: g.outcome.prompt_token_ids.len() as u32,
+            completion_tokens: g.outcome.completion_tokens,
             error: None,
         },
         Err(e) => Shot {
@@ -279,6 +289,9 @@ async fn shoot(client: &Client, l: &workload::Line, mode: CacheMode, tenant: &dy
             draft_tokens: 0,
             draft_accepted: 0,
             similarity: 0.0,
+            prefill_ms: 0.0,
+            prompt_tokens: 0,
+            completion_tokens: 0,
             error: Some(e.to_string()),
         },
     };

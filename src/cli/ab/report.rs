@@ -67,7 +67,85 @@ pub struct Report {
     /// TRUST: correct trusted hits ÷ (correct trusted hits + VERIFIED hits, i.e. requests whose
     /// neighbour's answer was exactly right but not trusted).
     pub trust_recall: Option<f64>,
+    /// With pair labels (QQP): what the cache-on arm did with each pair's second question.
+    pub pairs: Option<PairLabels>,
     pub failed: usize,
+}
+
+/// The label columns of a workload with pairs (`pair`, `duplicate`): each pair's second
+/// question, served how, against the label. "Served" means served without decoding (EQUIVALENT
+/// or TRUST).
+#[derive(Debug, Serialize)]
+pub struct PairLabels {
+    pub duplicate_pairs: usize,
+    pub non_duplicate_pairs: usize,
+    /// Duplicates whose second question was served without decoding ÷ duplicates.
+    pub recall: f64,
+    pub served_duplicates: usize,
+    /// Non-duplicates whose second question was served without decoding ÷ non-duplicates.
+    pub false_hit_rate: f64,
+    pub false_hits: usize,
+    /// Served requests: median of (cache-off latency ÷ cache-on latency), same request.
+    pub served_speedup_p50: Option<f64>,
+    /// Served requests' latency p50 (cache on) and the same requests' p50 with BYPASS, ms.
+    pub served_latency_p50_ms: Option<f64>,
+    pub served_bypass_latency_p50_ms: Option<f64>,
+    /// EQUIVALENT's check: median server time per scored token (prompt + answer) on served
+    /// requests, and BYPASS's median prefill time per prompt token, ms.
+    pub check_ms_per_token_p50: Option<f64>,
+    pub bypass_prefill_ms_per_token_p50: Option<f64>,
+}
+
+fn pair_labels(lines: &[Line], off: Option<&Arm>, on: &Arm) -> Option<PairLabels> {
+    if !lines.iter().any(|l| l.pair.is_some() && l.duplicate.is_some()) {
+        return None;
+    }
+    let mut seen = std::collections::HashSet::new();
+    let (mut dup, mut non, mut served_dup, mut false_hits) = (0, 0, 0, 0);
+    let (mut ratios, mut lat_on, mut lat_off, mut check, mut prefill) = (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for (i, l) in lines.iter().enumerate() {
+        if let Some(o) = off.map(|a| &a.shots[i]).filter(|o| o.error.is_none() && o.prompt_tokens > 0 && o.prefill_ms > 0.0) {
+            prefill.push(o.prefill_ms / o.prompt_tokens as f64);
+        }
+        let (Some(pair), Some(d)) = (l.pair, l.duplicate) else { continue };
+        if seen.insert(pair) {
+            continue; // the first question of its pair
+        }
+        let s = &on.shots[i];
+        let hit = matches!(s.served_from.as_str(), "EQUIVALENT" | "TRUST");
+        if d {
+            dup += 1;
+            served_dup += usize::from(hit);
+        } else {
+            non += 1;
+            false_hits += usize::from(hit);
+        }
+        if hit {
+            lat_on.push(s.latency_ms);
+            check.push(s.prefill_ms / (s.prompt_tokens + s.completion_tokens).max(1) as f64);
+            if let Some(o) = off.map(|a| &a.shots[i]).filter(|o| o.error.is_none()) {
+                ratios.push(o.latency_ms / s.latency_ms.max(1e-9));
+                lat_off.push(o.latency_ms);
+            }
+        }
+    }
+    let p50 = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        (!v.is_empty()).then(|| percentile(&v, 0.50))
+    };
+    Some(PairLabels {
+        duplicate_pairs: dup,
+        non_duplicate_pairs: non,
+        recall: served_dup as f64 / dup.max(1) as f64,
+        served_duplicates: served_dup,
+        false_hit_rate: false_hits as f64 / non.max(1) as f64,
+        false_hits,
+        served_speedup_p50: p50(ratios),
+        served_latency_p50_ms: p50(lat_on),
+        served_bypass_latency_p50_ms: p50(lat_off),
+        check_ms_per_token_p50: p50(check),
+        bypass_prefill_ms_per_token_p50: p50(prefill),
+    })
 }
 
 fn totals(arm: &Arm) -> ArmTotals {
@@ -150,6 +228,7 @@ impl Report {
             trusted,
             false_hits,
             trust_recall,
+            pairs: pair_labels(lines, off, on),
         }
     }
 
@@ -193,6 +272,25 @@ impl Report {
         if self.mode == Mode::Trust {
             let fh = self.false_hits.map_or("n/a (no off arm)".to_string(), |f| format!("{f}/{} ({:.2}%)", self.trusted, 100.0 * f as f64 / self.trusted.max(1) as f64));
             let _ = writeln!(s, "TRUST: served {} without the model; false hits {fh}; recall {}", self.trusted, self.trust_recall.map_or("n/a".into(), |r| format!("{:.1}%", r * 100.0)));
+        }
+        if let Some(p) = &self.pairs {
+            let f = |x: Option<f64>| x.map_or("n/a".into(), |v| format!("{v:.3}"));
+            let _ = writeln!(
+                s,
+                "pair labels (second questions): recall on duplicates {}/{} ({:.1}%), false hits on non-duplicates {}/{} ({:.2}%); \
+                 served p50 {} ms vs BYPASS {} ms (per-request speedup p50 {}x); check ms/token {} vs BYPASS prefill ms/token {}",
+                p.served_duplicates,
+                p.duplicate_pairs,
+                100.0 * p.recall,
+                p.false_hits,
+                p.non_duplicate_pairs,
+                100.0 * p.false_hit_rate,
+                f(p.served_latency_p50_ms),
+                f(p.served_bypass_latency_p50_ms),
+                f(p.served_speedup_p50),
+                f(p.check_ms_per_token_p50),
+                f(p.bypass_prefill_ms_per_token_p50)
+            );
         }
         if self.failed > 0 {
             let _ = writeln!(s, "FAILED requests: {}", self.failed);

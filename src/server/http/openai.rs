@@ -239,6 +239,8 @@ pub fn forge(o: &Outcome) -> Value {
         "kv_tokens_reused": o.kv_tokens_reused,
         "draft_tokens": o.draft_tokens,
         "draft_tokens_accepted": o.draft_tokens_accepted,
+        "equivalence": o.equivalence.map(|e| json!({"mean_margin": e.mean_margin, "worst_margin": e.worst_margin})),
+        "equivalence_checks": o.equivalence_checks,
         "ttft_ms": o.ttft_ms,
         "latency_ms": o.latency_ms,
         "stop_reason": o.stop_reason.as_str(),

@@ -1,0 +1,130 @@
+//! No request waits behind another's long prompt (issue 16, finding 1), over real gRPC on
+//! loopback with the real model: while an 8,000-token prompt is being prefilled, short greedy
+//! requests of the same tenant and of another one get their first token within a second, every
+//! one of them before the long prompt's first token, with the answers they get alone; a
+//! 700-token prompt of a third tenant prefilled beside it also gets its answer alone (the
+//! shares shift every step; batch invariance keeps every answer). Before the fair scheduler a
+//! short request waited for the whole long prefill (48.8 s of 49.8 s).
+//!
+//! The 8,000-token answer itself is compared with its run alone by `forge-cache bench-ttft`
+//! (a second 8,000-token prefill is ~50 s more on two cores).
+//!
+//! The one test in this file: it uses both cores (the service's engine runs two threads).
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{ask, with_mode};
+use forge_cache::engine::tokenizer::Tokenizer;
+use forge_cache::server::client::Client;
+use forge_cache::server::proto::{self, CacheMode};
+
+/// SmolLM2's context is 8,192 tokens.
+const LONG_TOKENS: usize = 8_000;
+const MEDIUM_TOKENS: usize = 700;
+
+/// A raw prompt of exactly `n` tokens.
+fn long_prompt(tok: &Tokenizer, n: usize) -> String {
+    let text = forge_cache::engine::bench::ledger_text(tok, n, 7).expect("prompt");
+    assert_eq!(tok.encode_prompt(&text).expect("encode").len(), n, "the prompt has exactly {n} tokens");
+    text
+}
+
+/// Sends `req` and returns (time to the first streamed token, tokens, outcome).
+async fn timed(c: &mut Client, req: proto::GenerateRequest) -> (Duration, Instant, Vec<u32>, proto::Outcome) {
+    let t0 = Instant::now();
+    let mut stream = c.generate_stream(req).await.expect("generate");
+    let (mut first, mut tokens) = (None, Vec::new());
+    while let Some(m) = stream.message().await.expect("stream") {
+        if !m.token_ids.is_empty() && first.is_none() {
+            first = Some(Instant::now());
+        }
+        tokens.extend_from_slice(&m.token_ids);
+        if let Some(o) = m.outcome {
+            let first = first.expect("a token before the outcome");
+            return (first - t0, first, tokens, o);
+        }
+    }
+    panic!("the stream ended without an outcome");
+}
+
+fn load_average() -> f64 {
+    std::fs::read_to_string("/proc/loadavg").ok().and_then(|s| s.split_whitespace().next()?.parse().ok()).unwrap_or(0.0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn short_requests_get_their_first_token_within_a_second_during_an_8000_token_prefill() {
+    let model = common::fast_model();
+    let tok = Tokenizer::from_gguf(&model.gguf).expect("tokenizer");
+    drop(model);
+    let long = proto::GenerateRequest { prompt: long_prompt(&tok, LONG_TOKENS), raw: true, max_tokens: Some(4), ..Default::default() };
+    let long = with_mode(long, CacheMode::Bypass);
+    let shorts = [with_mode(ask("What is 2 + 2?", 8), CacheMode::Bypass), with_mode(ask(common::FRANCE, 8), CacheMode::Bypass)];
+
+    let medium = proto::GenerateRequest { prompt: long_prompt(&tok, MEDIUM_TOKENS), raw: true, max_tokens: Some(6), ..Default::default() };
+    let medium = with_mode(medium, CacheMode::Bypass);
+
+    let (_scratch, server, c) = common::service_with(|config, _| config.threads = 2).await;
+    let (mut owner, mut other, mut third) = (c.clone().with_tenant("big"), c.clone().with_tenant("small"), c.clone().with_tenant("third"));
+    let mut solo = Vec::new();
+    for s in &shorts {
+        solo.push(timed(&mut other, s.clone()).await);
+    }
+    let (_, _, medium_alone, _) = timed(&mut third, medium.clone()).await;
+
+    // The long request, a medium one soon after, and short requests (the long one's tenant's
+    // and another's) every 2 s until the long one's first token.
+    let long_task = {
+        let (mut c, long) = (owner.clone(), long.clone());
+        tokio::spawn(async move { timed(&mut c, long).await })
+    };
+    let started = Instant::now();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let medium_task = tokio::spawn(async move { timed(&mut third, medium).await });
+    let mut during = Vec::new();
+    let load_before = load_average();
+    while !long_task.is_finished() {
+        let k = during.len();
+        let client = if k % 2 == 0 { &mut other } else { &mut owner };
+        let (ttft, first_at, tokens, _) = timed(client, shorts[k % 2].clone()).await;
+        assert_eq!(tokens, solo[k % 2].2, "a short request's answer changed beside the long prefill");
+        during.push((ttft, first_at, started.elapsed()));
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    let (_, long_first_at, long_tokens, long_outcome) = long_task.await.expect("join");
+    assert_eq!(long_outcome.prompt_token_ids.len(), LONG_TOKENS);
+    assert_eq!(long_tokens.len(), 4, "the long request ends with its whole answer");
+    let (_, medium_first_at, medium_tokens, _) = medium_task.await.expect("join");
+    assert_eq!(medium_tokens, medium_alone, "the medium request's answer changed beside the long one");
+    assert!(medium_first_at < long_first_at, "the medium prompt did not wait for the long one");
+    let prefill_s = long_outcome.ttft_ms / 1e3;
+
+    // Shorts whose first token came before the long prompt's first token were served during
+    // its prefill: there must be several, spread over it (the late part is the slowest).
+    let served: Vec<&(Duration, Instant, Duration)> = during.iter().filter(|d| d.1 < long_first_at).collect();
+    let mut ttfts: Vec<Duration> = served.iter().map(|d| d.0).collect();
+    ttfts.sort();
+    let load = load_before.max(load_average());
+    eprintln!(
+        "long prefill {prefill_s:.1} s (alone: above); {} short requests during it, time to first token p50 {:?}, max {:?} \
+         (alone {:?} / {:?}); load average {load:.1}",
+        ttfts.len(),
+        ttfts.get(ttfts.len() / 2),
+        ttfts.last(),
+        solo[0].0,
+        solo[1].0
+    );
+    assert!(served.len() >= 3, "short requests served during the long prefill: {}", served.len());
+    let last_done = served.iter().map(|d| d.2).max().unwrap_or_default();
+    assert!(
+        last_done.as_secs_f64() > 0.7 * prefill_s,
+        "a short request was served late in the prefill (the last done at {last_done:?} of {prefill_s:.1} s)"
+    );
+    // One second (the issue's bound). The test itself keeps the load average near 2-3 (the
+    // engine's two threads); far above that, other builds share the two cores and stretch the
+    // short prompt's own prefill, so the bound is 2.5 s (still 20x less than before).
+    let bound = if load > 4.5 { Duration::from_millis(2500) } else { Duration::from_secs(1) };
+    assert!(ttfts.iter().all(|&t| t < bound), "time to first token beside the long prefill: {ttfts:?} (bound {bound:?}, load {load:.1})");
+    server.stop().await.expect("stop");
+}
