@@ -25,6 +25,8 @@ log() { echo "fetch-test-clients: $*"; }
 die() { echo "fetch-test-clients: error: $*" >&2; exit 1; }
 
 "$PYTHON" -m pip --version >/dev/null 2>&1 || die "$PYTHON has no pip (Debian: apt-get install python3-pip)"
+# The PostgreSQL + pgvector the shared-store tests start (its own folder and stamp).
+"$ROOT/scripts/fetch-postgres.sh"
 PYVER="$("$PYTHON" -c 'import sys; print("%d.%d" % sys.version_info[:2])')"
 STAMP_WANT="$(cat "$PINS" "${BASH_SOURCE[0]}" | "$PYTHON" -c 'import hashlib,sys; print(hashlib.sha256(sys.stdin.buffer.read()).hexdigest())') python$PYVER"
 if [[ -f "$DEST/stamp" && "$(cat "$DEST/stamp")" == "$STAMP_WANT" && -x "$DEST/bin/grpcurl" ]]; then

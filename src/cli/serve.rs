@@ -22,7 +22,9 @@ pub struct ServeArgs {
     /// GGUF model file, or the short name of a fetched model (smollm2, gemma3); default: SmolLM2-135M-Instruct Q4_1.
     #[arg(long)]
     pub model: Option<PathBuf>,
-    /// SQLite database: request log, exact cache, facts (created when missing).
+    /// The knowledge store (request log, exact cache, facts, vectors): a SQLite file (created
+    /// when missing), or `postgres://USER@HOST:PORT/DB` for one PostgreSQL + pgvector shared by
+    /// several replicas (KV blocks then stay in each replica's memory).
     #[arg(long, default_value = super::DEFAULT_DB)]
     pub db: PathBuf,
     /// gRPC address to listen on (port 0 = any free port).
@@ -217,7 +219,7 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
             sha256 = &server.model_id[..12],
             grpc = %server.url(),
             http = %server.http_url().unwrap_or_else(|| "off".into()),
-            database = %a.db.display(),
+            database = %forge_cache::store::pg::redact(&a.db.to_string_lossy()),
             cache = if a.no_cache { "off" } else { "on" },
             kv_reuse = %match &config_kv {
                 Some(k) => format!("{} MiB memory, {} MiB disk, {}-token blocks, {}", k.memory_bytes >> 20, k.disk_bytes >> 20, k.block_tokens, k.codec),

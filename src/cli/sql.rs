@@ -1,19 +1,21 @@
-//! `forge-cache sql "SELECT ..."`: one read-only query on the database file, printed as a table,
+//! `forge-cache sql "SELECT ..."`: one read-only query on the database (a SQLite file, or
+//! `--db postgres://...` in a READ ONLY transaction), printed as a table,
 //! CSV or JSON. Anything that would write (INSERT, UPDATE, DELETE, DROP, CREATE, ATTACH, ...)
 //! is refused; see `forge_cache::store::query` for how. A query stops after `--timeout` seconds
-//! (default 5), and no file is created beside the database. The schema: docs/schema.md.
+//! (default 5; SQLite: a progress handler, PostgreSQL: the transaction's `statement_timeout`),
+//! and no file is created beside the database. The schema: docs/schema.md.
 
 use std::path::PathBuf;
 
 use clap::Args;
 
-use forge_cache::store::query::{open_read_only, run_read_only_within};
-use forge_cache::store::QueryResult;
+use forge_cache::store::{QueryResult, ReadOnlyStore};
 
 #[derive(Debug, Args)]
 pub struct SqlArgs {
     /// One SQL statement that only reads (SELECT, WITH, VALUES, EXPLAIN, read-only PRAGMAs).
     pub query: String,
+    /// The SQLite file, or a `postgres://` URL (the shared store of replicas).
     #[arg(long, default_value = super::DEFAULT_DB)]
     pub db: PathBuf,
     /// CSV with a header row.
@@ -52,8 +54,8 @@ pub fn run(a: &SqlArgs) -> anyhow::Result<()> {
         anyhow::bail!("--timeout must be a number of seconds (0: no limit)");
     }
     let limit = (a.timeout > 0.0).then(|| std::time::Duration::from_secs_f64(a.timeout));
-    let mut conn = open_read_only(&a.db)?;
-    let r = run_read_only_within(&mut conn, &a.query, a.max_rows, limit)?;
+    let mut db = ReadOnlyStore::open(&a.db)?;
+    let r = db.run_read_only_within(&a.query, a.max_rows, limit)?;
     if a.json {
         println!("{}", serde_json::to_string(&r)?);
     } else if a.csv {

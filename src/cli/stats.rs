@@ -8,10 +8,11 @@ use anyhow::bail;
 use clap::Args;
 
 use forge_cache::cache::trust::{semantic_stats, SemanticStats, TrustParams};
-use forge_cache::store::{query::open_read_only, stats, Stats, StatsFilter};
+use forge_cache::store::{ReadOnlyStore, Stats, StatsFilter};
 
 #[derive(Debug, Args)]
 pub struct StatsArgs {
+    /// The SQLite file, or a `postgres://` URL (the shared store of replicas).
     #[arg(long, default_value = super::DEFAULT_DB)]
     pub db: PathBuf,
     /// Only requests of the last DURATION: a number with s, m, h or d (e.g. 90s, 15m, 2h, 7d).
@@ -136,10 +137,10 @@ fn normal_cdf(z: f64) -> f64 {
 }
 
 pub fn run(a: &StatsArgs) -> anyhow::Result<()> {
-    let conn = open_read_only(&a.db)?;
-    let all = stats::compute(&conn, &StatsFilter { tenant: a.tenant.clone(), since_seconds: a.since })?;
+    let db = ReadOnlyStore::open(&a.db)?;
+    let all = db.stats(&StatsFilter { tenant: a.tenant.clone(), since_seconds: a.since })?;
     let params = TrustParams { delta: a.trust_delta, ..TrustParams::default() };
-    let evidence = forge_cache::store::semantic::evidence(&conn, a.tenant.as_deref())?;
+    let evidence = db.semantic_evidence(a.tenant.as_deref())?;
     let semantic = semantic_stats(&evidence, a.tenant.is_none(), &params);
     if a.json {
         let mut rows = serde_json::to_value(&all)?;

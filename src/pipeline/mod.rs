@@ -235,7 +235,7 @@ impl Pipeline {
         let context = model.config.n_ctx_train;
         let backend = model.placement();
         let kv = match &config.kv {
-            Some(c) => Some(Arc::new(KvWorkload::open(c, store.clone(), &model.config, &model_id)?)),
+            Some(c) => Some(Arc::new(KvWorkload::open(c, &store, &model.config, &model_id)?)),
             None => None,
         };
         phases.done("KV-block tier");

@@ -19,6 +19,7 @@ impl ServiceError {
             ServiceError::Submit(SubmitError::Stopped) => Code::Unavailable,
             ServiceError::Store(StoreError::NoSuchFact(_)) => Code::NotFound,
             ServiceError::Store(StoreError::Invalid(_)) => Code::InvalidArgument,
+            ServiceError::Store(StoreError::Unavailable(_)) => Code::Unavailable,
             ServiceError::Store(_) => Code::Internal,
             ServiceError::Job(JobError::Generate(
                 GenerateError::EmptyPrompt | GenerateError::PromptTooLong { .. } | GenerateError::Sampling(_),
@@ -65,6 +66,7 @@ mod tests {
     fn codes() {
         assert_eq!(Status::from(ServiceError::Submit(SubmitError::QueueFull(3))).code(), Code::ResourceExhausted);
         assert_eq!(Status::from(ServiceError::Store(StoreError::NoSuchFact(9))).code(), Code::NotFound);
+        assert_eq!(Status::from(ServiceError::Store(StoreError::Unavailable("db down".into()))).code(), Code::Unavailable);
         let e = ServiceError::Job(JobError::Generate(GenerateError::PromptTooLong { prompt: 9000, context: 8192 }));
         let s = Status::from(e);
         assert_eq!(s.code(), Code::InvalidArgument);

@@ -1,20 +1,20 @@
 //! Facts and the graph around them.
 //!
-//! * [`Store::learn`] runs after every computed answer: the answer's claims become facts of the
+//! * [`SqliteStore::learn`] runs after every computed answer: the answer's claims become facts of the
 //!   tenant (a claim that is already a live fact strengthens it instead of adding a row; one that
 //!   matches only a degraded fact is not revived), the ordered claims are recorded as a
 //!   reasoning chain ending in the last claim, and each earlier claim `implies` that result.
-//! * [`Store::put_fact`] adds a user-provided fact. With a question, it supersedes the live facts
+//! * [`SqliteStore::put_fact`] adds a user-provided fact. With a question, it supersedes the live facts
 //!   about that question (degraded, `degraded_by` = the new fact, reason kept, nothing deleted);
 //!   a model fact with the same content is `supported` instead.
-//! * [`Store::invalidate_facts`] degrades facts by id or by text match, optionally naming the
+//! * [`SqliteStore::invalidate_facts`] degrades facts by id or by text match, optionally naming the
 //!   fact that `contradicts` them.
-//! * [`Store::fact_answer`]: the live user-provided fact that answers a question (the FACT tier).
+//! * [`SqliteStore::fact_answer`]: the live user-provided fact that answers a question (the FACT tier).
 
 use rusqlite::{named_params, OptionalExtension, Row, Transaction};
 
 use super::claims::{normalize, split_claims, MAX_CLAIM_BYTES};
-use super::{now_sql, sha256_hex, Store, StoreError};
+use super::{now_sql, sha256_hex, SqliteStore, StoreError};
 
 /// Confidence of a claim the model stated once.
 pub const INFERENCE_CONFIDENCE: f64 = 0.5;
@@ -60,7 +60,7 @@ fn fact_from_row(r: &Row<'_>) -> rusqlite::Result<Fact> {
     })
 }
 
-/// What [`Store::learn`] did with an answer.
+/// What [`SqliteStore::learn`] did with an answer.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct LearnReport {
     /// The chain's facts, in answer order.
@@ -91,6 +91,35 @@ pub struct InvalidateRequest<'a> {
 /// The key facts are filed under for a question: sha256 of its normalized text.
 pub fn question_hash(question: &str) -> String {
     sha256_hex(normalize(question).as_bytes())
+}
+
+/// PutFact's input, trimmed and checked (both backends): (content, question).
+pub(crate) fn checked_fact<'a>(content: &'a str, question: Option<&'a str>, confidence: f64) -> Result<(&'a str, Option<&'a str>), StoreError> {
+    let content = content.trim();
+    let question = question.map(str::trim).filter(|q| !q.is_empty());
+    if content.is_empty() {
+        return Err(StoreError::Invalid("the fact's content is empty".into()));
+    }
+    if content.len() > MAX_FACT_BYTES || question.is_some_and(|q| q.len() > MAX_FACT_BYTES) {
+        return Err(StoreError::Invalid(format!("facts and questions are limited to {MAX_FACT_BYTES} bytes")));
+    }
+    if !(confidence > 0.0 && confidence <= 1.0) {
+        return Err(StoreError::Invalid(format!("confidence must be in (0, 1], got {confidence}")));
+    }
+    Ok((content, question))
+}
+
+/// InvalidateFacts' input, checked (both backends): (reason, text to match).
+pub(crate) fn checked_invalidation<'a>(req: &InvalidateRequest<'a>) -> Result<(&'a str, Option<&'a str>), StoreError> {
+    let reason = req.reason.trim();
+    if reason.is_empty() {
+        return Err(StoreError::Invalid("a reason is required to invalidate facts".into()));
+    }
+    let text = req.text_match.map(str::trim).filter(|t| !t.is_empty());
+    if req.ids.is_empty() && text.is_none() {
+        return Err(StoreError::Invalid("name facts by ids or by text_match".into()));
+    }
+    Ok((reason, text))
 }
 
 fn get_fact(tx: &Transaction<'_>, tenant: &str, id: i64) -> Result<Fact, StoreError> {
@@ -133,7 +162,7 @@ fn strengthen(tx: &Transaction<'_>, id: i64) -> Result<(), StoreError> {
     Ok(())
 }
 
-impl Store {
+impl SqliteStore {
     /// Extracts the claims of a computed answer into the tenant's facts and records its chain.
     pub fn learn(
         &self,
@@ -210,17 +239,7 @@ impl Store {
     /// Adds a user-provided fact (see the module docs). Stating a live user-provided fact again
     /// (same content and question) strengthens it instead of adding a row.
     pub fn put_fact(&self, tenant: &str, content: &str, question: Option<&str>, confidence: f64) -> Result<PutFactReport, StoreError> {
-        let content = content.trim();
-        let question = question.map(str::trim).filter(|q| !q.is_empty());
-        if content.is_empty() {
-            return Err(StoreError::Invalid("the fact's content is empty".into()));
-        }
-        if content.len() > MAX_FACT_BYTES || question.is_some_and(|q| q.len() > MAX_FACT_BYTES) {
-            return Err(StoreError::Invalid(format!("facts and questions are limited to {MAX_FACT_BYTES} bytes")));
-        }
-        if !(confidence > 0.0 && confidence <= 1.0) {
-            return Err(StoreError::Invalid(format!("confidence must be in (0, 1], got {confidence}")));
-        }
+        let (content, question) = checked_fact(content, question, confidence)?;
         let norm = normalize(content);
         let qhash = question.map(question_hash);
         // A user's write is acknowledged only once it would survive a power loss.
@@ -273,14 +292,7 @@ impl Store {
     /// Degrades the live facts named by id or matched by text; returns the ids degraded now.
     /// An id that is not a fact of this tenant is an error (and nothing changes).
     pub fn invalidate_facts(&self, tenant: &str, req: &InvalidateRequest<'_>) -> Result<Vec<i64>, StoreError> {
-        let reason = req.reason.trim();
-        if reason.is_empty() {
-            return Err(StoreError::Invalid("a reason is required to invalidate facts".into()));
-        }
-        let text = req.text_match.map(str::trim).filter(|t| !t.is_empty());
-        if req.ids.is_empty() && text.is_none() {
-            return Err(StoreError::Invalid("name facts by ids or by text_match".into()));
-        }
+        let (reason, text) = checked_invalidation(req)?;
         let mut conn = self.durable_conn()?;
         let tx = conn.transaction()?;
         if let Some(by) = req.contradicted_by {
@@ -341,13 +353,13 @@ impl Store {
 mod tests {
     use super::*;
 
-    fn store() -> (tempfile::TempDir, Store) {
+    fn store() -> (tempfile::TempDir, SqliteStore) {
         let dir = tempfile::tempdir().expect("tempdir");
-        let store = Store::open(dir.path().join("f.db")).expect("open");
+        let store = SqliteStore::open(dir.path().join("f.db")).expect("open");
         (dir, store)
     }
 
-    fn synchronous(store: &Store) -> i64 {
+    fn synchronous(store: &SqliteStore) -> i64 {
         store.conn().query_row("PRAGMA synchronous", [], |r| r.get(0)).expect("pragma")
     }
 
@@ -367,7 +379,7 @@ mod tests {
         assert_eq!(synchronous(&store), 1);
     }
 
-    fn inference(store: &Store, tenant: &str) -> i64 {
+    fn inference(store: &SqliteStore, tenant: &str) -> i64 {
         use crate::store::{inferences::tests::sample, CacheMode, ServedFrom};
         store.record_inference(&sample(tenant, None, ServedFrom::Model, CacheMode::Auto)).expect("record")
     }

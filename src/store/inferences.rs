@@ -4,7 +4,7 @@
 
 use rusqlite::{named_params, OptionalExtension};
 
-use super::{now_sql, Store, StoreError};
+use super::{now_sql, SqliteStore, StoreError};
 use crate::vocab::{CacheMode, ServedFrom, StopReason};
 
 /// Everything recorded about one request.
@@ -66,7 +66,7 @@ pub(crate) fn parse_stop_reason(s: &str) -> Result<StopReason, StoreError> {
     StopReason::parse(s).ok_or_else(|| StoreError::Malformed(format!("stop_reason {s:?}")))
 }
 
-impl Store {
+impl SqliteStore {
     /// Records a request and what it implies, in one transaction: a REFRESH answer supersedes
     /// the earlier answers under its cache key; an EXACT replay counts as a reuse of the source
     /// answer's reasoning chain; a FACT answer counts as a reuse of the fact. Returns the row id.
@@ -214,7 +214,7 @@ pub(crate) mod tests {
     #[test]
     fn exact_lookup_is_per_tenant_and_refresh_supersedes() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let store = Store::open(dir.path().join("s.db")).expect("open");
+        let store = SqliteStore::open(dir.path().join("s.db")).expect("open");
         assert_eq!(store.find_exact("a", "k").expect("lookup"), None);
         let first = store.record_inference(&sample("a", Some("k"), ServedFrom::Model, CacheMode::Auto)).expect("record");
         let hit = store.find_exact("a", "k").expect("lookup").expect("hit");
@@ -231,7 +231,7 @@ pub(crate) mod tests {
     #[test]
     fn cancelled_answers_are_not_replayed() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let store = Store::open(dir.path().join("s.db")).expect("open");
+        let store = SqliteStore::open(dir.path().join("s.db")).expect("open");
         let mut r = sample("a", Some("k"), ServedFrom::Model, CacheMode::Auto);
         r.stop_reason = StopReason::Cancelled;
         store.record_inference(&r).expect("record");

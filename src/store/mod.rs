@@ -14,11 +14,17 @@
 //! * `model_files` — a model file's SHA-256, computed once per (size, mtime, header) fingerprint
 //!
 //! Every read and write takes the tenant: nothing crosses tenants.
+//!
+//! [`Store`] is the one interface the rest of the service uses: the embedded [`SqliteStore`]
+//! (the default) or the shared [`PgStore`] (PostgreSQL + pgvector, `--db postgres://...`, for
+//! replicas), chosen by [`Store::open_db`]. Both run the same schema (`migrations/` and
+//! `migrations/postgres/`, one file per step on each side) with the same methods.
 
 pub mod claims;
 pub mod facts;
 pub mod inferences;
 pub mod model_files;
+pub mod pg;
 pub mod query;
 pub mod semantic;
 pub mod stats;
@@ -33,6 +39,7 @@ use sha2::{Digest, Sha256};
 
 pub use facts::{Fact, InvalidateRequest, LearnReport, PutFactReport};
 pub use inferences::{CachedAnswer, NewInference};
+pub use pg::{is_postgres_url, PgStore};
 pub use query::QueryResult;
 pub use stats::{KvStats, Stats, StatsFilter, TierStats};
 /// The shared vocabulary ([`crate::vocab`]), re-exported where the store's callers used to find it.
@@ -99,6 +106,12 @@ pub enum StoreError {
     Invalid(String),
     #[error("refused: {0}")]
     Refused(String),
+    #[error("PostgreSQL: {0}")]
+    Postgres(#[from] postgres::Error),
+    /// The database cannot be reached now (connection lost or refused); the next call tries to
+    /// connect again. Requests fail with UNAVAILABLE / 503.
+    #[error("the knowledge store is unavailable: {0}")]
+    Unavailable(String),
     #[error("the query ran longer than {0:?} and was stopped (a longer limit: --timeout SECONDS, 0 for none)")]
     TimedOut(Duration),
 }
@@ -209,28 +222,28 @@ pub fn check_database(conn: &Connection, path: &Path, bytes: u64, check: DbCheck
 
 /// The read-write store of a service. Cheap to share behind an `Arc`; calls block (run them
 /// off the async executor).
-pub struct Store {
+pub struct SqliteStore {
     conn: Mutex<Connection>,
     path: PathBuf,
 }
 
-impl std::fmt::Debug for Store {
+impl std::fmt::Debug for SqliteStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Store").field("path", &self.path).finish()
+        f.debug_struct("SqliteStore").field("path", &self.path).finish()
     }
 }
 
-impl Store {
-    /// [`Store::open_with`] with the default check ([`DbCheck::Auto`]).
-    pub fn open(path: impl AsRef<Path>) -> Result<Store, StoreError> {
-        Store::open_with(path, DbCheck::Auto)
+impl SqliteStore {
+    /// [`SqliteStore::open_with`] with the default check ([`DbCheck::Auto`]).
+    pub fn open(path: impl AsRef<Path>) -> Result<SqliteStore, StoreError> {
+        SqliteStore::open_with(path, DbCheck::Auto)
     }
 
     /// Opens (creating if missing) the database at `path`, checks that it is a readable SQLite
     /// file and, when it existed, runs `check` on it before changing anything in it, then
     /// switches it to WAL and applies pending migrations. A file that is not a database, or a
     /// damaged one, is an error and is not modified.
-    pub fn open_with(path: impl AsRef<Path>, check: DbCheck) -> Result<Store, StoreError> {
+    pub fn open_with(path: impl AsRef<Path>, check: DbCheck) -> Result<SqliteStore, StoreError> {
         let path = path.as_ref().to_path_buf();
         register_sqlite_vec()?;
         let existing = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
@@ -257,7 +270,7 @@ impl Store {
         conn.pragma_update(None, "foreign_keys", "OFF")?;
         migrate(&mut conn, &path)?;
         conn.pragma_update(None, "foreign_keys", "ON")?;
-        Ok(Store { conn: Mutex::new(conn), path })
+        Ok(SqliteStore { conn: Mutex::new(conn), path })
     }
 
     /// The connection. A panic while it was held cannot leave a transaction open (rusqlite rolls
@@ -285,6 +298,141 @@ impl Store {
     /// The schema version (`PRAGMA user_version`).
     pub fn schema_version(&self) -> Result<i64, StoreError> {
         Ok(self.conn().query_row("PRAGMA user_version", [], |r| r.get(0))?)
+    }
+}
+
+/// The knowledge store of a service: one interface over both backends. Every method blocks
+/// (run it off the async executor) and takes the tenant where data is per tenant.
+#[derive(Debug)]
+pub enum Store {
+    /// The embedded default: one SQLite file.
+    Sqlite(std::sync::Arc<SqliteStore>),
+    /// Shared by replicas: PostgreSQL + pgvector.
+    Postgres(PgStore),
+}
+
+/// Calls the same method on whichever backend the store is.
+macro_rules! dispatch {
+    ($(#[$m:meta])* fn $name:ident(&self $(, $arg:ident: $ty:ty)*) -> $ret:ty) => {
+        $(#[$m])*
+        pub fn $name(&self $(, $arg: $ty)*) -> $ret {
+            match self {
+                Store::Sqlite(s) => s.$name($($arg),*),
+                Store::Postgres(p) => p.$name($($arg),*),
+            }
+        }
+    };
+}
+
+impl Store {
+    /// Opens a SQLite file with the default check (see [`SqliteStore::open`]).
+    pub fn open(path: impl AsRef<Path>) -> Result<Store, StoreError> {
+        Ok(Store::Sqlite(std::sync::Arc::new(SqliteStore::open(path)?)))
+    }
+
+    /// `--db`: a `postgres://` / `postgresql://` URL opens the shared store, anything else is a
+    /// SQLite file (checked with [`DbCheck::Auto`]).
+    pub fn open_db(db: &Path) -> Result<Store, StoreError> {
+        Store::open_with(db, DbCheck::Auto)
+    }
+
+    /// `--db` with `--db-check`: a SQLite file is checked as `check` says before anything in it
+    /// changes ([`SqliteStore::open_with`]). A PostgreSQL URL ignores `check`: SQLite's
+    /// `integrity_check` / `quick_check` have no PostgreSQL counterpart to run at start-up (the
+    /// server keeps its own pages consistent: WAL, checksums when the cluster has them, and
+    /// `amcheck` is a DBA's tool), so the shared store is opened (and migrated) as is.
+    pub fn open_with(db: impl AsRef<Path>, check: DbCheck) -> Result<Store, StoreError> {
+        let db = db.as_ref();
+        match db.to_str() {
+            Some(url) if is_postgres_url(url) => Ok(Store::Postgres(PgStore::open(url)?)),
+            _ => Ok(Store::Sqlite(std::sync::Arc::new(SqliteStore::open_with(db, check)?))),
+        }
+    }
+
+    /// The SQLite store, when that is the backend (the KV disk tier lives beside it).
+    pub fn sqlite(&self) -> Option<&std::sync::Arc<SqliteStore>> {
+        match self {
+            Store::Sqlite(s) => Some(s),
+            Store::Postgres(_) => None,
+        }
+    }
+
+    /// Where the data lives: the file, or the URL without its password.
+    pub fn location(&self) -> String {
+        match self {
+            Store::Sqlite(s) => s.path().display().to_string(),
+            Store::Postgres(p) => p.url(),
+        }
+    }
+
+    dispatch!(fn schema_version(&self) -> Result<i64, StoreError>);
+    dispatch!(fn record_inference(&self, r: &NewInference<'_>) -> Result<i64, StoreError>);
+    dispatch!(fn find_exact(&self, tenant: &str, key: &str) -> Result<Option<CachedAnswer>, StoreError>);
+    dispatch!(fn learn(&self, tenant: &str, inference_id: i64, question: Option<&str>, prompt_hash: &str, answer: &str) -> Result<LearnReport, StoreError>);
+    dispatch!(fn put_fact(&self, tenant: &str, content: &str, question: Option<&str>, confidence: f64) -> Result<PutFactReport, StoreError>);
+    dispatch!(fn invalidate_facts(&self, tenant: &str, req: &InvalidateRequest<'_>) -> Result<Vec<i64>, StoreError>);
+    dispatch!(fn search_facts(&self, tenant: &str, query: &str, limit: usize, include_degraded: bool) -> Result<Vec<Fact>, StoreError>);
+    dispatch!(fn fact_answer(&self, tenant: &str, question: &str) -> Result<Option<Fact>, StoreError>);
+    dispatch!(fn index_prompt(&self, tenant: &str, scope: &str, inference_id: i64, embedding: &[f32]) -> Result<(), StoreError>);
+    dispatch!(fn index_fact(&self, tenant: &str, fact_id: i64, embedding: &[f32]) -> Result<(), StoreError>);
+    dispatch!(fn nearest_answers(&self, scope: &str, embedding: &[f32], k: usize, min_similarity: f64) -> Result<Vec<semantic::Neighbour>, StoreError>);
+    dispatch!(fn record_outcome(&self, tenant: &str, model_id: &str, inference_id: i64, o: &semantic::Outcome, draft: usize, accepted: usize) -> Result<(), StoreError>);
+    dispatch!(fn outcomes(&self, tenant: &str, model_id: &str) -> Result<Vec<semantic::Outcome>, StoreError>);
+    dispatch!(fn unindexed_facts(&self, tenant: &str, limit: usize) -> Result<Vec<(i64, String)>, StoreError>);
+    dispatch!(fn tenants_with_unindexed_facts(&self) -> Result<Vec<String>, StoreError>);
+    dispatch!(fn lowest_wrong_similarity(&self, source_inference_id: i64) -> Result<Option<f64>, StoreError>);
+    dispatch!(fn draft_outcomes(&self, tenant: &str, model_id: &str) -> Result<Vec<(f64, u64, u64)>, StoreError>);
+    dispatch!(fn record_equivalence(&self, tenant: &str, model_id: &str, inference_id: i64, o: &semantic::EquivalenceObservation) -> Result<(), StoreError>);
+    dispatch!(fn equivalence_observations(&self, tenant: &str, model_id: &str) -> Result<Vec<semantic::EquivalenceObservation>, StoreError>);
+    dispatch!(fn model_identity(&self, path: &Path) -> Result<model_files::ModelIdentity, StoreError>);
+    dispatch!(fn tenant_stats(&self, tenant: &str, since_seconds: Option<u64>) -> Result<Stats, StoreError>);
+}
+
+/// A read-only view of a store for `forge-cache stats` and `sql`: a SQLite file through a
+/// read-only connection, or PostgreSQL in READ ONLY transactions.
+pub enum ReadOnlyStore {
+    Sqlite(Connection),
+    Postgres(PgStore),
+}
+
+impl ReadOnlyStore {
+    /// `--db` as in [`Store::open_db`]; never creates or migrates anything.
+    pub fn open(db: &Path) -> Result<ReadOnlyStore, StoreError> {
+        match db.to_str() {
+            Some(url) if is_postgres_url(url) => Ok(ReadOnlyStore::Postgres(PgStore::open_read_only(url)?)),
+            _ => Ok(ReadOnlyStore::Sqlite(query::open_read_only(db)?)),
+        }
+    }
+
+    pub fn stats(&self, filter: &StatsFilter) -> Result<Vec<Stats>, StoreError> {
+        match self {
+            ReadOnlyStore::Sqlite(c) => stats::compute(c, filter),
+            ReadOnlyStore::Postgres(p) => p.stats(filter),
+        }
+    }
+
+    /// The raw evidence of semantic reuse (the statistics on it are `cache::trust::semantic_stats`).
+    pub fn semantic_evidence(&self, tenant: Option<&str>) -> Result<semantic::SemanticEvidence, StoreError> {
+        match self {
+            ReadOnlyStore::Sqlite(c) => semantic::evidence(c, tenant),
+            ReadOnlyStore::Postgres(pg) => pg.semantic_evidence(tenant),
+        }
+    }
+
+    pub fn run_read_only(&self, sql: &str, max_rows: usize) -> Result<QueryResult, StoreError> {
+        match self {
+            ReadOnlyStore::Sqlite(c) => query::run_read_only(c, sql, max_rows),
+            ReadOnlyStore::Postgres(p) => p.run_read_only(sql, max_rows, None),
+        }
+    }
+
+    /// [`ReadOnlyStore::run_read_only`] stopped after `limit` (`None`: no limit) with
+    /// [`StoreError::TimedOut`]: SQLite's progress handler, PostgreSQL's `statement_timeout`.
+    pub fn run_read_only_within(&mut self, sql: &str, max_rows: usize, limit: Option<Duration>) -> Result<QueryResult, StoreError> {
+        match self {
+            ReadOnlyStore::Sqlite(c) => query::run_read_only_within(c, sql, max_rows, limit),
+            ReadOnlyStore::Postgres(p) => p.run_read_only(sql, max_rows, limit),
+        }
     }
 }
 
@@ -354,12 +502,12 @@ mod tests {
     fn open_migrates_once_and_loads_sqlite_vec() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("t.db");
-        let store = Store::open(&path).expect("open");
+        let store = SqliteStore::open(&path).expect("open");
         assert_eq!(store.schema_version().expect("version"), MIGRATIONS.len() as i64);
         let v: String = store.conn().query_row("SELECT vec_version()", [], |r| r.get(0)).expect("sqlite-vec");
         assert!(v.starts_with('v'), "{v}");
         drop(store);
-        let store = Store::open(&path).expect("reopen");
+        let store = SqliteStore::open(&path).expect("reopen");
         assert_eq!(store.schema_version().expect("version"), MIGRATIONS.len() as i64);
     }
 
@@ -369,7 +517,7 @@ mod tests {
         let path = dir.path().join("bad.db");
         let junk: Vec<u8> = (0..4096u32).map(|i| (i.wrapping_mul(2654435761) >> 13) as u8).collect();
         std::fs::write(&path, &junk).expect("write");
-        let err = Store::open(&path).expect_err("must fail");
+        let err = SqliteStore::open(&path).expect_err("must fail");
         assert!(matches!(err, StoreError::Corrupt { .. }), "{err}");
         assert!(err.to_string().contains("left untouched"), "{err}");
         assert_eq!(std::fs::read(&path).expect("read"), junk);
@@ -393,7 +541,7 @@ mod tests {
             )
             .expect("v1 rows");
         }
-        let store = Store::open(&path).expect("migrate");
+        let store = SqliteStore::open(&path).expect("migrate");
         assert_eq!(store.schema_version().expect("version"), MIGRATIONS.len() as i64);
         let conn = store.conn();
         let (response, kv): (String, i64) =
@@ -411,6 +559,6 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("new.db");
         Connection::open(&path).expect("create").pragma_update(None, "user_version", 99).expect("set");
-        assert!(matches!(Store::open(&path), Err(StoreError::TooNew { found: 99, .. })));
+        assert!(matches!(SqliteStore::open(&path), Err(StoreError::TooNew { found: 99, .. })));
     }
 }

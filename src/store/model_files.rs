@@ -11,7 +11,7 @@ use std::time::{Instant, UNIX_EPOCH};
 use rusqlite::OptionalExtension;
 use sha2::{Digest, Sha256};
 
-use super::{hex, sha256_file, Store, StoreError};
+use super::{hex, sha256_file, SqliteStore, StoreError};
 
 /// Bytes of the file's beginning in its fingerprint (a GGUF header with a 50k-token vocabulary
 /// is ~2 MiB).
@@ -53,7 +53,7 @@ pub struct ModelIdentity {
     pub hashed_now: bool,
 }
 
-impl Store {
+impl SqliteStore {
     /// The SHA-256 of the model file at `path`: remembered for its fingerprint, else computed
     /// (reading the whole file) and remembered.
     pub fn model_identity(&self, path: &Path) -> Result<ModelIdentity, StoreError> {
@@ -85,7 +85,7 @@ mod tests {
         let model = dir.path().join("m.gguf");
         let body: Vec<u8> = (0..(5u32 << 20)).map(|i| (i.wrapping_mul(2654435761) >> 24) as u8).collect();
         std::fs::write(&model, &body).expect("write");
-        let store = Store::open(dir.path().join("s.db")).expect("store");
+        let store = SqliteStore::open(dir.path().join("s.db")).expect("store");
         let first = store.model_identity(&model).expect("identity");
         assert!(first.hashed_now);
         assert_eq!(first.sha256, sha256_file(&model).expect("hash"));

@@ -123,7 +123,7 @@ fn first_keyword(sql: &str) -> String {
     s.chars().take_while(|c| c.is_ascii_alphabetic()).collect::<String>().to_ascii_uppercase()
 }
 
-fn refused(what: &str) -> StoreError {
+pub(crate) fn refused(what: &str) -> StoreError {
     StoreError::Refused(format!("forge-cache sql only reads the database: {what} (change data through the service's API)"))
 }
 
@@ -144,8 +144,9 @@ pub fn run_read_only_within(conn: &mut Connection, sql: &str, max_rows: usize, l
     }
 }
 
-/// Runs one read-only statement on a connection from [`open_read_only`].
-pub fn run_read_only(conn: &Connection, sql: &str, max_rows: usize) -> Result<QueryResult, StoreError> {
+/// `sql` without surrounding space and closing semicolons, refused when empty or when its first
+/// keyword names a statement that writes or ends a transaction (both backends check this first).
+pub(crate) fn checked_statement(sql: &str) -> Result<&str, StoreError> {
     let sql = sql.trim().trim_end_matches(|c: char| c == ';' || c.is_whitespace());
     if sql.is_empty() {
         return Err(StoreError::Invalid("the query is empty".into()));
@@ -154,6 +155,12 @@ pub fn run_read_only(conn: &Connection, sql: &str, max_rows: usize) -> Result<Qu
     if WRITE_KEYWORDS.contains(&kw.as_str()) {
         return Err(refused(&format!("{kw} statements are refused")));
     }
+    Ok(sql)
+}
+
+/// Runs one read-only statement on a connection from [`open_read_only`].
+pub fn run_read_only(conn: &Connection, sql: &str, max_rows: usize) -> Result<QueryResult, StoreError> {
+    let sql = checked_statement(sql)?;
     let mut stmt = conn.prepare(sql).map_err(|e| match e {
         rusqlite::Error::SqliteFailure(f, _) if f.code == rusqlite::ErrorCode::AuthorizationForStatementDenied => {
             refused("the statement would change the database or its connection")
@@ -192,12 +199,12 @@ pub fn run_read_only(conn: &Connection, sql: &str, max_rows: usize) -> Result<Qu
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::Store;
+    use crate::store::SqliteStore;
 
     fn db() -> (tempfile::TempDir, std::path::PathBuf) {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("q.db");
-        Store::open(&path).expect("create");
+        SqliteStore::open(&path).expect("create");
         (dir, path)
     }
 

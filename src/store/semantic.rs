@@ -5,7 +5,7 @@
 use rusqlite::{params, OptionalExtension};
 
 use super::inferences::parse_stop_reason;
-use super::{Store, StoreError};
+use super::{SqliteStore, StoreError};
 use crate::vocab::StopReason;
 
 /// An earlier answer whose prompt is near a new one.
@@ -54,7 +54,7 @@ pub(crate) fn blob(v: &[f32]) -> Vec<u8> {
     v.iter().flat_map(|x| x.to_le_bytes()).collect()
 }
 
-impl Store {
+impl SqliteStore {
     /// Files a computed answer's question embedding under `scope`.
     pub fn index_prompt(&self, tenant: &str, scope: &str, inference_id: i64, embedding: &[f32]) -> Result<(), StoreError> {
         self.conn().execute(
@@ -269,7 +269,7 @@ mod tests {
     #[test]
     fn neighbours_stay_in_their_scope_and_come_nearest_first() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let store = Store::open(dir.path().join("s.db")).expect("open");
+        let store = SqliteStore::open(dir.path().join("s.db")).expect("open");
         let a = store.record_inference(&sample("t", Some("k1"), ServedFrom::Model, CacheMode::Auto)).expect("record");
         let b = store.record_inference(&sample("t", Some("k2"), ServedFrom::Model, CacheMode::Auto)).expect("record");
         let other = store.record_inference(&sample("u", Some("k3"), ServedFrom::Model, CacheMode::Auto)).expect("record");

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 
 use rusqlite::Connection;
 
-use super::{Store, StoreError};
+use super::{SqliteStore, StoreError};
 use crate::vocab::ServedFrom;
 
 #[derive(Debug, Clone, Default)]
@@ -70,14 +70,23 @@ pub struct KvStats {
     pub memory_bytes: u64,
 }
 
-struct Row {
-    tenant: String,
-    served_from: ServedFrom,
-    latency_ms: f64,
-    computed: u64,
-    reused: u64,
-    kv_reused: u64,
-    source_latency_ms: Option<f64>,
+/// One request as the stats read it (either backend fetches these; [`assemble`] sums them).
+pub(crate) struct Row {
+    pub(crate) tenant: String,
+    pub(crate) served_from: ServedFrom,
+    pub(crate) latency_ms: f64,
+    pub(crate) computed: u64,
+    pub(crate) reused: u64,
+    pub(crate) kv_reused: u64,
+    pub(crate) source_latency_ms: Option<f64>,
+}
+
+/// What a backend reads for [`assemble`]: the requests, per tenant (live facts, degraded facts,
+/// chains), and per tenant KV numbers.
+pub(crate) struct Raw {
+    pub(crate) rows: Vec<Row>,
+    pub(crate) counts: BTreeMap<String, (u64, u64, u64)>,
+    pub(crate) kv: BTreeMap<String, KvStats>,
 }
 
 /// Nearest-rank percentile of sorted values (0 when empty).
@@ -167,6 +176,13 @@ pub fn compute(conn: &Connection, filter: &StatsFilter) -> Result<Vec<Stats>, St
     }
 
     let kv = kv_stats(conn, filter, since.as_deref())?;
+    Ok(assemble(Raw { rows, counts, kv }, filter))
+}
+
+/// One [`Stats`] per tenant (sorted), then the total (`*`) when no tenant was asked for and
+/// there is more than one.
+pub(crate) fn assemble(raw: Raw, filter: &StatsFilter) -> Vec<Stats> {
+    let Raw { rows, counts, kv } = raw;
     let mut tenants: Vec<String> = rows.iter().map(|r| r.tenant.clone()).chain(counts.keys().cloned()).collect();
     if let Some(t) = &filter.tenant {
         tenants.push(t.clone());
@@ -200,10 +216,10 @@ pub fn compute(conn: &Connection, filter: &StatsFilter) -> Result<Vec<Stats>, St
         sum.block_hit_rate = hit_rate(&sum);
         out.push(summarize("*".into(), &all, total, sum));
     }
-    Ok(out)
+    out
 }
 
-fn hit_rate(k: &KvStats) -> f64 {
+pub(crate) fn hit_rate(k: &KvStats) -> f64 {
     if k.prompt_blocks == 0 {
         0.0
     } else {
@@ -246,7 +262,7 @@ fn kv_stats(conn: &Connection, filter: &StatsFilter, since: Option<&str>) -> Res
     Ok(out)
 }
 
-impl Store {
+impl SqliteStore {
     /// Stats of one tenant.
     pub fn tenant_stats(&self, tenant: &str, since_seconds: Option<u64>) -> Result<Stats, StoreError> {
         let filter = StatsFilter { tenant: Some(tenant.to_string()), since_seconds };
@@ -274,7 +290,7 @@ mod tests {
     #[test]
     fn stats_per_tenant_and_total() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let s = Store::open(dir.path().join("s.db")).expect("open");
+        let s = SqliteStore::open(dir.path().join("s.db")).expect("open");
         let src = s.record_inference(&sample("a", Some("k"), ServedFrom::Model, CacheMode::Auto)).expect("model");
         let mut hit = sample("a", Some("k"), ServedFrom::Exact, CacheMode::Auto);
         (hit.source_inference_id, hit.latency_ms, hit.tokens_computed, hit.tokens_reused) = (Some(src), 0.5, 0, 13);

@@ -17,7 +17,7 @@ use super::codec::{checksum, Codec};
 use super::index::{Block, Child, Geometry};
 use super::keys::{key_from_hex, key_hex, BlockKey};
 use super::WorkloadError;
-use crate::store::{now_sql, Store};
+use crate::store::{now_sql, SqliteStore};
 
 /// Where block bytes live.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -84,7 +84,7 @@ pub struct DiskTier {
 struct Disk {
     /// Rows go through the store's own connection: one writer, so the store's transactions
     /// never meet a lock held by this tier.
-    store: Arc<Store>,
+    store: Arc<SqliteStore>,
     side: Option<SideFile>,
     resident: u64,
 }
@@ -131,7 +131,7 @@ impl DiskTier {
     /// Opens the tier of the database at `db` (already migrated by the store). Rows this
     /// configuration cannot use (another storage or codec, another block size) are dropped,
     /// then the least recently used ones until the budget holds.
-    pub fn open(store: Arc<Store>, geom: Geometry, codec: Codec, storage: Storage, budget_bytes: u64) -> Result<DiskTier, WorkloadError> {
+    pub fn open(store: Arc<SqliteStore>, geom: Geometry, codec: Codec, storage: Storage, budget_bytes: u64) -> Result<DiskTier, WorkloadError> {
         let block_bytes = codec.block_bytes(&geom);
         let max_blocks = budget_bytes / block_bytes as u64;
         let db = store.path().to_path_buf();
@@ -544,7 +544,7 @@ mod tests {
         }
     }
 
-    fn inference(store: &Store) -> i64 {
+    fn inference(store: &SqliteStore) -> i64 {
         store.record_inference(&sample("t", None, ServedFrom::Model, CacheMode::Auto)).expect("inference")
     }
 
@@ -553,7 +553,7 @@ mod tests {
         for storage in [Storage::File, Storage::Blob] {
             let dir = tempfile::tempdir().expect("tempdir");
             let db = dir.path().join("k.db");
-            let store = Arc::new(Store::open(&db).expect("store"));
+            let store = Arc::new(SqliteStore::open(&db).expect("store"));
             let bytes = Codec::F16.block_bytes(&G) as u64;
             let tier = DiskTier::open(store.clone(), G, Codec::F16, storage, 3 * bytes + 7).expect("tier");
             let blocks: Vec<NewBlock> = (0..5).map(block).collect();

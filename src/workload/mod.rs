@@ -75,19 +75,24 @@ impl Default for KvConfig {
     }
 }
 
-/// The block index of one model: memory over disk.
+/// The block index of one model: memory over disk. With the shared PostgreSQL store there is
+/// no disk tier: each replica keeps its blocks in memory (docs/schema.md, "PostgreSQL").
 pub struct KvWorkload {
     geom: Geometry,
     model_id: String,
     memory: MemoryIndex,
-    disk: DiskTier,
+    disk: Option<DiskTier>,
 }
 
 impl KvWorkload {
-    /// Opens the tiers for a model (`model_id`: sha256 of its file) over the service's store.
-    pub fn open(config: &KvConfig, store: Arc<Store>, model: &LlamaConfig, model_id: &str) -> Result<KvWorkload, WorkloadError> {
+    /// Opens the tiers for a model (`model_id`: sha256 of its file) over the service's store
+    /// (the disk tier only beside a SQLite store).
+    pub fn open(config: &KvConfig, store: &Store, model: &LlamaConfig, model_id: &str) -> Result<KvWorkload, WorkloadError> {
         let geom = Geometry::new(model, config.block_tokens);
-        let disk = DiskTier::open(store, geom, config.codec, config.storage, config.disk_bytes)?;
+        let disk = match store.sqlite() {
+            Some(s) => Some(DiskTier::open(s.clone(), geom, config.codec, config.storage, config.disk_bytes)?),
+            None => None,
+        };
         Ok(KvWorkload { geom, model_id: model_id.to_string(), memory: MemoryIndex::new(config.memory_bytes), disk })
     }
 
@@ -123,8 +128,8 @@ impl KvWorkload {
         let mut hits: Vec<Arc<Block>> = keys[..usable].iter().map_while(|k| self.memory.get(k)).collect();
         let from_memory = hits.len();
         let mut corrupt = 0;
-        if hits.len() < usable {
-            match self.disk.load(&keys[hits.len()..usable]) {
+        if let (true, Some(disk)) = (hits.len() < usable, &self.disk) {
+            match disk.load(&keys[hits.len()..usable]) {
                 Ok((blocks, bad)) => {
                     for (i, block) in (hits.len()..).zip(&blocks) {
                         self.memory.insert(keys[i], block.clone());
@@ -159,9 +164,9 @@ impl KvWorkload {
         let root = parent.unwrap_or_else(|| seed.root());
         let mut found: Vec<(usize, Child)> = self.memory.children(&root).into_iter().map(|c| (shared(&c), c)).filter(|(n, _)| *n > 0).collect();
         let best = found.iter().map(|(n, _)| *n).max().unwrap_or(0);
-        if best < next.len() {
+        if let (true, Some(disk)) = (best < next.len(), &self.disk) {
             // Disk may hold a longer match (e.g. after a restart).
-            match self.disk.children(tenant, &self.model_id, parent.as_ref()) {
+            match disk.children(tenant, &self.model_id, parent.as_ref()) {
                 Ok(rows) => {
                     for c in rows {
                         let n = shared(&c);
@@ -176,7 +181,7 @@ impl KvWorkload {
         found.sort_by(|a, b| b.0.cmp(&a.0));
         for (n, c) in found {
             let block = self.memory.get(&c.key).or_else(|| {
-                let (mut blocks, _) = self.disk.load(&[c.key]).ok()?;
+                let (mut blocks, _) = self.disk.as_ref()?.load(&[c.key]).ok()?;
                 let block = blocks.pop()?;
                 self.memory.insert(c.key, block.clone());
                 self.memory.add_child(root, c.clone());
@@ -207,7 +212,11 @@ impl KvWorkload {
             Some(key) => decode(&prompt[..whole * b]).map(|text| (*key, whole * b, text)),
             None => None,
         };
-        let stored = self.disk.record(&disk::Record {
+        let Some(disk) = &self.disk else {
+            // No persistent tier (the shared PostgreSQL store): nothing is stored or recorded.
+            return Ok(0);
+        };
+        let stored = disk.record(&disk::Record {
             tenant,
             model_id: &self.model_id,
             inference_id,
@@ -229,15 +238,15 @@ impl KvWorkload {
 
     /// (bytes, blocks) in memory and on disk.
     pub fn usage(&self) -> ((u64, u64), (u64, u64)) {
-        (self.memory.usage(), self.disk.usage())
+        (self.memory.usage(), self.disk.as_ref().map_or((0, 0), |d| d.usage()))
     }
 
-    pub fn disk(&self) -> &DiskTier {
-        &self.disk
+    pub fn disk(&self) -> Option<&DiskTier> {
+        self.disk.as_ref()
     }
 
     /// The side file of blocks, when the storage is `file`.
     pub fn side_file(&self) -> Option<PathBuf> {
-        self.disk.side_file()
+        self.disk.as_ref().and_then(|d| d.side_file())
     }
 }

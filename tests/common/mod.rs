@@ -107,6 +107,7 @@ pub fn fast_model() -> Model {
     Model::load(smollm2_path(), Arc::new(CpuBackend::new(0).expect("pool"))).expect("load SmolLM2")
 }
 
+pub mod postgres;
 pub mod serve;
 
 // ---- the gRPC service on the real model, over loopback ----

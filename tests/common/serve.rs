@@ -99,6 +99,12 @@ impl Serve {
         format!("http://{}", self.grpc)
     }
 
+    /// SIGKILL (kill -9), no shutdown of any kind; waits for the process to be gone.
+    pub fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
     /// Still running?
     pub fn alive(&mut self) -> bool {
         matches!(self.child.try_wait(), Ok(None))

@@ -42,7 +42,8 @@ impl Mode {
 
 #[derive(Debug, Args)]
 pub struct AbArgs {
-    /// The service to test (start it with `forge-cache serve`).
+    /// The service to test (start it with `forge-cache serve`). Several, comma-separated
+    /// (replicas): request i goes to server i mod n (round-robin).
     #[arg(long, default_value = super::DEFAULT_URL)]
     pub server: String,
     /// Workload file: one JSON object per line, {"prompt", "tenant"?, "max_tokens"?, "system"?}.
@@ -142,16 +143,21 @@ pub fn run(a: &AbArgs) -> anyhow::Result<()> {
     let run_id = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis()).unwrap_or_default();
     let rt = super::runtime()?;
     let (off, on) = rt.block_on(async {
-        let client = Client::connect(&a.server).await.with_context(|| format!("connecting to {}", a.server))?;
+        let mut clients = Vec::new();
+        for server in a.server.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+            clients.push(Client::connect(server).await.with_context(|| format!("connecting to {server}"))?);
+        }
+        anyhow::ensure!(!clients.is_empty(), "--server names no server");
+        let client = &clients[..];
         let on_tenant = a.on_tenant.clone();
         let on_tenant = |t: &str| on_tenant.clone().unwrap_or_else(|| format!("ab{run_id}-on-{t}"));
         let off_tenant = |t: &str| format!("ab{run_id}-off-{t}");
         if a.interleave {
-            let (off, on) = interleaved(&client, &lines, a.mode.proto(), off_tenant, on_tenant).await?;
+            let (off, on) = interleaved(client, &lines, a.mode.proto(), off_tenant, on_tenant).await?;
             return anyhow::Ok((Some(off), on));
         }
-        let off = if a.skip_off { None } else { Some(arm(&client, &lines, CacheMode::Bypass, off_tenant, "cache off").await?) };
-        let on = arm(&client, &lines, a.mode.proto(), on_tenant, "cache on ").await?;
+        let off = if a.skip_off { None } else { Some(arm(client, &lines, CacheMode::Bypass, off_tenant, "cache off").await?) };
+        let on = arm(client, &lines, a.mode.proto(), on_tenant, "cache on ").await?;
         anyhow::Ok((off, on))
     })?;
     let r = report::Report::build(&lines, off.as_ref(), &on, a.mode, a.interleave);
@@ -202,14 +208,15 @@ fn data_dir(given: Option<&Path>) -> anyhow::Result<PathBuf> {
     )
 }
 
-/// Runs every line in order, one at a time, drawing a progress bar on stderr.
-async fn arm(client: &Client, lines: &[workload::Line], mode: CacheMode, tenant: impl Fn(&str) -> String, label: &str) -> anyhow::Result<Arm> {
+/// Runs every line in order, one at a time (line i on server i mod n), drawing a progress bar
+/// on stderr.
+async fn arm(clients: &[Client], lines: &[workload::Line], mode: CacheMode, tenant: impl Fn(&str) -> String, label: &str) -> anyhow::Result<Arm> {
     let start = Instant::now();
     let mut shots = Vec::with_capacity(lines.len());
     let mut hits = 0;
     let pb = bar(label, lines.len());
-    for l in lines {
-        let (shot, _) = shoot(client, l, mode, &tenant).await;
+    for (i, l) in lines.iter().enumerate() {
+        let (shot, _) = shoot(&clients[i % clients.len()], l, mode, &tenant).await;
         hits += usize::from(shot.served_from != "MODEL");
         shots.push(shot);
         tick(&pb, hits);
@@ -222,7 +229,7 @@ async fn arm(client: &Client, lines: &[workload::Line], mode: CacheMode, tenant:
 /// cache-on request for even i, the other way round for odd i. Both arms thus see the same
 /// machine load over the run; each arm's wall time is the sum of its own requests' times.
 async fn interleaved(
-    client: &Client,
+    clients: &[Client],
     lines: &[workload::Line],
     mode: CacheMode,
     off_tenant: impl Fn(&str) -> String,
@@ -236,7 +243,7 @@ async fn interleaved(
         for is_on in order {
             let (arm, m, t): (&mut Arm, CacheMode, &dyn Fn(&str) -> String) =
                 if is_on { (&mut on, mode, &on_tenant) } else { (&mut off, CacheMode::Bypass, &off_tenant) };
-            let (shot, took) = shoot(client, l, m, t).await;
+            let (shot, took) = shoot(&clients[i % clients.len()], l, m, t).await;
             if is_on {
                 hits += usize::from(shot.served_from != "MODEL");
             }

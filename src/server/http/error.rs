@@ -81,6 +81,7 @@ impl From<ServiceError> for ApiError {
             ServiceError::Submit(SubmitError::Stopped) => (StatusCode::SERVICE_UNAVAILABLE, "server_error", None),
             ServiceError::Store(StoreError::NoSuchFact(_)) => (StatusCode::NOT_FOUND, "not_found_error", None),
             ServiceError::Store(StoreError::Invalid(_)) => (StatusCode::BAD_REQUEST, "invalid_request_error", None),
+            ServiceError::Store(StoreError::Unavailable(_)) => (StatusCode::SERVICE_UNAVAILABLE, "service_unavailable", None),
             ServiceError::Job(JobError::Generate(GenerateError::EmptyPrompt | GenerateError::PromptTooLong { .. } | GenerateError::Sampling(_))) => {
                 (StatusCode::BAD_REQUEST, "invalid_request_error", None)
             }
