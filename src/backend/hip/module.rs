@@ -125,7 +125,7 @@ fn nvcc_cubin(arch: &str) -> Result<Vec<u8>, HipError> {
     // rename is atomic: a concurrent process either finds the whole file or compiles its own
     std::fs::rename(&tmp, &cubin).map_err(io)?;
     let _ = std::fs::remove_dir_all(&src);
-    eprintln!("forge-cache: HIP tier: built the kernels for {arch} with {} in {:.1} s ({})", nvcc.display(), t0.elapsed().as_secs_f64(), cubin.display());
+    tracing::info!(arch = %arch, nvcc = %nvcc.display(), secs = t0.elapsed().as_secs_f64(), cubin = %cubin.display(), "HIP tier: built the kernels");
     Ok(bytes)
 }
 
