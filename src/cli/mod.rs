@@ -4,6 +4,7 @@
 mod ab;
 mod bench;
 mod bench_kv;
+mod bench_kv_replicas;
 mod bench_serve;
 mod embed;
 mod generate;
@@ -57,7 +58,8 @@ pub enum Command {
     Embed(embed::EmbedArgs),
     /// Measure prefill and decode speed (pp128, pp512, tg128, tg128@d1024), llama-bench style.
     Bench(bench::BenchArgs),
-    /// Time to first token with KV-block reuse: cold, warm (memory), after a restart (disk), on SQuAD documents.
+    /// Time to first token with KV-block reuse: cold, warm (memory), after a restart (disk), on SQuAD documents;
+    /// with --postgres, a second replica's, KV blocks per replica vs shared.
     BenchKv(bench_kv::BenchKvArgs),
     /// Time to first token of short requests while long prompts are being prefilled (0, 1, 4 at once).
     BenchTtft(bench_serve::BenchTtftArgs),

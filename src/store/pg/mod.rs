@@ -153,9 +153,17 @@ impl PgStore {
         Ok(guard)
     }
 
+    /// Another connection to the same database, for the same use (the shared KV tier moves
+    /// megabytes per request through its own, so they never queue behind the store's writes).
+    pub fn another_connection(&self) -> Result<PgStore, StoreError> {
+        PgStore::connect(&self.url, self.read_only)
+    }
+
     /// Runs `f` on the connection (connecting first when needed). A connection-level failure
     /// drops the client (the next call reconnects) and comes back as [`StoreError::Unavailable`].
-    fn with<T>(&self, f: impl FnOnce(&mut Client) -> Result<T, StoreError>) -> Result<T, StoreError> {
+    /// (Crate-visible for the shared KV tier, `workload::shared`, which keeps its SQL beside it
+    /// as the SQLite disk tier does.)
+    pub(crate) fn with<T>(&self, f: impl FnOnce(&mut Client) -> Result<T, StoreError>) -> Result<T, StoreError> {
         let mut guard = self.client()?;
         let Some(client) = guard.as_mut() else {
             return Err(StoreError::Unavailable(redact(&self.url)));
@@ -170,7 +178,7 @@ impl PgStore {
     }
 
     /// Runs `f` in one transaction (committed when it returns Ok).
-    fn tx<T>(&self, f: impl FnOnce(&mut Transaction<'_>) -> Result<T, StoreError>) -> Result<T, StoreError> {
+    pub(crate) fn tx<T>(&self, f: impl FnOnce(&mut Transaction<'_>) -> Result<T, StoreError>) -> Result<T, StoreError> {
         self.with(|c| {
             let mut tx = c.transaction()?;
             let out = f(&mut tx)?;

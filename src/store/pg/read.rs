@@ -48,8 +48,8 @@ impl PgStore {
                 c.1 += r.try_get::<_, i64>(2)?.max(0) as u64;
                 c.2 += r.try_get::<_, i64>(3)?.max(0) as u64;
             }
-            // KV blocks stay per replica with PostgreSQL (kv_requests is empty); the columns
-            // are read anyway so a store that fills them shows them.
+            // Filled by the shared KV tier (`--kv-storage blob`); empty when blocks stay per
+            // replica (the default).
             let mut kv: std::collections::BTreeMap<String, KvStats> = std::collections::BTreeMap::new();
             for r in c.query(
                 "SELECT tenant, COUNT(*), SUM(kv_tokens_reused)::bigint, SUM(prompt_blocks)::bigint, SUM(blocks_memory)::bigint,
