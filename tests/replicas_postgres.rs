@@ -69,6 +69,14 @@ async fn two_replicas_share_one_postgres() {
     // `stats --db postgres://` counts every replica's requests.
     let s = stats_json(&pg.url);
     assert_eq!((requests_of(&s, "default"), requests_of(&s, "other"), requests_of(&s, "*")), (4, 2, 6), "{s}");
+    // `sql --db postgres://` reads every replica's rows and refuses writes, changing nothing.
+    let sql = |q: &str| Command::new(env!("CARGO_BIN_EXE_forge-cache")).args(["sql", "--csv", "--db", &pg.url, q]).output().expect("sql");
+    let read = sql("SELECT COUNT(*) AS n FROM inferences");
+    assert!(read.status.success(), "{}", String::from_utf8_lossy(&read.stderr));
+    assert_eq!(String::from_utf8_lossy(&read.stdout).lines().nth(1), Some("6"));
+    let write = sql("DELETE FROM inferences");
+    assert!(!write.status.success() && String::from_utf8_lossy(&write.stderr).contains("only reads"), "{}", String::from_utf8_lossy(&write.stderr));
+    assert_eq!(requests_of(&stats_json(&pg.url), "*"), 6, "the refused DELETE changed nothing");
 
     // The database goes away: requests fail with UNAVAILABLE (nothing stale is served, not even
     // the answer A holds in memory); once it is back the same replica serves again.
