@@ -108,7 +108,7 @@ impl GpuLayers {
         let mut t0 = 0;
         for (i, s) in seqs.iter().enumerate() {
             let p = seq_params(&self.config, self.kv, gpu_kv(s).capacity, t0, s.n_tok, attention_q8(self.ctx.q8, &self.config));
-            act.words[(n_wide + i) * stride..(n_wide + i) * stride + 12].copy_from_slice(&p);
+            act.words[(n_wide + i) * stride..(n_wide + i) * stride + p.len()].copy_from_slice(&p);
             t0 += s.n_tok;
         }
         let used = (n_wide + seqs.len()) * stride;
