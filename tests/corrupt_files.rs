@@ -113,9 +113,15 @@ fn unknown_architecture_tensor_and_type_are_named() {
     let e = load_bytes(&b).err().expect("type").to_string();
     assert!(e.contains("token_embd.weight") && e.contains("IQ4_XS"), "{e}");
 
-    // The wgpu tier: the automatic split keeps Gemma on the CPU; an explicit request says why.
+    // The GPU tiers: the automatic split keeps Gemma on the CPU; an explicit request says why,
+    // naming the parts each tier lacks (wgpu has NeoX RoPE and GeGLU, HIP neither).
     let mut model = load_bytes(&bytes).expect("loads");
-    assert!(forge_cache::engine::placement::layers_unsupported(&model).is_some_and(|why| why.contains("gemma3") && why.contains("GeGLU")));
+    use forge_cache::engine::placement::{layers_unsupported, tier_unsupported};
+    assert!(layers_unsupported(&model).is_some_and(|why| why.contains("gemma3") && why.contains("sliding-window layers")));
+    let wgpu_why = tier_unsupported(&model, Device::Igpu).expect("wgpu refuses");
+    assert!(wgpu_why.contains("q/k norms") && !wgpu_why.contains("GeGLU") && !wgpu_why.contains("NeoX"), "{wgpu_why}");
+    let hip_why = tier_unsupported(&model, Device::Dgpu).expect("HIP refuses");
+    assert!(hip_why.contains("GeGLU") && hip_why.contains("NeoX RoPE") && hip_why.contains("HIP"), "{hip_why}");
     let split = PlacementOptions { backend: BackendChoice::Split, split: None, allow_software: true };
     let p = place(&mut model, &split).expect("automatic split");
     assert!(p.runs.iter().all(|(d, _)| *d == Device::Cpu) && p.reason.contains("gemma3"), "{}", p.reason);
@@ -125,5 +131,5 @@ fn unknown_architecture_tensor_and_type_are_named() {
     // The HIP tier too (refused by the shape before any device is looked for).
     let hip = PlacementOptions { backend: BackendChoice::Hip, split: None, allow_software: true };
     let e = place(&mut model, &hip).expect_err("refused").to_string();
-    assert!(e.contains("cannot run") && e.contains("gemma3"), "{e}");
+    assert!(e.contains("cannot run") && e.contains("gemma3") && e.contains("GeGLU"), "{e}");
 }

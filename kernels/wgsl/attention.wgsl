@@ -22,6 +22,8 @@
 //                                         attention_one, which stores position POS[t])
 //   3 storage VC: array<u32>             same layout as KC, read one pair (2 values) at a time
 //   4 storage read  POS: array<u32>      [t0 + n_tok] position of each query; it attends to 0..=POS[t]
+//                                         (with a sliding window, SeqP.window = w > 0: to
+//                                         max(0, POS[t] + 1 - w) ..= POS[t])
 //   5 storage rw    O: array<f32>        [t0 + n_tok, n_head * head_dim]; swizzle = 1 (the layer
 //                                         runner, n_head * head_dim a multiple of 32): each row in
 //                                         the f32 matmul input's (mm_x_f32.wgsl) chunk-major layout (element 32c + 4k + i at
@@ -48,6 +50,10 @@
 // latency in decode. attention_one's own key and value (position POS[t]) are used as computed,
 // rounded as the cache holds them, and never read back from the cache: the other workgroups of
 // the KV group would race with the one that stores them.
+// A sliding window keeps the same tiles: tiles that end before the window's first key k0 are
+// skipped, and in the tile holding k0 the keys before it score -inf (exp gives exactly 0 for them,
+// since the tile's max is that of a key inside the window), so the arithmetic over the window's
+// keys does not depend on the keys outside it.
 
 @group(0) @binding(0) var<uniform> p: SeqP;
 @group(0) @binding(4) var<storage, read> POS: array<u32>;
@@ -198,6 +204,11 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec
     }
     workgroupBarrier();
     let n_keys = workgroupUniformLoad(&nkeys);
+    // first key inside the sliding window (0 without one)
+    var k0 = 0u;
+    if (p.window != 0u && n_keys > p.window) {
+        k0 = n_keys - p.window;
+    }
     let iters = ((n_keys + L - 1u) / L + G - 1u) / G;
     let kv0 = kvh * p.capacity;
     let npairs = hd / 2u;
@@ -215,12 +226,12 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec
         let start = (it * G + g) * L;
         let j = start + lane;
         var s = NEG;
-        if (j < n_keys) {
+        if (j < n_keys && j >= k0) {
             s = key_dot((kv0 + j) * hd) * p.scale;
         }
         sc[li] = s;
         workgroupBarrier();
-        if (start < n_keys) {
+        if (start < n_keys && start + L > k0) {
             let nk = min(L, n_keys - start);
             let sb = g * L;
             // the tile's max: four chains, then combined (max is exact in any order)

@@ -14,6 +14,11 @@
 //                                    checked by the host)
 //   4 storage rw    KC: array<u32>   [n_kv_head, capacity, head_dim] f16 pairs or f32 bits
 //   5 storage rw    VC: array<u32>   same layout
+// RoPE pairs: adjacent (x[2i], x[2i+1]), or with SeqP.neox = 1 the halves (x[i], x[i + head_dim/2])
+// (GGML's NeoX mode, every dimension rotated). Then the thread of pair pr < head_dim/4 of a q or
+// k head rotates two NeoX pairs, (2pr, 2pr + half) and (2pr + 1, 2pr + 1 + half), so that it
+// writes two whole (f16-pair) words of the cache, and the threads of the other pairs of the head
+// have nothing to do; value heads are copied in adjacent pairs either way.
 // Dispatch: one thread per (token, pair of a q, k or v head), 256 per workgroup, workgroups
 // (x, y) with linear index y * num_workgroups.x + x.
 
@@ -43,6 +48,30 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec
     if (head >= p.n_head + p.n_kv_head) {
         let vh = head - p.n_head - p.n_kv_head;
         kv_put(p.kv_f16 != 0u, true, (vh * p.capacity + pos) * p.head_dim + 2u * pr, x0, x1);
+        return;
+    }
+    if (p.neox != 0u) {
+        if (2u * pr >= half) {
+            return;
+        }
+        // elements e, e + 1 and their partners e + half, e + 1 + half (e = 2 pr; half is even)
+        let e = 2u * pr;
+        let xb = t * p.q_stride + head * p.head_dim;
+        let y0 = X[xb + e + half];
+        let y1 = X[xb + e + 1u + half];
+        let ca = pos * p.head_dim + 2u * e;
+        let ra = rope_pair(x0, y0, CS[ca], CS[ca + 1u]);
+        let rb = rope_pair(x1, y1, CS[ca + 2u], CS[ca + 3u]);
+        if (head < p.n_head) {
+            X[x] = ra.x;
+            X[x + 1u] = rb.x;
+            X[xb + e + half] = ra.y;
+            X[xb + e + 1u + half] = rb.y;
+        } else {
+            let kb = ((head - p.n_head) * p.capacity + pos) * p.head_dim;
+            kv_put(p.kv_f16 != 0u, false, kb + e, ra.x, rb.x);
+            kv_put(p.kv_f16 != 0u, false, kb + e + half, ra.y, rb.y);
+        }
         return;
     }
     let cs = pos * p.head_dim + 2u * pr;

@@ -9,6 +9,10 @@
 //   scale            1 / sqrt(head_dim)
 //   swizzle, q8_out  attention's output layouts (attention.wgsl)
 //   _c               always 0 (attention_one.wgsl ORs it into its f16 round trip)
+//   window           attention.wgsl: 0, or the sliding window (a query at position p attends to
+//                    keys max(0, p + 1 - window) ..= p only)
+//   neox             rope_store.wgsl: 1 rotates the pairs (i, i + head_dim/2) of each q and k head
+//                    (GGML's NeoX mode), 0 adjacent pairs
 
 struct SeqP {
     n_tok: u32,
@@ -23,4 +27,6 @@ struct SeqP {
     swizzle: u32,
     q8_out: u32,
     _c: u32,
+    window: u32,
+    neox: u32,
 }

@@ -1,7 +1,12 @@
-// silu_mul.wgsl — OUT = silu(G) * U = (G / (1 + exp(-G))) * U, elementwise.
+// silu_mul.wgsl — the gated FFN activation, elementwise: OUT = act(G) * U with
+//   gelu = 0: SiLU (SwiGLU), act(g) = g / (1 + exp(-g))
+//   gelu = 1: tanh-form GELU (GeGLU, Gemma), act(g) = 0.5 g (1 + tanh(u)), u = √(2/π) (g + 0.044715 g³),
+//             computed as g / (1 + exp(-2u)) (the same function; WGSL's exp is specified to a few
+//             ulp, its tanh only through sinh / cosh). u as the CPU reference forms it
+//             (ops::gelu_tanh): √(2/π) · g · (1 + 0.044715 · g · g).
 //
 // Bindings (group 0):
-//   0 uniform P { n_tok, width, in_stride, up_off, swizzle, pair, _, _ }
+//   0 uniform P { n_tok, width, in_stride, up_off, swizzle, pair, gelu, _ }
 //   1 storage read  G: array<f32>    [n_tok, in_stride]; token t's gate values at t * in_stride
 //   2 storage read  U: array<f32>    [n_tok, in_stride]; its up values at t * in_stride + up_off (G and
 //                                     U may be the same buffer: the layer runner's fused gate|up rows)
@@ -20,7 +25,7 @@ struct P {
     up_off: u32,
     swizzle: u32,
     pair: u32,
-    _b: u32,
+    gelu: u32,
     _c: u32,
 }
 
@@ -41,6 +46,11 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec
             let e = i % p.width;
             o = t * p.width + (((e >> 2u) & 7u) * (p.width >> 5u) + (e >> 5u)) * 4u + (e & 3u);
         }
-        OUT[o] = g / (1.0 + exp(-g)) * U[j + p.up_off];
+        var a = g / (1.0 + exp(-g));
+        if (p.gelu != 0u) {
+            let u = 0.7978846 * g * (1.0 + 0.044715 * g * g);
+            a = g / (1.0 + exp(min(-2.0 * u, 80.0))); // no overflow: below, act(g) < 1e-33 |g|
+        }
+        OUT[o] = a * U[j + p.up_off];
     }
 }

@@ -11,6 +11,11 @@
 //! * RMSNorm `2e-5 · |ref| + 1e-7`; RoPE `2.4e-7 · (|x0| + |x1|)`, bitwise on HIP; attention `2e-5`;
 //!   SiLU·mul `2e-6 · |ref| + 1e-7`; residual add bitwise; embedding lookup bitwise (the GPUs
 //!   against `dequantize_row`, the CPU's own table read).
+//! * Gemma 3's parts (the CPU and wgpu; HIP has none of them yet): NeoX RoPE as RoPE; GeGLU
+//!   `4e-6 · |ref| + 2e-7` (wgpu forms tanh through exp: g / (1 + exp(-2u)), exp ≤ 5 ulp and the
+//!   division 2.5 ulp against the CPU's tanh; the CPU's SIMD tanh is a rational approximation, see
+//!   cpu/tests.rs); sliding-window attention as attention; the per-head q/k RMSNorm (rows of
+//!   head_dim 256 with a weight of 256) as RMSNorm.
 
 use std::sync::Arc;
 
@@ -194,7 +199,8 @@ fn rmsnorm_on_every_backend() {
     let _gpu = gpu_lock();
     let all = backends();
     // 2600: several workgroups / CTAs per row, the last one partial
-    for (dim, n) in [(576, 5), (2600, 3)] {
+    // 256: Gemma 3's per-head q/k norm (n_tok · n_head rows of head_dim)
+    for (dim, n) in [(576, 5), (2600, 3), (256, 12)] {
         let x: Vec<f32> = uniform(2, n * dim).iter().map(|v| v * 3.0).collect();
         let g: Vec<f32> = uniform(3, dim).iter().map(|v| 1.0 + 0.1 * v).collect();
         let mut reference = vec![0f32; n * dim];
@@ -228,6 +234,83 @@ fn rope_on_every_backend() {
             // HIP rounds each product as the CPU does: bitwise
             let tol = if p.kind == Kind::Hip { 0.0 } else { 2.4e-7 * (x0[pair].abs() + x0[pair + 1].abs()) };
             assert!((a - r).abs() <= tol, "{} [{i}]: {a} vs {r}", p.name);
+        }
+    }
+    no_gpu_errors(&all);
+}
+
+#[test]
+fn rope_neox_on_every_backend() {
+    let _gpu = gpu_lock();
+    let all = backends();
+    // Gemma 3's head (256, all dims rotated), and a partial rotation (Phi-3-like rope_dims < head_dim)
+    for (n_head, hd, rope_dims) in [(3, 256, 256), (2, 64, 32)] {
+        let table = rope_table(300, hd, rope_dims, 10000.0);
+        let positions: Vec<u32> = vec![0, 1, 7, 128, 299];
+        let x0 = uniform(14, positions.len() * n_head * hd);
+        let mut reference = x0.clone();
+        all[0].backend.rope_neox(&mut reference, &positions, n_head, hd, rope_dims, &table);
+        assert_ne!(reference, x0, "the reference rotates");
+        for p in all.iter().filter(|p| p.kind != Kind::Hip) {
+            let mut x = x0.clone();
+            p.backend.rope_neox(&mut x, &positions, n_head, hd, rope_dims, &table);
+            for (i, (a, r)) in x.iter().zip(&reference).enumerate() {
+                // the element's pair partner: half the rotated span away (none past rope_dims)
+                let d = i % hd;
+                let partner = if d >= rope_dims { i } else if d < rope_dims / 2 { i + rope_dims / 2 } else { i - rope_dims / 2 };
+                let tol = 2.4e-7 * (x0[i].abs() + x0[partner].abs());
+                assert!((a - r).abs() <= tol, "{} hd {hd} rope_dims {rope_dims} [{i}]: {a} vs {r}", p.name);
+            }
+        }
+    }
+    no_gpu_errors(&all);
+}
+
+#[test]
+fn sliding_window_attention_on_every_backend() {
+    let _gpu = gpu_lock();
+    let all = backends();
+    let (cap, heads) = (300, (4, 1, 64));
+    let (k, v) = (f16s(15, cap * 64), f16s(16, cap * 64));
+    // windows inside one tile, across tile edges, of one key, and longer than the context
+    for window in [50usize, 1, 100, 512] {
+        for positions in [vec![299u32], (120..140).collect::<Vec<u32>>(), vec![0], vec![33]] {
+            let q = uniform(17, positions.len() * 4 * 64);
+            let run = |b: &dyn Backend| {
+                let mut out = vec![f32::NAN; q.len()];
+                b.attention(AttentionArgs { q: &q, k_cache: &k, v_cache: &v, capacity: cap, positions: &positions, n_head: heads.0, n_kv_head: heads.1, head_dim: heads.2, window: Some(window), out: &mut out });
+                out
+            };
+            let reference = run(&*all[0].backend);
+            if window < 100 && positions[0] > 100 {
+                let full = attention(&*all[0].backend, &q, &k, &v, cap, &positions, heads);
+                assert!(full.iter().zip(&reference).any(|(a, b)| (a - b).abs() > 1e-3), "the window changes the result");
+            }
+            for p in all.iter().filter(|p| p.kind != Kind::Hip) {
+                let out = run(&*p.backend);
+                for (i, (a, r)) in out.iter().zip(&reference).enumerate() {
+                    assert!((a - r).abs() <= 2e-5, "{} window {window} positions {:?} [{i}]: {a} vs {r}", p.name, &positions[..1]);
+                }
+            }
+        }
+    }
+    no_gpu_errors(&all);
+}
+
+#[test]
+fn gelu_tanh_mul_on_every_backend() {
+    let _gpu = gpu_lock();
+    let all = backends();
+    // [-6, 6): the GELU's curved part and both tails
+    let g0: Vec<f32> = uniform(18, 2000).iter().map(|v| 6.0 * v).collect();
+    let u = uniform(19, 2000);
+    let mut reference = g0.clone();
+    all[0].backend.gelu_tanh_mul(&mut reference, &u);
+    for p in all.iter().filter(|p| p.kind != Kind::Hip) {
+        let mut g = g0.clone();
+        p.backend.gelu_tanh_mul(&mut g, &u);
+        for (i, (a, r)) in g.iter().zip(&reference).enumerate() {
+            assert!((a - r).abs() <= 4e-6 * r.abs() + 2e-7, "{} gelu_tanh_mul [{i}] g {}: {a} vs {r}", p.name, g0[i]);
         }
     }
     no_gpu_errors(&all);

@@ -209,8 +209,9 @@ pub fn place(model: &mut Model, opts: &PlacementOptions) -> Result<Placement, Pl
         return Err(PlacementError::SplitWithoutSplitBackend);
     }
     let mut tiers = Tiers { wgpu: None, hip: None, allow_software: opts.allow_software };
-    // The GPU layer runners (wgpu and HIP) run plain Llama layers: the automatic split keeps any
-    // other layer shape on the CPU, an explicit request for a GPU is an error that says why.
+    // The GPU layer runners each name the layer parts they lack (wgpu: Llama's layer plus NeoX RoPE
+    // and GeGLU; HIP: Llama's): the automatic split keeps a model that either tier refuses on the
+    // CPU, an explicit request for a tier that refuses it is an error that says why.
     let unsupported = if opts.backend == BackendChoice::Cpu { None } else { layers_unsupported(model) };
     if let (Some(why), BackendChoice::Split, None) = (&unsupported, opts.backend, &opts.split) {
         model.offload(Vec::new())?;
@@ -223,8 +224,8 @@ pub fn place(model: &mut Model, opts: &PlacementOptions) -> Result<Placement, Pl
         (BackendChoice::Split, Some(s)) => (s.runs(n_layer)?, "--tensor-split".to_string()),
         (BackendChoice::Split, None) => auto_split(model, &mut tiers)?,
     };
-    if let Some(why) = unsupported {
-        if runs.iter().any(|(d, _)| *d != Device::Cpu) {
+    for (d, _) in &runs {
+        if let Some(why) = tier_unsupported(model, *d) {
             return Err(PlacementError::Unsupported(why));
         }
     }
@@ -240,10 +241,19 @@ pub fn place(model: &mut Model, opts: &PlacementOptions) -> Result<Placement, Pl
     Ok(Placement { n_layer, runs, reason })
 }
 
-/// Why the GPU layer runners (wgpu, HIP) cannot run `model`'s layers (naming the architecture and the parts
-/// it lacks), if it cannot.
+/// Why a GPU layer runner (wgpu or HIP) cannot run `model`'s layers (naming the architecture and
+/// the parts it lacks; wgpu's reason first), if either cannot.
 pub fn layers_unsupported(model: &Model) -> Option<String> {
-    let why = crate::backend::wgpu::layers_unsupported(model)?;
+    tier_unsupported(model, Device::Igpu).or_else(|| tier_unsupported(model, Device::Dgpu))
+}
+
+/// Why tier `d`'s layer runner cannot run `model`'s layers, if it cannot (the CPU runs every model).
+pub fn tier_unsupported(model: &Model, d: Device) -> Option<String> {
+    let why = match d {
+        Device::Cpu => return None,
+        Device::Igpu => crate::backend::wgpu::layers_unsupported(model)?,
+        Device::Dgpu => crate::backend::hip::layers_unsupported(model)?,
+    };
     Some(format!("this {} model needs {why}", model.config.arch))
 }
 

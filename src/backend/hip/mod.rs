@@ -36,7 +36,7 @@ use std::sync::{Arc, OnceLock};
 pub use backend::HipBackend;
 pub use kernels::Tile;
 pub use kv::HipKv;
-pub use layers::{HipActs, HipLayers};
+pub use layers::{layers_unsupported, HipActs, HipLayers};
 
 use crate::backend::offload::OffloadError;
 use kernels::Kernels;

@@ -12,6 +12,7 @@ use half::f16;
 use wgpu::util::DeviceExt;
 
 use super::context::{grid_1d, Kernel, WgpuContext, MAX_HEAD_DIM, WEIGHT_TYPES};
+use super::kv::window_param;
 use super::WgpuError;
 use crate::backend::cpu::ops;
 use crate::backend::{AttentionArgs, Backend, Op, WeightView};
@@ -160,17 +161,29 @@ impl WgpuBackend {
     }
 
     pub fn try_rope(&self, x: &mut [f32], positions: &[u32], n_head: usize, head_dim: usize, cos_sin: &[f32]) -> Result<(), WgpuError> {
+        self.try_rope_mode(x, positions, (n_head, head_dim, head_dim), false, cos_sin)
+    }
+
+    /// RoPE in GGML's NeoX mode (pairs i, i + rope_dims/2) through rope.wgsl.
+    pub fn try_rope_neox(&self, x: &mut [f32], positions: &[u32], n_head: usize, head_dim: usize, rope_dims: usize, cos_sin: &[f32]) -> Result<(), WgpuError> {
+        self.try_rope_mode(x, positions, (n_head, head_dim, rope_dims), true, cos_sin)
+    }
+
+    /// rope.wgsl over `x` ([n_tok, n_head * head_dim]); `heads` = (n_head, head_dim, rope_dims).
+    fn try_rope_mode(&self, x: &mut [f32], positions: &[u32], heads: (usize, usize, usize), neox: bool, cos_sin: &[f32]) -> Result<(), WgpuError> {
+        let (n_head, head_dim, rope_dims) = heads;
         let n = positions.len();
-        if x.len() != n * n_head * head_dim || head_dim % 2 != 0 {
+        if x.len() != n * n_head * head_dim || head_dim % 2 != 0 || rope_dims % 2 != 0 || rope_dims > head_dim {
             return Err(WgpuError::BadShape { got: x.len(), expected: n * n_head * head_dim });
         }
         if positions.iter().any(|&p| (p as usize + 1) * head_dim > cos_sin.len()) {
             return Err(WgpuError::Unsupported("position beyond the RoPE table".into()));
         }
         let input = x.to_vec();
-        let params = [n as u32, n_head as u32, head_dim as u32, (n_head * head_dim) as u32];
+        let params = [n as u32, n_head as u32, head_dim as u32, (n_head * head_dim) as u32, rope_dims as u32, neox as u32, 0, 0];
         let args = [Arg::Bytes(bytemuck::cast_slice(&input)), Arg::Bytes(bytemuck::cast_slice(cos_sin)), Arg::Bytes(bytemuck::cast_slice(positions))];
-        self.run(&self.ctx.kernels.rope, &params, &args, grid_1d(n * n_head * head_dim / 2), 0, x)
+        let pairs = if neox { rope_dims / 2 } else { head_dim / 2 };
+        self.run(&self.ctx.kernels.rope, &params, &args, grid_1d(n * n_head * pairs), 0, x)
     }
 
     pub fn try_attention(&self, a: &mut AttentionArgs<'_>) -> Result<(), WgpuError> {
@@ -183,7 +196,7 @@ impl WgpuBackend {
         }
         let scale = 1.0 / (hd as f32).sqrt();
         let params =
-            [n as u32, 0, a.n_head as u32, a.n_kv_head as u32, hd as u32, a.capacity as u32, 1, (a.n_head * hd) as u32, scale.to_bits(), 0, 0, 0];
+            [n as u32, 0, a.n_head as u32, a.n_kv_head as u32, hd as u32, a.capacity as u32, 1, (a.n_head * hd) as u32, scale.to_bits(), 0, 0, 0, window_param(a.window)];
         let bits = |c: &[f16]| c.iter().map(|h| h.to_bits()).collect::<Vec<u16>>();
         let (kc, vc) = (bits(a.k_cache), bits(a.v_cache));
         let args = [
@@ -252,6 +265,15 @@ impl WgpuBackend {
     }
 
     pub fn try_silu_mul(&self, gate: &mut [f32], up: &[f32]) -> Result<(), WgpuError> {
+        self.try_gated(gate, up, false)
+    }
+
+    /// gate = gelu_tanh(gate) * up (GeGLU) through silu_mul.wgsl.
+    pub fn try_gelu_tanh_mul(&self, gate: &mut [f32], up: &[f32]) -> Result<(), WgpuError> {
+        self.try_gated(gate, up, true)
+    }
+
+    fn try_gated(&self, gate: &mut [f32], up: &[f32], gelu: bool) -> Result<(), WgpuError> {
         if gate.len() != up.len() {
             return Err(WgpuError::BadShape { got: up.len(), expected: gate.len() });
         }
@@ -259,7 +281,7 @@ impl WgpuBackend {
             return Ok(());
         }
         let input = gate.to_vec();
-        let params = [1, gate.len() as u32, gate.len() as u32, 0, 0, 0, 0, 0];
+        let params = [1, gate.len() as u32, gate.len() as u32, 0, 0, 0, gelu as u32, 0];
         let args = [Arg::Bytes(bytemuck::cast_slice(&input)), Arg::Bytes(bytemuck::cast_slice(up)), Arg::Zeroed((gate.len() * 4) as u64)];
         self.run(&self.ctx.kernels.silu_mul, &params, &args, grid_1d(gate.len()), 2, gate)
     }
@@ -347,9 +369,19 @@ impl Backend for WgpuBackend {
         }
     }
 
+    fn rope_neox(&self, x: &mut [f32], positions: &[u32], n_head: usize, head_dim: usize, rope_dims: usize, cos_sin: &[f32]) {
+        let before = x.to_vec();
+        if !self.keep(self.try_rope_neox(x, positions, n_head, head_dim, rope_dims, cos_sin)) {
+            x.copy_from_slice(&before);
+            for (tok, &pos) in x.chunks_exact_mut(n_head * head_dim).zip(positions) {
+                let cs = &cos_sin[pos as usize * head_dim..(pos as usize + 1) * head_dim];
+                tok.chunks_exact_mut(head_dim).for_each(|h| ops::rope_head_neox(h, cs, rope_dims));
+            }
+        }
+    }
+
     fn attention(&self, mut a: AttentionArgs<'_>) {
-        // No WGSL kernel for sliding windows yet: those run on the host.
-        if a.window.is_some() || !self.keep(self.try_attention(&mut a)) {
+        if !self.keep(self.try_attention(&mut a)) {
             let (hd, group, cap) = (a.head_dim, a.n_head / a.n_kv_head.max(1), a.capacity);
             let scale = 1.0 / (hd as f32).sqrt();
             for (i, out) in a.out.chunks_exact_mut(hd).enumerate() {
@@ -368,6 +400,15 @@ impl Backend for WgpuBackend {
         if !self.keep(self.try_silu_mul(gate, up)) {
             for ((g, b), u) in gate.iter_mut().zip(before).zip(up) {
                 *g = ops::silu(b) * u;
+            }
+        }
+    }
+
+    fn gelu_tanh_mul(&self, gate: &mut [f32], up: &[f32]) {
+        let before = gate.to_vec();
+        if !self.keep(self.try_gelu_tanh_mul(gate, up)) {
+            for ((g, b), u) in gate.iter_mut().zip(before).zip(up) {
+                *g = ops::gelu_tanh(b) * u;
             }
         }
     }

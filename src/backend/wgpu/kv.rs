@@ -17,7 +17,7 @@ use std::sync::Arc;
 use super::context::{grid_1d, next_id, Kernel, Kernels, WgpuContext, PARAM_WINDOW};
 use super::plan::Step;
 use super::WgpuError;
-use crate::backend::offload::{DeviceKv, LayerShape, OffloadError, OffloadKv, SeqSpan};
+use crate::backend::offload::{DeviceKv, LayerShape, OffloadError, OffloadKv, RopeStyle, SeqSpan};
 
 /// Element type of the GPU KV cache.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -238,13 +238,21 @@ pub(crate) fn record_seqs<'a>(
 
 /// Parameters of rope_store.wgsl and attention.wgsl for one sequence (rows t0..t0+n_tok).
 /// `q8_out`: attention also writes its output as Q8 rows (see [`attention_q8`]).
-pub(crate) fn seq_params(c: &LayerShape, kv: KvPrecision, capacity: usize, t0: usize, n_tok: usize, q8_out: bool) -> [u32; 12] {
+pub(crate) fn seq_params(c: &LayerShape, kv: KvPrecision, capacity: usize, t0: usize, n_tok: usize, q8_out: bool) -> [u32; 14] {
     let scale = 1.0 / (c.head_dim as f32).sqrt();
     let qkvd = c.n_head * c.head_dim + 2 * c.kv_dim();
     let f16 = (kv == KvPrecision::F16) as u32;
     // attention's output feeds the o projection: swizzled rows (word 9); word 11 must stay 0
     // (attention_one.wgsl ORs it into its f16 round trip so that no compiler folds it away)
-    [n_tok as u32, t0 as u32, c.n_head as u32, c.n_head_kv as u32, c.head_dim as u32, capacity as u32, f16, qkvd as u32, scale.to_bits(), 1, q8_out as u32, 0]
+    // word 12: no sliding window (the layer runner refuses models with windowed layers, layers.rs);
+    // word 13: RoPE pairing of rope_store.wgsl
+    let neox = (c.rope_style == RopeStyle::Neox) as u32;
+    [n_tok as u32, t0 as u32, c.n_head as u32, c.n_head_kv as u32, c.head_dim as u32, capacity as u32, f16, qkvd as u32, scale.to_bits(), 1, q8_out as u32, 0, 0, neox]
+}
+
+/// attention.wgsl's `window` word: 0 without a sliding window.
+pub(crate) fn window_param(window: Option<usize>) -> u32 {
+    window.map_or(0, |w| u32::try_from(w.max(1)).unwrap_or(u32::MAX))
 }
 
 /// Whether the layer runner's attention writes its output as Q8 rows too (attention.wgsl,

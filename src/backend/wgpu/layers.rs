@@ -25,6 +25,7 @@ use std::sync::Arc;
 use super::context::{grid_1d, next_id, WgpuContext, MAX_HEAD_DIM, PARAM_WINDOW};
 use super::kv::{attention_q8, gpu_kv, record_seqs, seq_dispatches, seq_params, GpuKv, KvPrecision, QkvRope, SeqBuffers};
 use super::plan::{batch_plan, one_token_plan, q8_bytes, Acts, PlanCtx, PlanItem, Step};
+use super::DecodePlan;
 use super::upload::{upload_rows, GpuLayer, GpuMatrix};
 use super::WgpuError;
 use crate::backend::cpu::ops::rope_table;
@@ -153,8 +154,10 @@ impl GpuActivations {
 }
 
 /// The parts of `model`'s layers this runner has no kernels for, if any (it runs the plain
-/// Llama layer: adjacent-pair RoPE without scaling, SiLU gate, no biases or extra norms, a query
-/// as wide as the residual stream, every layer global).
+/// Llama layer: RoPE without scaling on adjacent pairs or, rotating the whole head, NeoX's halves
+/// (rope_store.wgsl; the one-token RoPE epilogues are adjacent-only and are not planned for NeoX),
+/// SiLU or GeGLU gate (silu_mul.wgsl; a GeGLU model's one-token steps take the batch plan), no
+/// biases or extra norms, a query as wide as the residual stream, every layer global).
 pub fn layers_unsupported(model: &dyn ModelTensors) -> Option<String> {
     let c = model.shape();
     let mut lacks: Vec<&str> = Vec::new();
@@ -163,10 +166,9 @@ pub fn layers_unsupported(model: &dyn ModelTensors) -> Option<String> {
             lacks.push(part)
         }
     };
-    need(c.rope_style != RopeStyle::Adjacent, "NeoX RoPE");
+    need(c.rope_style == RopeStyle::Neox && c.rope_dims != c.head_dim, "NeoX RoPE over part of a head");
     need(c.rope_freq_scale != 1.0 || model.rope_freqs().is_some(), "RoPE scaling");
     need(c.swa_layers.iter().enumerate().any(|(li, _)| c.window(li).is_some()), "sliding-window layers");
-    need(c.ffn_activation != FfnActivation::Silu, "GeGLU");
     need(c.final_softcap.is_some(), "logit soft-capping");
     need(c.attn_scale != 1.0 / (c.head_dim as f32).sqrt(), "a query scale other than 1/sqrt(head_dim)");
     need(c.q_dim() != c.n_embd, "queries wider than the residual stream");
@@ -237,6 +239,12 @@ impl GpuLayers {
         self.head.as_ref().map(|h| h.out.rows)
     }
 
+    /// Whether a sequence of one token gets attention_one.wgsl (`WgpuOptions::attention_one`;
+    /// it ropes adjacent pairs only, so NeoX models take rope_store + attention).
+    pub(super) fn attention_one(&self) -> bool {
+        self.ctx.attention_one && self.config.rope_style == RopeStyle::Adjacent
+    }
+
     /// Bytes of weights held on the GPU.
     pub(super) fn weights_on_gpu(&self) -> u64 {
         self.gpu.iter().map(GpuLayer::bytes).sum()
@@ -268,11 +276,13 @@ impl GpuLayers {
         let kern = &ctx.kernels;
         let mut plan: Vec<Vec<PlanItem<'_>>> = Vec::new();
         let mut plan1: Vec<Vec<PlanItem<'_>>> = Vec::new();
-        let pc = PlanCtx { kern, q8: ctx.q8, att_q8: attention_q8(ctx.q8, c), stage: ctx.stage, qkv_rope: ctx.qkv_rope && !ctx.attention_one, n_embd: e, norm: Step::RmsNorm { dim: e, eps: c.rms_eps }, qkv_width: qkvd, gu_width: 2 * ff };
+        let pc = PlanCtx { kern, q8: ctx.q8, att_q8: attention_q8(ctx.q8, c), stage: ctx.stage, qkv_rope: ctx.qkv_rope && !ctx.attention_one && c.rope_style == RopeStyle::Adjacent, n_embd: e, norm: Step::RmsNorm { dim: e, eps: c.rms_eps }, qkv_width: qkvd, gu_width: 2 * ff };
         let acts = Acts { x: &x, xn: &xn, xq: &xq, qkv: &qkv, att: &att, gu: &gu, act: &act };
         let mut ropes: Vec<Option<PlanItem<'_>>> = Vec::new();
         for g in &self.gpu {
-            let (one, rope) = one_token_plan(&pc, ctx.decode, g, &acts)?;
+            // the one-token epilogues compute SiLU: a GeGLU model's steps of one token take the batch plan
+            let decode = if c.ffn_activation == FfnActivation::Silu { ctx.decode } else { DecodePlan::Off };
+            let (one, rope) = one_token_plan(&pc, decode, g, &acts)?;
             plan1.push(one);
             ropes.push(rope);
             plan.push(batch_plan(&pc, g, &acts)?);
@@ -437,7 +447,8 @@ impl GpuLayers {
             Step::Quantize { cols, swizzle } => [cols as u32, n32, swizzle as u32, 0, 0, 0, 0, 0],
             Step::SiluMul { pairs } => {
                 let ff = self.config.n_ff as u32;
-                [n32, ff, 2 * ff, if pairs { 1 } else { ff }, 1, pairs as u32, 0, 0]
+                let gelu = (self.config.ffn_activation == FfnActivation::GeluTanh) as u32;
+                [n32, ff, 2 * ff, if pairs { 1 } else { ff }, 1, pairs as u32, gelu, 0]
             }
         }
     }

@@ -108,7 +108,7 @@ impl GpuLayers {
         let mut t0 = 0;
         for (i, s) in seqs.iter().enumerate() {
             let p = seq_params(&self.config, self.kv, gpu_kv(s).capacity, t0, s.n_tok, attention_q8(self.ctx.q8, &self.config));
-            act.words[(n_wide + i) * stride..(n_wide + i) * stride + 12].copy_from_slice(&p);
+            act.words[(n_wide + i) * stride..(n_wide + i) * stride + p.len()].copy_from_slice(&p);
             t0 += s.n_tok;
         }
         let used = (n_wide + seqs.len()) * stride;
@@ -254,7 +254,7 @@ impl GpuLayers {
         wall: Instant,
     ) -> Result<Option<Vec<(&'static str, f64)>>, WgpuError> {
         let ctx = &self.ctx;
-        let n_dispatch = act.layers.iter().map(|l| l.lists(n).0.len() + l.lists(n).1.len()).sum::<usize>() + self.gpu.len() * seq_dispatches(seqs, self.ctx.attention_one);
+        let n_dispatch = act.layers.iter().map(|l| l.lists(n).0.len() + l.lists(n).1.len()).sum::<usize>() + self.gpu.len() * seq_dispatches(seqs, self.attention_one());
         let n_queries = if prof == Prof::Span { 2 } else { 2 * n_dispatch as u32 };
         let qs = ctx.device.create_query_set(&wgpu::QuerySetDescriptor { label: Some("profile"), ty: wgpu::QueryType::Timestamp, count: n_queries });
         let mut labels: Vec<&'static str> = Vec::new();
@@ -343,7 +343,7 @@ impl GpuLayers {
             if let Some((i, q, bind)) = rope {
                 emit("norm + matvec qkv + rope + kv store", &q.kernel.pipeline, bind, Some(seq_offset(i)), self.grid_of(q.step, 1));
             }
-            record_seqs(self.ctx.attention_one, rope.is_some(), &self.ctx.kernels, &self.config, seqs, li, |label, pipeline, bind, i, grid| emit(label, pipeline, bind, Some(seq_offset(i)), grid));
+            record_seqs(self.attention_one(), rope.is_some(), &self.ctx.kernels, &self.config, seqs, li, |label, pipeline, bind, i, grid| emit(label, pipeline, bind, Some(seq_offset(i)), grid));
             for d in post {
                 emit(d.label, &d.pipeline, &d.bind, None, self.grid_of(d.step, n));
             }
