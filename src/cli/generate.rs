@@ -79,6 +79,10 @@ pub struct GenerateArgs {
     /// Stop before this string (repeatable; with --server).
     #[arg(long, requires = "server")]
     pub stop: Vec<String>,
+    /// A document for the answer to draw on (repeatable, in order; with --server): put at the
+    /// start of the user message as its own chunk (--cache-mode blend reuses its KV).
+    #[arg(long = "document", requires = "server")]
+    pub documents: Vec<String>,
     #[command(flatten)]
     pub backend: super::BackendArgs,
 }
@@ -92,6 +96,7 @@ pub enum CacheModeArg {
     Trust,
     Exact,
     Equivalent,
+    Blend,
 }
 
 impl CacheModeArg {
@@ -104,6 +109,7 @@ impl CacheModeArg {
             CacheModeArg::Trust => proto::CacheMode::Trust,
             CacheModeArg::Exact => proto::CacheMode::Exact,
             CacheModeArg::Equivalent => proto::CacheMode::Equivalent,
+            CacheModeArg::Blend => proto::CacheMode::Blend,
         }
     }
 }
@@ -262,6 +268,7 @@ async fn remote(a: &GenerateArgs, url: &str) -> anyhow::Result<()> {
         seed: a.seed,
         stop: a.stop.clone(),
         cache_mode: a.cache_mode.to_proto() as i32,
+        documents: a.documents.clone(),
         ..Default::default()
     };
     let mut out = std::io::stdout().lock();

@@ -132,6 +132,15 @@ fn stop(o: &Map<String, Value>) -> Result<Vec<String>, ApiError> {
     }
 }
 
+/// `documents` (an extension): a list of strings, put at the start of the last user message.
+fn documents(o: &Map<String, Value>) -> Result<Vec<String>, ApiError> {
+    match get(o, "documents") {
+        None | Some(Value::Null) => Ok(Vec::new()),
+        Some(Value::Array(items)) => items.iter().map(|d| d.as_str().map(str::to_string).ok_or_else(|| wrong("documents", "a list of strings", d))).collect(),
+        Some(other) => Err(wrong("documents", "a list of strings", other)),
+    }
+}
+
 /// Reads a request body (already known to be a JSON object).
 pub fn parse(kind: Kind, o: &Map<String, Value>) -> Result<Parsed, ApiError> {
     let mut r = Request { model: opt_str(o, "model")?.unwrap_or_default().to_string(), ..Request::default() };
@@ -183,6 +192,7 @@ pub fn parse(kind: Kind, o: &Map<String, Value>) -> Result<Parsed, ApiError> {
         Some(v) => Some(v.as_u64().ok_or_else(|| wrong("seed", "a non-negative integer", v))?),
     };
     r.stop = stop(o)?;
+    r.documents = documents(o)?;
     opt_str(o, "user")?;
     let stream = opt_bool(o, "stream")?.unwrap_or(false);
     let include_usage = match get(o, "stream_options") {
@@ -198,7 +208,7 @@ pub fn parse(kind: Kind, o: &Map<String, Value>) -> Result<Parsed, ApiError> {
 }
 
 pub fn parse_cache_mode(s: &str) -> Result<CacheMode, String> {
-    CacheMode::parse(s).ok_or_else(|| format!("unknown cache mode {s:?}: use auto, bypass, refresh, verified, trust or exact"))
+    CacheMode::parse(s).ok_or_else(|| format!("unknown cache mode {s:?}: use auto, bypass, refresh, verified, trust, exact, equivalent or blend"))
 }
 
 /// OpenAI's `finish_reason`.
@@ -237,6 +247,8 @@ pub fn forge(o: &Outcome) -> Value {
         "tokens_computed": o.tokens_computed,
         "tokens_reused": o.tokens_reused,
         "kv_tokens_reused": o.kv_tokens_reused,
+        "blend_tokens_reused": o.blend_tokens_reused,
+        "blend_tokens_recomputed": o.blend_tokens_recomputed,
         "draft_tokens": o.draft_tokens,
         "draft_tokens_accepted": o.draft_tokens_accepted,
         "equivalence": o.equivalence.map(|e| json!({"mean_margin": e.mean_margin, "worst_margin": e.worst_margin})),
