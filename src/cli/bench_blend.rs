@@ -46,7 +46,7 @@ pub struct BenchBlendArgs {
     pub json: bool,
 }
 
-const SYSTEM: &str = "Answer the question from the documents with a few words.";
+const SYSTEM: &str = "Reply with only the short answer phrase, copied from the documents. No sentence.";
 
 struct Prompt {
     docs: Vec<String>,

@@ -341,12 +341,16 @@ mod tests {
             &obj(json!({
                 "model": "m", "messages": [{"role": "developer", "content": "Be brief."}, {"role": "user", "content": [{"type": "text", "text": "Hi"}]}],
                 "max_tokens": 9, "max_completion_tokens": 7, "temperature": 0, "stop": "\n", "n": 1, "user": "u1",
-                "stream": true, "stream_options": {"include_usage": true}, "cache_mode": "EXACT", "frequency_penalty": 0.5, "whatever": [1]
+                "stream": true, "stream_options": {"include_usage": true}, "cache_mode": "EXACT", "frequency_penalty": 0.5, "whatever": [1],
+                "documents": ["Doc one.", "Doc two."]
             })),
         )
         .expect("valid");
         assert_eq!(p.request.messages, vec![ChatMessage { role: "system".into(), content: "Be brief.".into() }, ChatMessage { role: "user".into(), content: "Hi".into() }]);
         assert_eq!((p.request.max_tokens, p.request.stop.clone(), p.stream, p.include_usage, p.cache_mode), (Some(7), vec!["\n".to_string()], true, true, Some(CacheMode::Exact)));
+        assert_eq!(p.request.documents, vec!["Doc one.".to_string(), "Doc two.".to_string()]);
+        let blend = parse(Kind::Chat, &obj(json!({"messages": [{"role": "user", "content": "Hi"}], "cache_mode": "blend"}))).expect("blend");
+        assert_eq!((blend.cache_mode, blend.request.documents.len()), (Some(CacheMode::Blend), 0));
     }
 
     #[test]
@@ -362,6 +366,8 @@ mod tests {
             (json!({"messages": [{"role": "user", "content": "x"}], "stop": [1]}), "stop"),
             (json!({"messages": [{"role": "user", "content": "x"}], "cache_mode": "sometimes"}), "cache_mode"),
             (json!({"messages": [{"role": "user", "content": 5}]}), "messages[0].content"),
+            (json!({"messages": [{"role": "user", "content": "x"}], "documents": "one"}), "documents"),
+            (json!({"messages": [{"role": "user", "content": "x"}], "documents": ["a", 2]}), "documents"),
         ];
         for (body, param) in cases {
             let e = parse(Kind::Chat, &obj(body.clone())).expect_err("must fail");
