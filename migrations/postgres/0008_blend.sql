@@ -1,7 +1,7 @@
 -- 0008 (PostgreSQL twin of migrations/0008_blend.sql): the BLEND cache mode. PostgreSQL
 -- replaces the two CHECK constraints in place (SQLite rebuilds the table); `kv_requests` gains
--- the BLEND columns (no rows are written here: with the shared store the KV tiers live in each
--- replica's memory) and `v_kv_reuse` sums them, so both schemas stay one.
+-- the BLEND columns (written with the shared block tier, `--kv-storage blob`) and `v_kv_reuse`
+-- sums them, so both schemas stay one.
 
 ALTER TABLE inferences DROP CONSTRAINT inferences_cache_mode;
 ALTER TABLE inferences ADD CONSTRAINT inferences_cache_mode
