@@ -59,13 +59,26 @@ pub enum CacheMode {
     /// teacher-forced pass, finds as acceptable as for its own question is served without
     /// decoding, when the learned region bounds the error rate; else VERIFIED.
     Equivalent,
+    /// Opt-in and lossy: the request's documents reuse KV computed for them at other positions
+    /// (re-rotated, a fraction of their tokens recomputed: CacheBlend); no answer cache is read
+    /// or written, and the answer may differ from the uncached one.
+    Blend,
 }
 
 impl CacheMode {
-    pub const ALL: [CacheMode; 7] =
-        [CacheMode::Auto, CacheMode::Bypass, CacheMode::Refresh, CacheMode::Verified, CacheMode::Trust, CacheMode::Exact, CacheMode::Equivalent];
+    pub const ALL: [CacheMode; 8] = [
+        CacheMode::Auto,
+        CacheMode::Bypass,
+        CacheMode::Refresh,
+        CacheMode::Verified,
+        CacheMode::Trust,
+        CacheMode::Exact,
+        CacheMode::Equivalent,
+        CacheMode::Blend,
+    ];
 
-    /// The store's text: `auto`, `bypass`, `refresh`, `verified`, `trust`, `exact`, `equivalent`.
+    /// The store's text: `auto`, `bypass`, `refresh`, `verified`, `trust`, `exact`, `equivalent`,
+    /// `blend`.
     pub fn as_str(self) -> &'static str {
         match self {
             CacheMode::Auto => "auto",
@@ -75,6 +88,7 @@ impl CacheMode {
             CacheMode::Trust => "trust",
             CacheMode::Exact => "exact",
             CacheMode::Equivalent => "equivalent",
+            CacheMode::Blend => "blend",
         }
     }
 
@@ -103,10 +117,13 @@ pub enum ServedFrom {
     /// A neighbour's answer that the model scored (one teacher-forced pass, no decoding) as
     /// acceptable for this question (cache mode EQUIVALENT).
     Equivalent,
+    /// The model computed the answer over document KV reused at other positions (cache mode
+    /// BLEND: lossy).
+    Blend,
 }
 
 impl ServedFrom {
-    pub const ALL: [ServedFrom; 7] = [
+    pub const ALL: [ServedFrom; 8] = [
         ServedFrom::Model,
         ServedFrom::Exact,
         ServedFrom::Fact,
@@ -114,9 +131,11 @@ impl ServedFrom {
         ServedFrom::Partial,
         ServedFrom::Trust,
         ServedFrom::Equivalent,
+        ServedFrom::Blend,
     ];
 
-    /// The store's text: `MODEL`, `EXACT`, `FACT`, `VERIFIED`, `PARTIAL`, `TRUST`, `EQUIVALENT`.
+    /// The store's text: `MODEL`, `EXACT`, `FACT`, `VERIFIED`, `PARTIAL`, `TRUST`, `EQUIVALENT`,
+    /// `BLEND`.
     pub fn as_str(self) -> &'static str {
         match self {
             ServedFrom::Model => "MODEL",
@@ -126,6 +145,7 @@ impl ServedFrom {
             ServedFrom::Partial => "PARTIAL",
             ServedFrom::Trust => "TRUST",
             ServedFrom::Equivalent => "EQUIVALENT",
+            ServedFrom::Blend => "BLEND",
         }
     }
 
@@ -133,9 +153,9 @@ impl ServedFrom {
         ServedFrom::ALL.into_iter().find(|t| t.as_str() == s)
     }
 
-    /// Whether the model ran for this answer (MODEL, VERIFIED, PARTIAL).
+    /// Whether the model ran for this answer (MODEL, VERIFIED, PARTIAL, BLEND).
     pub fn computed(self) -> bool {
-        matches!(self, ServedFrom::Model | ServedFrom::Verified | ServedFrom::Partial)
+        matches!(self, ServedFrom::Model | ServedFrom::Verified | ServedFrom::Partial | ServedFrom::Blend)
     }
 }
 

@@ -305,6 +305,8 @@ fn shared_kv_blocks_are_stored_once_by_concurrent_replicas() {
                     kv_tokens_reused: 0,
                     partial_tokens: 0,
                     prompt_tokens: 16,
+                    blend_tokens_reused: 0,
+                    blend_tokens_recomputed: 0,
                     load_ms: 0.0,
                     memory_bytes: 0,
                     fragment: None,
@@ -335,7 +337,7 @@ fn shared_kv_blocks_are_stored_once_by_concurrent_replicas() {
     let more: Vec<NewBlock> = (4..8).map(block).collect();
     let id = stores[1].record_inference(&sample("t", None, ServedFrom::Model, CacheMode::Auto)).expect("inference");
     let r = Record { tenant: "t", model_id: "m", inference_id: id, used: &[], new_blocks: &more, prompt_blocks: 4, blocks_memory: 0, blocks_disk: 0, blocks_corrupt: 0,
-        kv_tokens_reused: 0, partial_tokens: 0, prompt_tokens: 16, load_ms: 0.0, memory_bytes: 0, fragment: None };
+        kv_tokens_reused: 0, partial_tokens: 0, prompt_tokens: 16, blend_tokens_reused: 0, blend_tokens_recomputed: 0, load_ms: 0.0, memory_bytes: 0, fragment: None };
     assert_eq!(tiers[1].record(&r).expect("record"), 4);
     assert_eq!(one("SELECT count(*) FROM kv_lineage"), 6);
     assert_eq!(tiers[1].usage(), (6 * bytes, 6));

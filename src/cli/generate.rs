@@ -80,6 +80,10 @@ pub struct GenerateArgs {
     /// Stop before this string (repeatable; with --server).
     #[arg(long, requires = "server")]
     pub stop: Vec<String>,
+    /// A document for the answer to draw on (repeatable, in order; with --server): put at the
+    /// start of the user message as its own chunk (--cache-mode blend reuses its KV).
+    #[arg(long = "document", requires = "server")]
+    pub documents: Vec<String>,
     #[command(flatten)]
     pub backend: super::BackendArgs,
 }
@@ -238,6 +242,7 @@ async fn remote(a: &GenerateArgs, url: &str) -> anyhow::Result<()> {
         seed: a.seed,
         stop: a.stop.clone(),
         cache_mode: proto::CacheMode::from(a.cache_mode) as i32,
+        documents: a.documents.clone(),
         ..Default::default()
     };
     let mut out = std::io::stdout().lock();

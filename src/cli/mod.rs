@@ -3,6 +3,7 @@
 
 mod ab;
 mod bench;
+mod bench_blend;
 mod bench_kv;
 mod bench_kv_replicas;
 mod bench_serve;
@@ -61,6 +62,8 @@ pub enum Command {
     /// Time to first token with KV-block reuse: cold, warm (memory), after a restart (disk), on SQuAD documents;
     /// with --postgres, a second replica's, KV blocks per replica vs shared.
     BenchKv(bench_kv::BenchKvArgs),
+    /// Cache mode BLEND on SQuAD: answer agreement and F1 vs a full prefill, TTFT, per recompute ratio.
+    BenchBlend(bench_blend::BenchBlendArgs),
     /// Time to first token of short requests while long prompts are being prefilled (0, 1, 4 at once).
     BenchTtft(bench_serve::BenchTtftArgs),
     /// Launch to the EXACT answer of a restarted `serve` on an existing store.
@@ -93,6 +96,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Embed(args) => embed::run(&args),
         Command::Bench(args) => bench::run(&args),
         Command::BenchKv(args) => bench_kv::run(&args),
+        Command::BenchBlend(args) => bench_blend::run(&args),
         Command::BenchTtft(args) => bench_serve::run_ttft(&args),
         Command::BenchRestart(args) => bench_serve::run_restart(&args),
         Command::Hardware(args) => hardware::run(&args),

@@ -118,6 +118,10 @@ pub struct ServeArgs {
     /// bounds the table), file = none (each replica keeps its blocks in memory).
     #[arg(long, default_value = "file", value_parser = ["file", "blob"])]
     pub kv_storage: String,
+    /// BLEND (cache mode, opt-in, lossy): percent of document tokens recomputed in every layer
+    /// (the rest reuse the documents' KV computed elsewhere; 100 = the full prefill's KV).
+    #[arg(long, default_value_t = KvConfig::default().blend_recompute as f64 * 100.0, value_parser = percent)]
+    pub blend_recompute: f64,
     /// Turn KV-block reuse off.
     #[arg(long)]
     pub no_kv_reuse: bool,
@@ -139,7 +143,16 @@ impl ServeArgs {
             block_tokens: self.kv_block_tokens as usize,
             codec: Codec::parse(&self.kv_codec)?,
             storage: if self.kv_storage == "blob" { Storage::Blob } else { Storage::File },
+            blend_recompute: (self.blend_recompute / 100.0) as f32,
         }))
+    }
+}
+
+/// A percentage 0 ..= 100.
+fn percent(s: &str) -> Result<f64, String> {
+    match s.trim().trim_end_matches('%').parse::<f64>() {
+        Ok(v) if (0.0..=100.0).contains(&v) => Ok(v),
+        _ => Err(format!("{s:?} is not a percentage from 0 to 100")),
     }
 }
 
@@ -165,7 +178,7 @@ fn parse_tenant_mode(s: &str) -> Result<(String, CacheMode), String> {
     if !forge_cache::pipeline::tenants::valid_tenant_name(t) {
         return Err(format!("{t:?} is not a valid tenant name"));
     }
-    let mode = CacheMode::parse(m).ok_or_else(|| format!("unknown cache mode {m:?}: auto, bypass, refresh, verified, trust, exact, equivalent"))?;
+    let mode = CacheMode::parse(m).ok_or_else(|| format!("unknown cache mode {m:?}: auto, bypass, refresh, verified, trust, exact, equivalent, blend"))?;
     Ok((t.to_string(), mode))
 }
 

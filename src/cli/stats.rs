@@ -96,6 +96,14 @@ fn render(all: &[Stats]) -> String {
                 k.disk_blocks
             ));
         }
+        if k.blend_tokens_reused + k.blend_tokens_recomputed > 0 {
+            out.push_str(&format!(
+                "  BLEND: {} document tokens reused at other positions, {} recomputed ({:.1}%)\n",
+                k.blend_tokens_reused,
+                k.blend_tokens_recomputed,
+                100.0 * k.blend_tokens_recomputed as f64 / (k.blend_tokens_reused + k.blend_tokens_recomputed) as f64
+            ));
+        }
     }
     out
 }

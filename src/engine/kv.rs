@@ -172,19 +172,37 @@ impl KvCache {
 
     /// Stores rows `k`, `v` ([n_tok, n_head_kv * head_dim]) at positions `start..start+n_tok`.
     pub fn store(&mut self, layer: usize, start: usize, k: &[f32], v: &[f32]) {
+        let row = self.n_head_kv * self.head_dim;
+        self.store_rows(layer, k, v, |t| start + t, row);
+    }
+
+    /// Stores rows `k`, `v` ([n_tok, n_head_kv * head_dim]) at `positions` (one per row, any
+    /// order: a forward call over scattered tokens, BLEND's selective recompute).
+    pub fn store_at(&mut self, layer: usize, positions: &[u32], k: &[f32], v: &[f32]) {
+        let row = self.n_head_kv * self.head_dim;
+        debug_assert_eq!(positions.len() * row, k.len());
+        self.store_rows(layer, k, v, |t| positions[t] as usize, row);
+    }
+
+    fn store_rows(&mut self, layer: usize, k: &[f32], v: &[f32], pos: impl Fn(usize) -> usize, row: usize) {
         let (hd, cap) = (self.head_dim, self.capacity);
         let r = self.layer_range(layer);
-        let row = self.n_head_kv * hd;
         for (src, dst) in [(k, &mut self.k), (v, &mut self.v)] {
             let dst = &mut dst[r.clone()];
             for (t, tok) in src.chunks_exact(row).enumerate() {
+                let p = pos(t);
                 for (h, head) in tok.chunks_exact(hd).enumerate() {
-                    let at = (h * cap + start + t) * hd;
+                    let at = (h * cap + p) * hd;
                     for (d, s) in dst[at..at + hd].iter_mut().zip(head) {
                         *d = f16::from_f32(*s);
                     }
                 }
             }
         }
+    }
+
+    /// (KV heads, head dimension).
+    pub fn head_shape(&self) -> (usize, usize) {
+        (self.n_head_kv, self.head_dim)
     }
 }

@@ -10,6 +10,7 @@
 //! * `sampler` — greedy / temperature / top-k / top-p sampling, seeded
 //! * `generate` — prefill + decode loop on token ids, with timings
 //! * `prefix` — [`PrefixCache`], what the engine needs from a prefix cache (`workload` implements it)
+//! * `blend` — BLEND: spans of KV computed elsewhere, re-rotated into place, partly recomputed
 //! * `scheduler` — continuous batching: one engine thread, a bounded queue, shared forward passes
 //! * `fair` — the scheduler's policy: slots per tenant, step budget in time, prompt chunks shared per tenant
 //! * `eval` — perplexity (llama.cpp's method)
@@ -18,6 +19,7 @@
 //! * `placement` — which layers run on the CPU and which on the GPU (`--backend`, `--tensor-split`)
 //! * `bench` — llama-bench-style speed tests (ppN, tgN, tgN@dD)
 
+pub mod blend;
 pub mod chat;
 pub mod bench;
 pub mod config;

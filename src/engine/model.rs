@@ -143,7 +143,7 @@ impl Model {
         let c = &self.config;
         let max_tokens = max_tokens.max(1);
         let z = |n: usize| vec![0f32; max_tokens * n];
-        let swa = c.sliding_window.is_some() && (c.rope_base_swa != c.rope_base || c.rope_freq_scale != 1.0 || self.weights.rope_freqs.is_some());
+        let swa = self.swa_rope();
         RunState {
             max_tokens,
             x: z(c.n_embd),
@@ -292,7 +292,7 @@ impl Model {
     /// global layers and, when they differ, the sliding-window layers. Each row depends only on
     /// its position (GGML's arithmetic: θ_i = pos · base^(-2i/rope_dims) by repeated
     /// multiplication in f32, divided by the frequency factor, times the linear scale).
-    fn fill_rope(&self, state: &mut RunState, n: usize) {
+    pub(super) fn fill_rope(&self, state: &mut RunState, n: usize) {
         let c = &self.config;
         let hd = c.head_dim;
         let factors = self.weights.rope_freqs.as_deref();
@@ -304,6 +304,56 @@ impl Model {
                 ops::rope_row(pos, c.rope_dims, c.rope_base_swa, 1.0, None, row);
             }
         }
+    }
+
+    /// BLEND's start: the embeddings of `tokens` in rows 0.. of the residual stream at positions
+    /// 0.. (the whole prompt, one sequence), with their RoPE rows.
+    pub(super) fn embed_all(&self, state: &mut RunState, tokens: &[u32]) -> Result<(), ModelError> {
+        let (c, e) = (&self.config, self.config.n_embd);
+        if tokens.len() > state.max_tokens {
+            return Err(ModelError::BatchTooLarge { got: tokens.len(), max: state.max_tokens });
+        }
+        let emb = self.weights.token_embd.view(&self.gguf);
+        for (t, &tok) in tokens.iter().enumerate() {
+            if tok as usize >= c.vocab_size {
+                return Err(ModelError::BadToken { id: tok, vocab: c.vocab_size });
+            }
+            let x = &mut state.x[t * e..(t + 1) * e];
+            dequantize_row(emb.ty, emb.row(tok as usize), x);
+            if let Some(scale) = c.embed_scale {
+                x.iter_mut().for_each(|v| *v *= scale);
+            }
+            state.pos[t] = t as u32;
+        }
+        self.fill_rope(state, tokens.len());
+        Ok(())
+    }
+
+    /// BLEND's selective recompute: keeps the residual rows `rows` (ascending positions of the
+    /// rows [`Model::embed_all`] wrote) as rows 0.. at their positions, with their RoPE rows.
+    pub(super) fn keep_rows(&self, state: &mut RunState, rows: &[u32]) {
+        let e = self.config.n_embd;
+        for (j, &p) in rows.iter().enumerate() {
+            let p = p as usize;
+            debug_assert!(p >= j);
+            if p != j {
+                state.x.copy_within(p * e..(p + 1) * e, j * e);
+            }
+            state.pos[j] = p as u32;
+        }
+        self.fill_rope(state, rows.len());
+    }
+
+    /// Whether sliding-window layers rotate with their own RoPE rows (base, scale or factors
+    /// differ from the global layers').
+    pub(super) fn swa_rope(&self) -> bool {
+        let c = &self.config;
+        c.sliding_window.is_some() && (c.rope_base_swa != c.rope_base || c.rope_freq_scale != 1.0 || self.weights.rope_freqs.is_some())
+    }
+
+    /// Whether any layers run on another tier (their KV lives there).
+    pub(super) fn has_offload(&self) -> bool {
+        !self.segments.is_empty()
     }
 
     /// Layer `li` alone on the backend over `state`'s residual stream as it is (calibration):
@@ -333,7 +383,7 @@ impl Model {
 
     /// Layer `li` on the backend for the `n` tokens of `seqs` (KV in the host part of each cache):
     /// the attention block, then the feed-forward block, each added to the residual stream.
-    fn cpu_layer(&self, li: usize, state: &mut RunState, seqs: &mut [SeqBatch<'_>], n: usize) {
+    pub(super) fn cpu_layer(&self, li: usize, state: &mut RunState, seqs: &mut [SeqBatch<'_>], n: usize) {
         let c = &self.config;
         let b = &*self.backend;
         let g = &self.gguf;
@@ -383,8 +433,8 @@ impl Model {
         let mut t0 = 0;
         for s in seqs.iter_mut() {
             let m = s.tokens.len();
-            let start = s.kv.len();
-            s.kv.store(li, start, &state.k[t0 * kvd..(t0 + m) * kvd], &state.v[t0 * kvd..(t0 + m) * kvd]);
+            // At each token's position (`kv.len()..` for a forward call; scattered for BLEND).
+            s.kv.store_at(li, &pos[t0..t0 + m], &state.k[t0 * kvd..(t0 + m) * kvd], &state.v[t0 * kvd..(t0 + m) * kvd]);
             let (kc, vc) = s.kv.layer(li);
             b.attention(AttentionArgs {
                 q: &state.q[t0 * qd..(t0 + m) * qd],

@@ -3,10 +3,12 @@
 //! KV cache at admission, is told what the sequence computed (once its prompt is prefilled, and
 //! at the end), and comes back by value with the finished result
 //! ([`super::scheduler::Finished::prefix`]). The engine never sees keys, tiers or storage:
-//! those stay in `workload`, which implements this trait.
+//! those stay in `workload`, which implements this trait. A cache may offer a [`Blend`] instead
+//! of a prefix (cache mode BLEND): spans of KV computed elsewhere, which the engine blends in.
 
 use std::any::Any;
 
+use super::blend::Blend;
 use super::KvCache;
 
 pub trait PrefixCache: Send + std::fmt::Debug {
@@ -20,6 +22,12 @@ pub trait PrefixCache: Send + std::fmt::Debug {
     /// positions): the cache may keep what it has not seen yet. Called when the prompt is
     /// prefilled and again when the sequence finishes.
     fn publish(&mut self, kv: &KvCache, prompt: &[u32], generated: &[u32]);
+
+    /// BLEND: spans of the prompt whose KV comes from elsewhere, to blend instead of loading a
+    /// prefix ([`super::blend`]); `None` (the default) for a prefix cache.
+    fn blend(&mut self) -> Option<&mut Blend> {
+        None
+    }
 
     /// Gives the cache back to its owner as its concrete type.
     fn into_any(self: Box<Self>) -> Box<dyn Any + Send>;

@@ -506,7 +506,7 @@ impl Engine<'_> {
             }
         }
         let mut kv = self.model.new_kv(job.prompt.len() + job.params.max_tokens);
-        let kv_reused = job.kv.as_mut().map_or(0, |p| p.load(&mut kv, &job.prompt));
+        let kv_reused = job.kv.as_mut().map_or(0, |p| super::blend::load(self.model, p.as_mut(), &mut kv, &job.prompt));
         let mut feed = Vec::with_capacity(job.prompt.len() + job.params.max_tokens + 1);
         feed.extend_from_slice(&job.prompt);
         // Scoring feeds the continuation but its last token (whose own row predicts nothing asked).

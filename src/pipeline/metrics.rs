@@ -193,6 +193,8 @@ mod tests {
             tokens_computed: 7,
             tokens_reused: 0,
             kv_tokens_reused: 0,
+            blend_tokens_reused: 0,
+            blend_tokens_recomputed: 0,
             queue_ms: 0.1,
             prefill_ms: 1.0,
             decode_ms: 2.0,

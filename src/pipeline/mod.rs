@@ -178,6 +178,8 @@ pub struct Pipeline {
     pub(crate) semantic: Option<Arc<SemanticCache>>,
     /// KV-block reuse (`None`: off).
     pub(crate) kv: Option<Arc<KvWorkload>>,
+    /// BLEND: the fraction of document tokens recomputed, unless a request says otherwise.
+    pub(crate) blend_recompute: f32,
     /// Generate calls in progress (from arrival to their last message).
     pub(crate) in_flight: Arc<AtomicUsize>,
     /// Embeds new facts while no request runs (with the semantic tier).
@@ -292,6 +294,7 @@ impl Pipeline {
             default_max_tokens: config.default_max_tokens,
             semantic,
             kv,
+            blend_recompute: config.kv.as_ref().map_or(crate::workload::DEFAULT_BLEND_RECOMPUTE, |k| k.blend_recompute),
             metrics: Metrics::new(),
             tenant_modes: config.tenant_modes.clone(),
             next_request: AtomicU64::new(1),

@@ -15,7 +15,7 @@ use crate::cache::equivalent::{self, Score};
 use crate::store::semantic::{EquivalenceObservation, Outcome as SemanticOutcome};
 use crate::store::{CachedAnswer, NewInference};
 use crate::vocab::{CacheMode, ServedFrom, StopReason};
-use crate::workload::ReportData;
+use crate::workload::{BlendData, ReportData};
 
 /// Where an answer came from and what it cost.
 pub(crate) struct Answer {
@@ -48,6 +48,8 @@ pub(crate) struct Answer {
     /// What KV reuse did (the plan the engine gave back; a cancelled request: what was
     /// planned, no new blocks). `None`: no KV reuse for this request.
     pub(crate) kv: Option<ReportData>,
+    /// What BLEND did (the plan the engine gave back). `None`: not a BLEND request.
+    pub(crate) blend: Option<BlendData>,
 }
 
 impl Answer {
@@ -75,6 +77,7 @@ impl Answer {
             logprobs: None,
             equivalence: None,
             kv: None,
+            blend: None,
         }
     }
 }
@@ -137,8 +140,17 @@ impl Pipeline {
                 Err(e) => tracing::warn!(inference_id = id, error = %e, "storing the KV blocks failed"),
             }
         }
+        if let (Some(kv), Some(blend)) = (&self.kv, &a.blend) {
+            if let Err(e) = kv.finish_blend(&p.tenant, blend, id, p.prompt_ids.len()) {
+                tracing::warn!(inference_id = id, error = %e, "recording what BLEND reused failed");
+            }
+            if let Some(why) = &blend.engine.fallback {
+                tracing::info!(inference_id = id, reason = %why, "BLEND ran as a full prefill");
+            }
+        }
         let computed = a.from.computed() && a.stop != StopReason::Cancelled;
-        if computed && p.mode != CacheMode::Bypass {
+        // BYPASS learns nothing; BLEND's answers are lossy: no facts, no semantic index.
+        if computed && !matches!(p.mode, CacheMode::Bypass | CacheMode::Blend) {
             if let Err(e) = self.store.learn(&p.tenant, id, p.question.as_deref(), &p.prompt_hash, &a.text) {
                 tracing::warn!(inference_id = id, error = %e, "fact extraction failed");
             }
@@ -172,6 +184,8 @@ impl Pipeline {
             tokens_computed: a.tokens_computed,
             tokens_reused: a.tokens_reused,
             kv_tokens_reused: a.kv_tokens_reused,
+            blend_tokens_reused: a.blend.as_ref().map_or(0, |b| b.engine.reused),
+            blend_tokens_recomputed: a.blend.as_ref().map_or(0, |b| b.engine.recomputed),
             queue_ms: ms(a.queue),
             prefill_ms: ms(a.prefill),
             decode_ms: ms(a.decode),

@@ -43,6 +43,12 @@ pub struct Request {
     pub cache_mode: CacheMode,
     /// The served model's name or id; empty = the served model.
     pub model: String,
+    /// Documents the answer may draw on, put at the start of the (last) user message, each as
+    /// its own chunk of tokens (cache mode BLEND reuses a chunk's KV wherever it recurs).
+    pub documents: Vec<String>,
+    /// BLEND: the fraction of document tokens to recompute (0 ..= 1); `None`: the server's.
+    /// Not on the wire: for benchmarks in the process.
+    pub blend_recompute: Option<f32>,
 }
 
 /// Where an answer came from and what it cost: the last piece of every answer.
@@ -69,6 +75,9 @@ pub struct Outcome {
     pub tokens_reused: usize,
     /// Prompt tokens whose KV came from stored blocks.
     pub kv_tokens_reused: usize,
+    /// BLEND: document tokens that kept KV computed elsewhere, and those recomputed.
+    pub blend_tokens_reused: usize,
+    pub blend_tokens_recomputed: usize,
     pub queue_ms: f64,
     pub prefill_ms: f64,
     pub decode_ms: f64,

@@ -21,7 +21,7 @@ use super::Pipeline;
 use crate::engine::scheduler::{Event, Job};
 use crate::engine::PrefixCache;
 use crate::vocab::{CacheMode, ServedFrom, StopReason};
-use crate::workload::{KvPlan, ReportData};
+use crate::workload::{BlendPlan, KvPlan, ReportData};
 
 /// Pieces buffered towards a slow client before generation waits for it.
 const STREAM_BUFFER: usize = 64;
@@ -45,7 +45,22 @@ impl Drop for InFlight {
 /// A request after the caches: its answer, or what the engine needs.
 enum Served {
     Cached(String, Vec<u32>, Outcome),
-    Model(Plan, Vec<crate::engine::scheduler::Draft>, Option<KvPlan>),
+    Model(Plan, Vec<crate::engine::scheduler::Draft>, Option<Kv>),
+}
+
+/// What a computed request reuses: a stored prefix, or (BLEND) its documents' KV.
+enum Kv {
+    Prefix(KvPlan),
+    Blend(BlendPlan),
+}
+
+impl Kv {
+    fn into_cache(self) -> Box<dyn PrefixCache> {
+        match self {
+            Kv::Prefix(p) => Box::new(p),
+            Kv::Blend(b) => Box::new(b),
+        }
+    }
 }
 
 fn chunk(text: String, token_ids: Vec<u32>, outcome: Option<Outcome>) -> Chunk {
@@ -108,7 +123,10 @@ impl Pipeline {
         };
         // What reuse is planned, kept for a request whose client goes away (its plan stays with
         // the cancelled sequence).
-        let planned = kv.as_ref().map(|k| ReportData { new_blocks: Vec::new(), ..k.report().clone() });
+        let planned = match &kv {
+            Some(Kv::Prefix(k)) => Some(ReportData { new_blocks: Vec::new(), ..k.report().clone() }),
+            _ => None,
+        };
         let (events_tx, events) = mpsc::unbounded_channel();
         let job = Job {
             prompt: plan.prompt_ids.clone(),
@@ -116,11 +134,12 @@ impl Pipeline {
             stop_strings: plan.stop_strings.clone(),
             events: events_tx,
             drafts,
-            kv: kv.map(|k| Box::new(k) as Box<dyn PrefixCache>),
+            kv: kv.map(Kv::into_cache),
             tenant: plan.tenant.clone(),
             // The answer's log-probabilities are what EQUIVALENT compares a later paraphrase's
             // scores with (and the fresh answer's likelihood when it explores).
-            logprobs: plan.mode != CacheMode::Bypass,
+            // BLEND's lossy answers are never candidates: nothing to compare with.
+            logprobs: !matches!(plan.mode, CacheMode::Bypass | CacheMode::Blend),
             score: None,
         };
         if let Err(e) = self.scheduler.submit(job) {
@@ -137,10 +156,13 @@ impl Pipeline {
     }
 
     /// The KV plan of a request the model will compute: its longest stored prefix (memory, then
-    /// disk). Blocking.
-    fn prepare_kv(&self, plan: &Plan) -> Option<KvPlan> {
+    /// disk), or for BLEND its documents' stored KV. Blocking.
+    fn prepare_kv(&self, plan: &Plan) -> Option<Kv> {
         let kv = self.kv.as_ref().filter(|_| plan.kv_reuse)?;
-        Some(kv.prepare(&plan.tenant, &plan.prompt_ids))
+        if plan.mode == CacheMode::Blend {
+            return Some(Kv::Blend(kv.prepare_blend(&plan.tenant, &plan.prompt_ids, &plan.chunks, plan.blend_recompute)));
+        }
+        Some(Kv::Prefix(kv.prepare(&plan.tenant, &plan.prompt_ids)))
     }
 
     /// Forwards the engine's events to the client; records the answer at the end, or the partial
@@ -172,12 +194,29 @@ impl Pipeline {
                     }
                 }
                 Some(Event::Done(mut f)) => {
-                    let kv = f.prefix.take().and_then(|p| p.into_any().downcast::<KvPlan>().ok()).map(|p| p.into_report());
+                    let (kv, blend) = match f.prefix.take().map(|p| p.into_any()) {
+                        Some(any) => match any.downcast::<KvPlan>() {
+                            Ok(p) => (Some(p.into_report()), None),
+                            Err(any) => (None, any.downcast::<BlendPlan>().ok().map(|b| b.data())),
+                        },
+                        None => (None, None),
+                    };
                     let tail = f.text.get(sent_text.len()..).unwrap_or_default().to_string();
                     let (from, source) = match (&f.served_by, &f.partial_source) {
                         (Some(d), _) => (ServedFrom::Verified, Some(d)),
                         (None, Some(d)) => (ServedFrom::Partial, Some(d)),
+                        (None, None) if plan.mode == CacheMode::Blend => (ServedFrom::Blend, None),
                         (None, None) => (ServedFrom::Model, None),
+                    };
+                    // BLEND: the scheduler fed the last prompt token; the blend computed the rest
+                    // of the prompt outside the documents and the recomputed document tokens.
+                    let (computed, reused, kv_reused) = match &blend {
+                        Some(b) if b.engine.fallback.is_none() => {
+                            let e = &b.engine;
+                            (f.computed + e.other.saturating_sub(1) + e.recomputed + e.span_computed, e.reused, e.reused)
+                        }
+                        Some(_) => (f.computed, 0, 0),
+                        None => (f.computed, f.draft_accepted + f.kv_reused, f.kv_reused),
                     };
                     let answer = Answer {
                         from,
@@ -186,14 +225,14 @@ impl Pipeline {
                         stop: f.stop,
                         source_inference_id: source.map(|d| d.source),
                         source_fact_id: None,
-                        tokens_computed: f.computed,
-                        tokens_reused: f.draft_accepted + f.kv_reused,
+                        tokens_computed: computed,
+                        tokens_reused: reused,
                         queue: f.queue_time,
                         prefill: f.prefill_time,
                         decode: f.decode_time,
                         peak_batch: f.peak_batch,
                         ttft: ttft.or_else(|| Some(plan.received.elapsed())),
-                        kv_tokens_reused: f.kv_reused,
+                        kv_tokens_reused: kv_reused,
                         draft_tokens: f.draft_tokens,
                         draft_accepted: f.draft_accepted,
                         candidates_tried: f.candidates_tried,
@@ -201,6 +240,7 @@ impl Pipeline {
                         logprobs: Some(f.logprobs),
                         equivalence: None,
                         kv,
+                        blend,
                     };
                     let last = self.record(plan, answer).await.map(|outcome| chunk(tail, Vec::new(), Some(outcome)));
                     // Done before the client hears so: its next request finds the service idle.
@@ -226,7 +266,8 @@ impl Pipeline {
         drop(events);
         let reused = planned.as_ref().map_or(0, |r| r.reused_tokens);
         let computed = plan.prompt_ids.len() - reused + sent_ids.len().saturating_sub(1);
-        let mut answer = Answer::stored(ServedFrom::Model, sent_text, sent_ids, StopReason::Cancelled, reused);
+        let from = if plan.mode == CacheMode::Blend { ServedFrom::Blend } else { ServedFrom::Model };
+        let mut answer = Answer::stored(from, sent_text, sent_ids, StopReason::Cancelled, reused);
         answer.tokens_computed = computed;
         answer.kv_tokens_reused = reused;
         answer.ttft = ttft;

@@ -21,6 +21,13 @@ use crate::vocab::CacheMode;
 /// Stands for the question when a prompt is rendered to find its semantic scope.
 const QUESTION_PLACEHOLDER: &str = "\u{1}question\u{1}";
 
+/// Stands for the documents in the rendered prompt until they are tokenized as chunks.
+const DOCUMENTS_PLACEHOLDER: &str = "\u{1}documents\u{1}";
+
+/// At most this many documents per request, each at most [`MAX_DOCUMENT_BYTES`].
+pub const MAX_DOCUMENTS: usize = 16;
+pub const MAX_DOCUMENT_BYTES: usize = 32 * 1024;
+
 /// At most this many stop strings, each at most [`MAX_STOP_BYTES`].
 pub const MAX_STOPS: usize = 16;
 pub const MAX_STOP_BYTES: usize = 256;
@@ -68,6 +75,17 @@ pub struct Plan {
     pub(crate) equivalence_checks: usize,
     /// Whether the request may reuse and store KV blocks (not BYPASS, reuse configured).
     pub(crate) kv_reuse: bool,
+    /// The documents' token spans in `prompt_ids`: (start, length), in order.
+    pub(crate) chunks: Vec<(usize, usize)>,
+    /// BLEND: the fraction of document tokens recomputed.
+    pub(crate) blend_recompute: f32,
+}
+
+/// A rendered prompt: its text, its token ids, where the documents' tokens are.
+struct Rendered {
+    text: String,
+    ids: Vec<u32>,
+    chunks: Vec<(usize, usize)>,
 }
 
 impl Pipeline {
@@ -82,8 +100,16 @@ impl Pipeline {
             CacheMode::Auto => self.tenant_modes.get(&tenant).copied().unwrap_or(CacheMode::Auto),
             m => m,
         };
-        let (prompt, question, around) = self.render(req)?;
-        let prompt_ids = self.tokenizer.encode_prompt(&prompt).map_err(|e| invalid(format!("cannot tokenize the prompt: {e}")))?;
+        if mode == CacheMode::Blend && self.kv.is_none() {
+            return Err(invalid("cache mode BLEND reuses stored KV: this server runs without KV reuse (--no-kv-reuse)"));
+        }
+        let blend_recompute = match req.blend_recompute {
+            Some(r) if !(0.0..=1.0).contains(&r) => return Err(invalid(format!("blend_recompute {r} is not in 0 ..= 1"))),
+            Some(r) => r,
+            None => self.blend_recompute,
+        };
+        let (rendered, question, around) = self.render(req)?;
+        let Rendered { text: prompt, ids: prompt_ids, chunks } = rendered;
         if prompt_ids.len() >= self.context {
             return Err(invalid(GenerateError::PromptTooLong { prompt: prompt_ids.len(), context: self.context }.to_string()));
         }
@@ -106,7 +132,7 @@ impl Pipeline {
             return Err(invalid(format!("stop takes at most {MAX_STOPS} non-empty strings of at most {MAX_STOP_BYTES} bytes")));
         }
         let cache_key = match mode {
-            CacheMode::Bypass => None,
+            CacheMode::Bypass | CacheMode::Blend => None,
             CacheMode::Auto | CacheMode::Refresh | CacheMode::Verified | CacheMode::Trust | CacheMode::Exact | CacheMode::Equivalent => exact_key(&KeyParts {
                 tenant: &tenant,
                 model_id: &self.model_id,
@@ -117,7 +143,7 @@ impl Pipeline {
             }),
         };
         let scope = match (mode, &around, &self.semantic) {
-            (CacheMode::Bypass, _, _) | (_, None, _) | (_, _, None) => None,
+            (CacheMode::Bypass | CacheMode::Blend, _, _) | (_, None, _) | (_, _, None) => None,
             (_, Some(around), Some(_)) => Some(semantic::scope(&tenant, &self.model_id, around)),
         };
         let params_json = serde_json::json!({
@@ -145,12 +171,71 @@ impl Pipeline {
             top: None,
             equivalence: None,
             equivalence_checks: 0,
+            chunks,
+            blend_recompute,
         })
     }
 
-    /// The prompt text the model sees, the question when the request is a single question, and
-    /// then the prompt rendered with a placeholder in the question's place.
-    fn render(&self, req: &Request) -> Result<(String, Option<String>, Option<String>), ServiceError> {
+    /// The prompt the model sees (text, ids, the documents' spans), the question when the
+    /// request is a single question without documents, and then the prompt rendered with a
+    /// placeholder in the question's place.
+    fn render(&self, req: &Request) -> Result<(Rendered, Option<String>, Option<String>), ServiceError> {
+        if req.documents.is_empty() {
+            let (text, question, around) = self.render_text(req)?;
+            let ids = self.tokenizer.encode_prompt(&text).map_err(|e| invalid(format!("cannot tokenize the prompt: {e}")))?;
+            return Ok((Rendered { text, ids, chunks: Vec::new() }, question, around));
+        }
+        if req.documents.len() > MAX_DOCUMENTS {
+            return Err(invalid(format!("{} documents: at most {MAX_DOCUMENTS} per request", req.documents.len())));
+        }
+        for (i, d) in req.documents.iter().enumerate() {
+            if d.trim().is_empty() || d.len() > MAX_DOCUMENT_BYTES || d.contains(DOCUMENTS_PLACEHOLDER) {
+                return Err(invalid(format!("document {} must be non-empty text of at most {MAX_DOCUMENT_BYTES} bytes", i + 1)));
+            }
+        }
+        if req.raw {
+            return Err(invalid("documents go into the chat template's user message: not with raw"));
+        }
+        if self.template.is_none() {
+            return Err(invalid("this model has no chat template: documents need one"));
+        }
+        // The documents at the start of the last user message, each tokenized on its own (its
+        // tokens the same wherever it goes), control tokens in them left as plain text.
+        let mut marked = req.clone();
+        marked.documents.clear();
+        if marked.messages.is_empty() {
+            marked.prompt.insert_str(0, DOCUMENTS_PLACEHOLDER);
+        } else {
+            match marked.messages.iter_mut().rev().find(|m| m.role == "user") {
+                Some(m) => m.content.insert_str(0, DOCUMENTS_PLACEHOLDER),
+                None => return Err(invalid("documents go into a user message: the request has none")),
+            }
+        }
+        let (text, _, _) = self.render_text(&marked)?;
+        let Some((before, after)) = text.split_once(DOCUMENTS_PLACEHOLDER) else {
+            return Err(invalid("the chat template dropped the user message that holds the documents"));
+        };
+        let tok = |e: crate::engine::tokenizer::TokenizerError| invalid(format!("cannot tokenize the prompt: {e}"));
+        let mut ids = self.tokenizer.encode_prompt(before).map_err(tok)?;
+        let mut full = before.to_string();
+        let mut chunks = Vec::with_capacity(req.documents.len());
+        for d in &req.documents {
+            let piece = format!("{}\n\n", d.trim());
+            let t = self.tokenizer.encode(&piece, false).map_err(tok)?;
+            chunks.push((ids.len(), t.len()));
+            ids.extend(t);
+            full.push_str(&piece);
+        }
+        ids.extend(self.tokenizer.encode(after, true).map_err(tok)?);
+        full.push_str(after);
+        if chunks.first().is_some_and(|c| c.0 == 0) {
+            return Err(invalid("the chat template puts the documents first: BLEND needs a token before them"));
+        }
+        Ok((Rendered { text: full, ids, chunks }, None, None))
+    }
+
+    /// The prompt text, the question and the masked prompt (see [`Pipeline::render`]).
+    fn render_text(&self, req: &Request) -> Result<(String, Option<String>, Option<String>), ServiceError> {
         match (req.prompt.is_empty(), req.messages.is_empty()) {
             (false, false) => return Err(invalid("give either prompt or messages, not both")),
             (true, true) => return Err(invalid("the prompt is empty")),

@@ -22,6 +22,7 @@ impl From<vocab::ServedFrom> for ServedFrom {
             vocab::ServedFrom::Partial => ServedFrom::Partial,
             vocab::ServedFrom::Trust => ServedFrom::Trust,
             vocab::ServedFrom::Equivalent => ServedFrom::Equivalent,
+            vocab::ServedFrom::Blend => ServedFrom::Blend,
         }
     }
 }
@@ -38,6 +39,7 @@ impl TryFrom<ServedFrom> for vocab::ServedFrom {
             ServedFrom::Partial => Ok(vocab::ServedFrom::Partial),
             ServedFrom::Trust => Ok(vocab::ServedFrom::Trust),
             ServedFrom::Equivalent => Ok(vocab::ServedFrom::Equivalent),
+            ServedFrom::Blend => Ok(vocab::ServedFrom::Blend),
             ServedFrom::Unspecified => Err(s),
         }
     }
@@ -79,6 +81,7 @@ impl From<CacheMode> for vocab::CacheMode {
             CacheMode::Trust => vocab::CacheMode::Trust,
             CacheMode::Exact => vocab::CacheMode::Exact,
             CacheMode::Equivalent => vocab::CacheMode::Equivalent,
+            CacheMode::Blend => vocab::CacheMode::Blend,
         }
     }
 }
@@ -93,6 +96,7 @@ impl From<vocab::CacheMode> for CacheMode {
             vocab::CacheMode::Trust => CacheMode::Trust,
             vocab::CacheMode::Exact => CacheMode::Exact,
             vocab::CacheMode::Equivalent => CacheMode::Equivalent,
+            vocab::CacheMode::Blend => CacheMode::Blend,
         }
     }
 }
@@ -125,6 +129,8 @@ impl From<pipeline::Outcome> for Outcome {
             equivalence_mean_margin: o.equivalence.map_or(0.0, |e| e.mean_margin as f32),
             equivalence_worst_margin: o.equivalence.map_or(0.0, |e| e.worst_margin as f32),
             equivalence_checks: o.equivalence_checks as u32,
+            blend_tokens_reused: o.blend_tokens_reused as u32,
+            blend_tokens_recomputed: o.blend_tokens_recomputed as u32,
         }
     }
 }
@@ -152,6 +158,8 @@ impl From<GenerateRequest> for pipeline::Request {
             seed: r.seed,
             stop: r.stop,
             model: r.model,
+            documents: r.documents,
+            blend_recompute: None,
         }
     }
 }

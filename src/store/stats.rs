@@ -56,6 +56,9 @@ pub struct KvStats {
     pub partial_tokens_reused: u64,
     /// Prompt tokens computed (not reused).
     pub prompt_tokens_computed: u64,
+    /// BLEND: document tokens that kept KV computed elsewhere, and those recomputed.
+    pub blend_tokens_reused: u64,
+    pub blend_tokens_recomputed: u64,
     /// Whole blocks in the prompts; of those, found in memory / on disk; damaged ones found.
     pub prompt_blocks: u64,
     pub blocks_from_memory: u64,
@@ -204,6 +207,8 @@ pub(crate) fn assemble(raw: Raw, filter: &StatsFilter) -> Vec<Stats> {
             sum.requests += k.requests;
             sum.kv_tokens_reused += k.kv_tokens_reused;
             sum.partial_tokens_reused += k.partial_tokens_reused;
+            sum.blend_tokens_reused += k.blend_tokens_reused;
+            sum.blend_tokens_recomputed += k.blend_tokens_recomputed;
             sum.prompt_tokens_computed += k.prompt_tokens_computed;
             sum.prompt_blocks += k.prompt_blocks;
             sum.blocks_from_memory += k.blocks_from_memory;
@@ -234,20 +239,21 @@ fn kv_stats(conn: &Connection, filter: &StatsFilter, since: Option<&str>) -> Res
     let mut out: BTreeMap<String, KvStats> = BTreeMap::new();
     let mut stmt = conn.prepare(
         "SELECT tenant, COUNT(*), SUM(kv_tokens_reused), SUM(prompt_blocks), SUM(blocks_memory), SUM(blocks_disk), SUM(blocks_corrupt),
-                SUM(partial_tokens), SUM(MAX(prompt_tokens - kv_tokens_reused, 0))
+                SUM(partial_tokens), SUM(MAX(prompt_tokens - kv_tokens_reused, 0)), SUM(blend_tokens_reused), SUM(blend_tokens_recomputed)
          FROM kv_requests
          WHERE (?1 IS NULL OR tenant = ?1) AND (?2 IS NULL OR created_at >= strftime('%Y-%m-%dT%H:%M:%fZ', 'now', ?2))
          GROUP BY tenant",
     )?;
     let u = |v: i64| v.max(0) as u64;
     for row in stmt.query_map(rusqlite::params![filter.tenant, since], |r| {
-        Ok((r.get::<_, String>(0)?, [r.get::<_, i64>(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?, r.get(6)?, r.get(7)?, r.get(8)?]))
+        Ok((r.get::<_, String>(0)?, [r.get::<_, i64>(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?, r.get(6)?, r.get(7)?, r.get(8)?, r.get(9)?, r.get(10)?]))
     })? {
         let (tenant, v) = row?;
         let k = out.entry(tenant).or_default();
         (k.requests, k.kv_tokens_reused, k.prompt_blocks, k.blocks_from_memory, k.blocks_from_disk, k.blocks_corrupt) =
             (u(v[0]), u(v[1]), u(v[2]), u(v[3]), u(v[4]), u(v[5]));
         (k.partial_tokens_reused, k.prompt_tokens_computed) = (u(v[6]), u(v[7]));
+        (k.blend_tokens_reused, k.blend_tokens_recomputed) = (u(v[8]), u(v[9]));
     }
     let mut stmt = conn.prepare("SELECT tenant, COUNT(*), COALESCE(SUM(size_bytes), 0) FROM kv_lineage WHERE ?1 IS NULL OR tenant = ?1 GROUP BY tenant")?;
     for row in stmt.query_map([&filter.tenant], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?, r.get::<_, i64>(2)?)))? {

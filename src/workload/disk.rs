@@ -66,6 +66,9 @@ pub struct Record<'a> {
     pub partial_tokens: usize,
     /// Tokens of the prompt.
     pub prompt_tokens: usize,
+    /// BLEND: document tokens that kept KV computed elsewhere, and those recomputed.
+    pub blend_tokens_reused: usize,
+    pub blend_tokens_recomputed: usize,
     pub load_ms: f64,
     pub memory_bytes: u64,
     /// The recurring prompt part it reused: (key of its last block, tokens, text).
@@ -345,8 +348,9 @@ impl DiskTier {
         }
         tx.execute(
             "INSERT INTO kv_requests (inference_id, tenant, prompt_blocks, blocks_memory, blocks_disk, blocks_corrupt, blocks_stored,
-                 kv_tokens_reused, load_ms, store_ms, memory_bytes, disk_bytes, partial_tokens, prompt_tokens)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
+                 kv_tokens_reused, load_ms, store_ms, memory_bytes, disk_bytes, partial_tokens, prompt_tokens,
+                 blend_tokens_reused, blend_tokens_recomputed)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)",
             params![
                 r.inference_id,
                 r.tenant,
@@ -362,6 +366,8 @@ impl DiskTier {
                 (resident * self.block_bytes as u64) as i64,
                 r.partial_tokens as i64,
                 r.prompt_tokens as i64,
+                r.blend_tokens_reused as i64,
+                r.blend_tokens_recomputed as i64,
             ],
         )?;
         if let Some((key, tokens, text)) = &r.fragment {
@@ -538,6 +544,8 @@ mod tests {
             kv_tokens_reused: 0,
             partial_tokens: 0,
             prompt_tokens: 0,
+            blend_tokens_reused: 0,
+            blend_tokens_recomputed: 0,
             load_ms: 0.0,
             memory_bytes: 0,
             fragment: None,

@@ -8,6 +8,8 @@
 //! * `codec` — the on-disk encodings (f16 lossless by default; q8_0 / q4_0 lossy) and checksums
 //! * `disk` — the persistent tier: `kv_lineage` rows, bytes in a memory-mapped side file (or
 //!   BLOBs), a byte budget with LRU eviction, corrupt blocks detected and dropped
+//! * `blend` — BLEND: document chunks' KV under a key chain of their own, and the [`BlendPlan`]
+//!   the engine blends from
 //! * `shared` — the same tier on the PostgreSQL store (`--kv-storage blob`): blocks as `bytea`
 //!   rows every replica on the database loads
 //! * `plan` — [`KvPlan`], the engine's `PrefixCache` (load the prefix at admission, publish
@@ -21,6 +23,7 @@
 //! bitwise batch invariant and f16 blocks are stored byte for byte, a greedy answer with reuse is
 //! token for token the answer without it.
 
+pub mod blend;
 pub mod codec;
 pub mod disk;
 pub mod index;
@@ -32,6 +35,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
+pub use blend::{chunk_tenant, BlendData, BlendPlan};
 pub use codec::{Codec, CodecError};
 pub use disk::{side_file_path, DiskTier, Storage};
 pub use index::{Block, Child, Geometry, MemoryIndex};
@@ -62,6 +66,9 @@ pub enum WorkloadError {
     DamagedIndex { what: String, side: std::path::PathBuf },
 }
 
+/// BLEND's default recompute ratio (docs/perf.md, "BLEND": chosen from the SQuAD numbers).
+pub const DEFAULT_BLEND_RECOMPUTE: f32 = 0.15;
+
 /// How the service reuses KV blocks.
 #[derive(Debug, Clone, PartialEq)]
 pub struct KvConfig {
@@ -77,11 +84,13 @@ pub struct KvConfig {
     /// `bytea` rows shared by every replica, `File` means no persistent tier (each replica's
     /// blocks stay in its memory).
     pub storage: Storage,
+    /// BLEND: the fraction of document tokens recomputed in every layer (0 ..= 1).
+    pub blend_recompute: f32,
 }
 
 impl Default for KvConfig {
     fn default() -> Self {
-        KvConfig { memory_bytes: 512 << 20, disk_bytes: 2 << 30, block_tokens: 16, codec: Codec::F16, storage: Storage::File }
+        KvConfig { memory_bytes: 512 << 20, disk_bytes: 2 << 30, block_tokens: 16, codec: Codec::F16, storage: Storage::File, blend_recompute: DEFAULT_BLEND_RECOMPUTE }
     }
 }
 
@@ -281,11 +290,40 @@ impl KvWorkload {
             kv_tokens_reused: r.reused_tokens,
             partial_tokens: r.partial_tokens,
             prompt_tokens: r.prompt_tokens,
+            blend_tokens_reused: 0,
+            blend_tokens_recomputed: 0,
             load_ms: r.load_ms,
             memory_bytes: self.memory.usage().0,
             fragment,
         })?;
         Ok(stored)
+    }
+
+    /// After a BLEND request was recorded as `inference_id`: its numbers in `kv_requests`. The
+    /// chunks' blocks stay in the memory tier (a chunk's KV is recomputed after a restart).
+    pub fn finish_blend(&self, tenant: &str, data: &BlendData, inference_id: i64, prompt_tokens: usize) -> Result<(), WorkloadError> {
+        let Some(disk) = &self.disk else { return Ok(()) };
+        let e = &data.engine;
+        disk.record(&disk::Record {
+            tenant,
+            model_id: &self.model_id,
+            inference_id,
+            used: &[],
+            new_blocks: &[],
+            prompt_blocks: 0,
+            blocks_memory: 0,
+            blocks_disk: 0,
+            blocks_corrupt: 0,
+            kv_tokens_reused: e.reused,
+            partial_tokens: 0,
+            prompt_tokens,
+            blend_tokens_reused: e.reused,
+            blend_tokens_recomputed: e.recomputed,
+            load_ms: 0.0,
+            memory_bytes: self.memory.usage().0,
+            fragment: None,
+        })?;
+        Ok(())
     }
 
     /// (bytes, blocks) in memory and on disk.

@@ -192,8 +192,9 @@ impl SharedTier {
             let n = |v: usize| v as i64;
             tx.execute(
                 "INSERT INTO kv_requests (inference_id, tenant, prompt_blocks, blocks_memory, blocks_disk, blocks_corrupt, blocks_stored,
-                     kv_tokens_reused, load_ms, store_ms, memory_bytes, disk_bytes, partial_tokens, prompt_tokens)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)",
+                     kv_tokens_reused, load_ms, store_ms, memory_bytes, disk_bytes, partial_tokens, prompt_tokens,
+                     blend_tokens_reused, blend_tokens_recomputed)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)",
                 &[
                     &r.inference_id,
                     &r.tenant,
@@ -209,6 +210,8 @@ impl SharedTier {
                     &((resident * self.block_bytes as u64) as i64),
                     &n(r.partial_tokens),
                     &n(r.prompt_tokens),
+                    &n(r.blend_tokens_reused),
+                    &n(r.blend_tokens_recomputed),
                 ],
             )?;
             if let Some((key, count, text)) = &r.fragment {

@@ -132,6 +132,15 @@ fn stop(o: &Map<String, Value>) -> Result<Vec<String>, ApiError> {
     }
 }
 
+/// `documents` (an extension): a list of strings, put at the start of the last user message.
+fn documents(o: &Map<String, Value>) -> Result<Vec<String>, ApiError> {
+    match get(o, "documents") {
+        None | Some(Value::Null) => Ok(Vec::new()),
+        Some(Value::Array(items)) => items.iter().map(|d| d.as_str().map(str::to_string).ok_or_else(|| wrong("documents", "a list of strings", d))).collect(),
+        Some(other) => Err(wrong("documents", "a list of strings", other)),
+    }
+}
+
 /// Reads a request body (already known to be a JSON object).
 pub fn parse(kind: Kind, o: &Map<String, Value>) -> Result<Parsed, ApiError> {
     let mut r = Request { model: opt_str(o, "model")?.unwrap_or_default().to_string(), ..Request::default() };
@@ -183,6 +192,7 @@ pub fn parse(kind: Kind, o: &Map<String, Value>) -> Result<Parsed, ApiError> {
         Some(v) => Some(v.as_u64().ok_or_else(|| wrong("seed", "a non-negative integer", v))?),
     };
     r.stop = stop(o)?;
+    r.documents = documents(o)?;
     opt_str(o, "user")?;
     let stream = opt_bool(o, "stream")?.unwrap_or(false);
     let include_usage = match get(o, "stream_options") {
@@ -198,7 +208,7 @@ pub fn parse(kind: Kind, o: &Map<String, Value>) -> Result<Parsed, ApiError> {
 }
 
 pub fn parse_cache_mode(s: &str) -> Result<CacheMode, String> {
-    CacheMode::parse(s).ok_or_else(|| format!("unknown cache mode {s:?}: use auto, bypass, refresh, verified, trust or exact"))
+    CacheMode::parse(s).ok_or_else(|| format!("unknown cache mode {s:?}: use auto, bypass, refresh, verified, trust, exact, equivalent or blend"))
 }
 
 /// OpenAI's `finish_reason`.
@@ -237,6 +247,8 @@ pub fn forge(o: &Outcome) -> Value {
         "tokens_computed": o.tokens_computed,
         "tokens_reused": o.tokens_reused,
         "kv_tokens_reused": o.kv_tokens_reused,
+        "blend_tokens_reused": o.blend_tokens_reused,
+        "blend_tokens_recomputed": o.blend_tokens_recomputed,
         "draft_tokens": o.draft_tokens,
         "draft_tokens_accepted": o.draft_tokens_accepted,
         "equivalence": o.equivalence.map(|e| json!({"mean_margin": e.mean_margin, "worst_margin": e.worst_margin})),
@@ -329,12 +341,16 @@ mod tests {
             &obj(json!({
                 "model": "m", "messages": [{"role": "developer", "content": "Be brief."}, {"role": "user", "content": [{"type": "text", "text": "Hi"}]}],
                 "max_tokens": 9, "max_completion_tokens": 7, "temperature": 0, "stop": "\n", "n": 1, "user": "u1",
-                "stream": true, "stream_options": {"include_usage": true}, "cache_mode": "EXACT", "frequency_penalty": 0.5, "whatever": [1]
+                "stream": true, "stream_options": {"include_usage": true}, "cache_mode": "EXACT", "frequency_penalty": 0.5, "whatever": [1],
+                "documents": ["Doc one.", "Doc two."]
             })),
         )
         .expect("valid");
         assert_eq!(p.request.messages, vec![ChatMessage { role: "system".into(), content: "Be brief.".into() }, ChatMessage { role: "user".into(), content: "Hi".into() }]);
         assert_eq!((p.request.max_tokens, p.request.stop.clone(), p.stream, p.include_usage, p.cache_mode), (Some(7), vec!["\n".to_string()], true, true, Some(CacheMode::Exact)));
+        assert_eq!(p.request.documents, vec!["Doc one.".to_string(), "Doc two.".to_string()]);
+        let blend = parse(Kind::Chat, &obj(json!({"messages": [{"role": "user", "content": "Hi"}], "cache_mode": "blend"}))).expect("blend");
+        assert_eq!((blend.cache_mode, blend.request.documents.len()), (Some(CacheMode::Blend), 0));
     }
 
     #[test]
@@ -350,6 +366,8 @@ mod tests {
             (json!({"messages": [{"role": "user", "content": "x"}], "stop": [1]}), "stop"),
             (json!({"messages": [{"role": "user", "content": "x"}], "cache_mode": "sometimes"}), "cache_mode"),
             (json!({"messages": [{"role": "user", "content": 5}]}), "messages[0].content"),
+            (json!({"messages": [{"role": "user", "content": "x"}], "documents": "one"}), "documents"),
+            (json!({"messages": [{"role": "user", "content": "x"}], "documents": ["a", 2]}), "documents"),
         ];
         for (body, param) in cases {
             let e = parse(Kind::Chat, &obj(body.clone())).expect_err("must fail");

@@ -53,7 +53,8 @@ impl PgStore {
             let mut kv: std::collections::BTreeMap<String, KvStats> = std::collections::BTreeMap::new();
             for r in c.query(
                 "SELECT tenant, COUNT(*), SUM(kv_tokens_reused)::bigint, SUM(prompt_blocks)::bigint, SUM(blocks_memory)::bigint,
-                        SUM(blocks_disk)::bigint, SUM(blocks_corrupt)::bigint
+                        SUM(blocks_disk)::bigint, SUM(blocks_corrupt)::bigint, SUM(blend_tokens_reused)::bigint,
+                        SUM(blend_tokens_recomputed)::bigint
                  FROM kv_requests WHERE ($1::text IS NULL OR tenant = $1) AND ($2::float8 IS NULL OR created_at >= forge_ago($2)) GROUP BY tenant",
                 &[&filter.tenant, &since],
             )? {
@@ -61,6 +62,7 @@ impl PgStore {
                 let k = kv.entry(r.try_get(0)?).or_default();
                 (k.requests, k.kv_tokens_reused, k.prompt_blocks, k.blocks_from_memory, k.blocks_from_disk, k.blocks_corrupt) =
                     (u(1)?, u(2)?, u(3)?, u(4)?, u(5)?, u(6)?);
+                (k.blend_tokens_reused, k.blend_tokens_recomputed) = (u(7)?, u(8)?);
                 k.block_hit_rate = stats::hit_rate(k);
             }
             Ok(Raw { rows: out, counts, kv })
