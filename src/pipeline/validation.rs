@@ -1,8 +1,13 @@
 //! Validation, the pipeline's first stage: every field of a [`Request`] is checked, the prompt is
-//! rendered with the model's chat template and tokenized, and what the later stages need is
-//! derived once (exact-cache key, semantic scope, whether KV blocks may be reused, the parameters recorded). The
-//! result is a [`Plan`]; nothing after this stage looks at the request again. Errors are
+//! rendered with the model's chat template, and what the later stages need is derived once
+//! (exact-cache key, semantic scope, whether KV blocks may be reused, the parameters recorded).
+//! The result is a [`Plan`]; nothing after this stage looks at the request again. Errors are
 //! `INVALID_ARGUMENT` (or NOT_FOUND for another model) with a message saying what to change.
+//!
+//! Its second half, [`Pipeline::tokenize`], runs only when an answer needs the prompt's tokens:
+//! the exact key is made of the rendered text, so FACT and EXACT look up before it, and an
+//! EXACT hit whose row kept its prompt's ids is answered without the tokenizer (which a
+//! restarted service is still building).
 
 use std::time::Instant;
 
@@ -42,10 +47,14 @@ pub struct Plan {
     pub(crate) tenant: String,
     /// The user's question when the request is one (facts are filed under it).
     pub(crate) question: Option<String>,
-    /// The rendered prompt and its token ids.
+    /// The rendered prompt.
     pub(crate) prompt: String,
     pub(crate) prompt_hash: String,
+    /// The prompt's token ids: empty until [`Pipeline::tokenize`] (or an EXACT hit's recorded
+    /// ids) fills them.
     pub(crate) prompt_ids: Vec<u32>,
+    /// [`Pipeline::tokenize`] has run (`params.stop_ids` is set).
+    pub(crate) tokenized: bool,
     pub(crate) params: GenerateParams,
     pub(crate) stop_strings: Vec<String>,
     /// The generation parameters as recorded (`inferences.params`).
@@ -71,8 +80,8 @@ pub struct Plan {
 }
 
 impl Pipeline {
-    /// Checks every field, renders and tokenizes the prompt, derives the cache key. Blocking
-    /// (tokenizing a long prompt takes a while).
+    /// Checks every field, renders the prompt, derives the cache key (tokenizing is
+    /// [`Pipeline::tokenize`]). Blocking (rendering runs the chat template).
     pub(crate) fn validate(&self, request_id: u64, tenant: String, req: &Request, received: Instant) -> Result<Plan, ServiceError> {
         if !req.model.is_empty() && req.model != self.model_name && req.model != self.model_id {
             return Err(ServiceError::UnknownModel { requested: req.model.clone(), served: self.model_name.clone(), id: self.model_id.clone() });
@@ -83,10 +92,6 @@ impl Pipeline {
             m => m,
         };
         let (prompt, question, around) = self.render(req)?;
-        let prompt_ids = self.tokenizer.encode_prompt(&prompt).map_err(|e| invalid(format!("cannot tokenize the prompt: {e}")))?;
-        if prompt_ids.len() >= self.context {
-            return Err(invalid(GenerateError::PromptTooLong { prompt: prompt_ids.len(), context: self.context }.to_string()));
-        }
         let max_tokens = match req.max_tokens {
             None => self.default_max_tokens.min(self.context),
             Some(0) => return Err(invalid("max_tokens must be at least 1")),
@@ -133,8 +138,9 @@ impl Pipeline {
             question,
             prompt_hash: sha256_hex(prompt.as_bytes()),
             prompt,
-            prompt_ids,
-            params: GenerateParams { max_tokens, sampling, stop_ids: self.tokenizer.stop_ids().to_vec() },
+            prompt_ids: Vec::new(),
+            tokenized: false,
+            params: GenerateParams { max_tokens, sampling, stop_ids: Vec::new() },
             stop_strings: req.stop.clone(),
             params_json,
             mode,
@@ -146,6 +152,34 @@ impl Pipeline {
             equivalence: None,
             equivalence_checks: 0,
         })
+    }
+
+    /// Validation's second half, for a request whose answer needs the prompt's tokens (all but
+    /// an EXACT hit whose row kept them): tokenizes the rendered prompt — waiting for the
+    /// tokenizer while a restarted service is still building it — checks the length against the
+    /// context, sets the stop tokens. Runs once per plan. Blocking (a long prompt takes a while).
+    pub(crate) fn tokenize(&self, plan: &mut Plan) -> Result<(), ServiceError> {
+        if plan.tokenized {
+            return Ok(());
+        }
+        let tokenizer = self.tokenizer()?;
+        let t = Instant::now();
+        let ids = tokenizer.encode_prompt(&plan.prompt).map_err(|e| invalid(format!("cannot tokenize the prompt: {e}")))?;
+        self.metrics.stage("tokenize", t.elapsed());
+        self.set_prompt_ids(plan, ids)?;
+        plan.params.stop_ids = tokenizer.stop_ids().to_vec();
+        plan.tokenized = true;
+        Ok(())
+    }
+
+    /// The prompt's token ids (tokenized now, or recorded with an earlier answer to the same
+    /// rendered prompt), checked against the model's context as every prompt is.
+    pub(crate) fn set_prompt_ids(&self, plan: &mut Plan, ids: Vec<u32>) -> Result<(), ServiceError> {
+        if ids.len() >= self.context {
+            return Err(invalid(GenerateError::PromptTooLong { prompt: ids.len(), context: self.context }.to_string()));
+        }
+        plan.prompt_ids = ids;
+        Ok(())
     }
 
     /// The prompt text the model sees, the question when the request is a single question, and

@@ -63,6 +63,7 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
     ("0005_model_files.sql", include_str!("../../migrations/0005_model_files.sql")),
     ("0006_equivalent.sql", include_str!("../../migrations/0006_equivalent.sql")),
     ("0007_partial_blocks.sql", include_str!("../../migrations/0007_partial_blocks.sql")),
+    ("0008_prompt_token_ids.sql", include_str!("../../migrations/0008_prompt_token_ids.sql")),
 ];
 
 #[derive(Debug, thiserror::Error)]
