@@ -23,12 +23,18 @@ impl<T> Clone for Background<T> {
     }
 }
 
+/// The nice value of a start-up build thread: on two cores, the start-up path (and the first
+/// requests) keep a core while the builds share what is left.
+pub const BUILD_NICE: i32 = 10;
+
 impl<T: Send + Sync + 'static> Background<T> {
-    /// Runs `build` on a new thread called `name`; a panic in it becomes an error.
+    /// Runs `build` on a new thread called `name`, at nice [`BUILD_NICE`]; a panic in it becomes
+    /// an error.
     pub fn spawn(name: &str, build: impl FnOnce() -> Result<T, String> + Send + 'static) -> std::io::Result<Background<T>> {
         let cell = Arc::new(OnceLock::new());
         let slot = cell.clone();
         std::thread::Builder::new().name(name.into()).spawn(move || {
+            lower_this_thread(BUILD_NICE);
             let t = Instant::now();
             let value = std::panic::catch_unwind(std::panic::AssertUnwindSafe(build)).unwrap_or_else(|_| Err("its builder panicked".into()));
             let _ = slot.set(Built { value, took: t.elapsed() });
@@ -58,6 +64,22 @@ impl<T> Background<T> {
         self.cell.get().map(|b| b.took)
     }
 }
+
+/// Lowers the calling thread's priority to nice `nice` (Linux: per thread), so the other
+/// threads of the process preempt it; elsewhere nothing.
+#[cfg(target_os = "linux")]
+pub fn lower_this_thread(nice: i32) {
+    // SAFETY: plain system calls without pointers; `gettid` cannot fail, and `setpriority` on
+    // our own thread id only changes this thread's nice value (a failure is harmless).
+    unsafe {
+        let tid = libc::gettid();
+        libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, nice);
+    }
+}
+
+/// Lowers the calling thread's priority (not on this platform).
+#[cfg(not(target_os = "linux"))]
+pub fn lower_this_thread(_nice: i32) {}
 
 #[cfg(test)]
 mod tests {
