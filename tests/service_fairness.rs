@@ -6,10 +6,13 @@
 //! shares shift every step; batch invariance keeps every answer). Before the fair scheduler a
 //! short request waited for the whole long prefill (48.8 s of 49.8 s).
 //!
-//! The time bounds hold on a busy machine too: each short request's time to first token is
-//! compared with the same request alone in the same run (measured before and after the long
-//! one; the larger is the reference), within [`ALONE_FACTOR`]; the absolute 1 s applies
-//! while the load average stays at what this test itself makes ([`LOW_LOAD`]).
+//! The time bounds hold on a busy machine too, each against a time taken in the same run: the
+//! short requests' median time to first token is within [`ALONE_FACTOR`] of the same requests
+//! alone (measured before and after the long one; the larger is the reference), and none waits
+//! more than [`PREFILL_SHARE`] of the long prefill; the absolute 1 s applies to every one
+//! while the load average stays at what this test itself makes ([`LOW_LOAD`]). (At load average
+//! 10, one short request of 76 once took 3.4 s against a median of 128 ms: a per-request factor
+//! over the time alone fails on such a stall of the whole machine.)
 //!
 //! The 8,000-token answer itself is compared with its run alone by `forge-cache bench-ttft`
 //! (a second 8,000-token prefill is ~50 s more on two cores).
@@ -29,11 +32,15 @@ use forge_cache::server::proto::{self, CacheMode};
 const LONG_TOKENS: usize = 8_000;
 const MEDIUM_TOKENS: usize = 700;
 
-/// Beside the long prefill, a short request's time to first token is at most this many times
-/// its time alone. A fair step adds about one step (~200 ms) of waiting and shares its budget
+/// Beside the long prefill, the short requests' median time to first token is at most this many
+/// times their time alone. A fair step adds about one step (~200 ms) of waiting and shares its budget
 /// with the long prompt's chunk: ~3-5x alone here; the head-of-line blocking this test is about
 /// made it ~500x (48.8 s against 0.10 s).
 const ALONE_FACTOR: u32 = 10;
+
+/// No short request waits more than this share of the long prefill (same run): head-of-line
+/// blocking made the first one wait nearly all of it.
+const PREFILL_SHARE: f64 = 0.1;
 
 /// The load average this test makes by itself is 2-3 (the engine's two threads and the client);
 /// up to here the absolute bound of 1 s applies; above, other work shares the two cores.
@@ -144,11 +151,13 @@ async fn short_requests_get_their_first_token_within_a_second_during_an_8000_tok
         last_done.as_secs_f64() > 0.7 * prefill_s,
         "a short request was served late in the prefill (the last done at {last_done:?} of {prefill_s:.1} s)"
     );
-    // Against the same request alone in this run, whatever the load.
-    for (k, d) in &served {
-        let bound = alone[k % 2] * ALONE_FACTOR;
-        assert!(d.0 <= bound, "short request {k}: time to first token {:?} beside the long prefill, {:?} alone (bound {ALONE_FACTOR}x, load {load:.1})", d.0, alone[k % 2]);
-    }
+    // Against times of this run, whatever the load: the median against the requests alone,
+    // every one against the long prefill.
+    let median = ttfts[ttfts.len() / 2];
+    let slower_alone = alone[0].max(alone[1]);
+    assert!(median <= slower_alone * ALONE_FACTOR, "median time to first token {median:?} beside the long prefill, {slower_alone:?} alone (bound {ALONE_FACTOR}x, load {load:.1})");
+    let share = Duration::from_secs_f64(PREFILL_SHARE * prefill_s);
+    assert!(ttfts.iter().all(|&t| t <= share), "time to first token beside the long prefill: {ttfts:?}; bound {share:?} ({PREFILL_SHARE} of the {prefill_s:.1} s prefill; load {load:.1})");
     // One second (the bound) while only this test loads the machine; far above that,
     // other builds share the two cores and stretch the short prompt's own prefill.
     if load <= LOW_LOAD {
