@@ -69,6 +69,14 @@ async fn two_replicas_share_one_postgres() {
     // `stats --db postgres://` counts every replica's requests.
     let s = stats_json(&pg.url);
     assert_eq!((requests_of(&s, "default"), requests_of(&s, "other"), requests_of(&s, "*")), (4, 2, 6), "{s}");
+    // `sql --db postgres://` reads every replica's rows and refuses writes, changing nothing.
+    let sql = |q: &str| Command::new(env!("CARGO_BIN_EXE_forge-cache")).args(["sql", "--csv", "--db", &pg.url, q]).output().expect("sql");
+    let read = sql("SELECT COUNT(*) AS n FROM inferences");
+    assert!(read.status.success(), "{}", String::from_utf8_lossy(&read.stderr));
+    assert_eq!(String::from_utf8_lossy(&read.stdout).lines().nth(1), Some("6"));
+    let write = sql("DELETE FROM inferences");
+    assert!(!write.status.success() && String::from_utf8_lossy(&write.stderr).contains("only reads"), "{}", String::from_utf8_lossy(&write.stderr));
+    assert_eq!(requests_of(&stats_json(&pg.url), "*"), 6, "the refused DELETE changed nothing");
 
     // The database goes away: requests fail with UNAVAILABLE (nothing stale is served, not even
     // the answer A holds in memory); once it is back the same replica serves again.
@@ -153,4 +161,74 @@ async fn kill_9_of_a_replica_during_100_concurrent_requests() {
     }
     let replay = ca.generate(ask("What is 100 plus 1?", 8)).await.expect("A again").outcome;
     assert_eq!((served(&replay), replay.source_inference_id), (ServedFrom::Exact, after.inference_id), "B's answer, computed while A was down");
+}
+
+/// The first `n` SQuAD dev paragraphs (the Super Bowl 50 article), joined.
+fn squad(n: usize) -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/data/squad/squad_v1.1_dev_contexts.jsonl");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e} (the tests need ../shared/data)", path.display()));
+    let paras: Vec<String> =
+        text.lines().take(n).map(|l| serde_json::from_str::<serde_json::Value>(l).expect("json")["context"].as_str().expect("context").to_string()).collect();
+    paras.join("\n\n")
+}
+
+fn count(ro: &forge_cache::store::ReadOnlyStore, sql: &str) -> i64 {
+    ro.run_read_only(sql, 1).expect("query").rows[0][0].as_i64().expect("a number")
+}
+
+/// `--kv-storage blob` on PostgreSQL: the KV blocks of a document that replica A computed are
+/// `bytea` rows replica B loads (B computes only the question), and B's answer is token for
+/// token its BYPASS answer; a replica with blocks per replica (the default) recomputes the
+/// document; two replicas storing the same new blocks at once store each block once and both
+/// record their requests (no write lost to the unique block key).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shared_kv_blocks_are_loaded_by_the_other_replica() {
+    let pg = PgServer::start();
+    let db = Path::new(&pg.url);
+    let shared = ["--kv-storage", "blob", "--no-semantic"];
+    let (a, b, c) = (Serve::spawn_on(db, &shared), Serve::spawn_on(db, &shared), Serve::spawn_on(db, &["--no-semantic"]));
+    let (a, b, c) = (a.ready(), b.ready(), c.ready());
+    let mut ca = Client::connect(&a.grpc_url()).await.expect("connect A");
+    let mut cb = Client::connect(&b.grpc_url()).await.expect("connect B");
+    let mut cc = Client::connect(&c.grpc_url()).await.expect("connect C");
+    let doc = squad(1);
+    let q = |doc: &str, question: &str| ask(&format!("{doc}\n\nQuestion: {question}"), 8);
+
+    let first = ca.generate(q(&doc, "Which team won Super Bowl 50?")).await.expect("A computes the document");
+    assert_eq!((served(&first.outcome), first.outcome.kv_tokens_reused), (ServedFrom::Model, 0), "{:?}", first.outcome);
+    let prompt = first.outcome.prompt_token_ids.len();
+    assert!(prompt > 100, "a document of {prompt} tokens");
+
+    let on_b = cb.generate(q(&doc, "Where was Super Bowl 50 played?")).await.expect("B");
+    let o = &on_b.outcome;
+    let ids = &o.prompt_token_ids;
+    let shared_prefix = ids.iter().zip(&first.outcome.prompt_token_ids).take_while(|(x, y)| x == y).count();
+    eprintln!("B: {} prompt tokens, {shared_prefix} shared with A's, {} reused from A's blocks, ttft {:.0} ms", ids.len(), o.kv_tokens_reused, o.ttft_ms);
+    assert_eq!(served(o), ServedFrom::Model, "{o:?}");
+    assert!(o.kv_tokens_reused as usize >= shared_prefix / 16 * 16 && o.kv_tokens_reused as usize <= shared_prefix, "{o:?}");
+    assert!(shared_prefix > 100);
+    let reference = cb.generate(with_mode(q(&doc, "Where was Super Bowl 50 played?"), proto::CacheMode::Bypass)).await.expect("B, BYPASS");
+    assert_eq!(reference.outcome.kv_tokens_reused, 0);
+    assert_eq!((&on_b.tokens, &on_b.text), (&reference.tokens, &reference.text), "B's answer from A's blocks differs from BYPASS");
+
+    // Blocks per replica (C, the default): nothing of A's is loaded.
+    let on_c = cc.generate(q(&doc, "Who was the NFC champion?")).await.expect("C").outcome;
+    assert_eq!((served(&on_c), on_c.kv_tokens_reused), (ServedFrom::Model, 0), "{on_c:?}");
+
+    // A and B compute the same new document at once (different questions: no EXACT hit).
+    let doc2 = squad(3);
+    let (ra, rb) = tokio::join!(ca.generate(q(&doc2, "Who headlined the halftime show?")), cb.generate(q(&doc2, "What was the theme of the game?")));
+    let (ra, rb) = (ra.expect("A, second document"), rb.expect("B, second document"));
+    tokio::task::block_in_place(|| {
+        let ro = forge_cache::store::ReadOnlyStore::open(db).expect("read-only");
+        let rows = count(&ro, "SELECT COUNT(*) FROM kv_lineage");
+        assert_eq!(rows, count(&ro, "SELECT COUNT(DISTINCT block_key) FROM kv_lineage"));
+        assert_eq!(rows, count(&ro, "SELECT COUNT(*) FROM kv_block_data"), "every row has its bytes");
+        assert!(rows as usize >= prompt / 16, "{rows} blocks stored");
+        // Every request of A and B that could reuse KV recorded its numbers (4); C records none.
+        let ids = [first.outcome.inference_id, on_b.outcome.inference_id, ra.outcome.inference_id, rb.outcome.inference_id];
+        let list = ids.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(",");
+        assert_eq!(count(&ro, &format!("SELECT COUNT(*) FROM kv_requests WHERE inference_id IN ({list})")), 4);
+        assert_eq!(count(&ro, "SELECT COUNT(*) FROM kv_requests"), 4);
+    });
 }

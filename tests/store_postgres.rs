@@ -261,6 +261,99 @@ fn concurrent_replicas_never_duplicate_or_lose_a_write() {
     assert_eq!(replicas[1].find_exact("t", "key").expect("exact").map(|a| a.inference_id), Some(source));
 }
 
+/// The shared KV tier (`--kv-storage blob`) from two replicas' stores, four writers each storing
+/// the same new blocks at once: every block is stored once with its bytes, every request's
+/// numbers are recorded (none lost to the unique block key), each replica loads what the other
+/// stored, the shared budget holds, and a damaged block is deleted and never returned.
+#[test]
+fn shared_kv_blocks_are_stored_once_by_concurrent_replicas() {
+    use forge_cache::workload::disk::{NewBlock, Record};
+    use forge_cache::workload::{Block, Codec, Geometry, SharedTier};
+    const G: Geometry = Geometry { rows: 2, head_dim: 32, block_tokens: 4 };
+    let pg = PgServer::start();
+    let url = std::path::Path::new(&pg.url);
+    let stores: Vec<Store> = (0..2).map(|_| Store::open_db(url).expect("open")).collect();
+    let bytes = Codec::F16.block_bytes(&G) as u64;
+    let tier = |s: &Store, budget: u64| match s {
+        Store::Postgres(p) => SharedTier::open(p, G, Codec::F16, budget).expect("shared tier"),
+        Store::Sqlite(_) => unreachable!("a PostgreSQL URL"),
+    };
+    let tiers: Vec<Arc<SharedTier>> = stores.iter().map(|s| Arc::new(tier(s, 6 * bytes))).collect();
+    let block = |i: usize| {
+        let vals = |s: f32| (0..G.values()).map(|j| half::f16::from_f32((j as f32 * 0.01 + i as f32) * s)).collect();
+        NewBlock { key: [i as u8 + 1; 32], parent: i.checked_sub(1).map(|p| [p as u8 + 1; 32]), position: 4 * i, tokens: vec![i as u32; 4], block: Arc::new(Block { k: vals(1.0), v: vals(-1.0) }) }
+    };
+    let blocks: Arc<Vec<NewBlock>> = Arc::new((0..4).map(block).collect());
+    const WRITERS: usize = 8;
+    let ids: Vec<i64> = (0..WRITERS).map(|_| stores[0].record_inference(&sample("t", None, ServedFrom::Model, CacheMode::Auto)).expect("inference")).collect();
+    let barrier = Arc::new(Barrier::new(WRITERS));
+    let handles: Vec<_> = ids
+        .iter()
+        .enumerate()
+        .map(|(w, &id)| {
+            let (tier, blocks, barrier) = (tiers[w % 2].clone(), blocks.clone(), barrier.clone());
+            std::thread::spawn(move || {
+                barrier.wait();
+                tier.record(&Record {
+                    tenant: "t",
+                    model_id: "m",
+                    inference_id: id,
+                    used: &[],
+                    new_blocks: &blocks,
+                    prompt_blocks: 4,
+                    blocks_memory: 0,
+                    blocks_disk: 0,
+                    blocks_corrupt: 0,
+                    kv_tokens_reused: 0,
+                    partial_tokens: 0,
+                    prompt_tokens: 16,
+                    load_ms: 0.0,
+                    memory_bytes: 0,
+                    fragment: None,
+                })
+            })
+        })
+        .collect();
+    let stored: Vec<usize> = handles.into_iter().map(|h| h.join().expect("writer").expect("record")).collect();
+    assert_eq!(stored.iter().sum::<usize>(), 4, "each block stored by exactly one writer: {stored:?}");
+    let ro = ReadOnlyStore::open(url).expect("read-only");
+    let one = |sql: &str| ro.run_read_only(sql, 10).expect(sql).rows[0][0].as_i64().expect(sql);
+    assert_eq!(one("SELECT count(*) FROM kv_lineage"), 4);
+    assert_eq!(one("SELECT count(*) FROM kv_block_data"), 4);
+    assert_eq!(one("SELECT count(*) FROM kv_requests"), WRITERS as i64, "every writer's request recorded");
+
+    // Each replica loads what was stored, in order, byte for byte; the children index too.
+    let keys: Vec<[u8; 32]> = blocks.iter().map(|b| b.key).collect();
+    for t in &tiers {
+        let (got, bad) = t.load(&keys).expect("load");
+        assert_eq!((got.len(), bad), (4, 0));
+        assert!(got.iter().zip(blocks.iter()).all(|(g, b)| **g == *b.block));
+        let first = t.children("t", "m", None).expect("children");
+        assert_eq!(first.iter().map(|c| c.key).collect::<Vec<_>>(), vec![keys[0]]);
+        assert!(t.children("other", "m", None).expect("children").is_empty(), "tenants apart");
+    }
+
+    // The budget (6 blocks for the whole table) holds when more arrive: the least recently used go.
+    let more: Vec<NewBlock> = (4..8).map(block).collect();
+    let id = stores[1].record_inference(&sample("t", None, ServedFrom::Model, CacheMode::Auto)).expect("inference");
+    let r = Record { tenant: "t", model_id: "m", inference_id: id, used: &[], new_blocks: &more, prompt_blocks: 4, blocks_memory: 0, blocks_disk: 0, blocks_corrupt: 0,
+        kv_tokens_reused: 0, partial_tokens: 0, prompt_tokens: 16, load_ms: 0.0, memory_bytes: 0, fragment: None };
+    assert_eq!(tiers[1].record(&r).expect("record"), 4);
+    assert_eq!(one("SELECT count(*) FROM kv_lineage"), 6);
+    assert_eq!(tiers[1].usage(), (6 * bytes, 6));
+    let resident = |ks: &[[u8; 32]]| ks.iter().filter(|k| tiers[0].load(std::slice::from_ref(*k)).expect("load").0.len() == 1).count();
+    assert_eq!(resident(&keys), 2, "two of the older blocks were evicted");
+    assert_eq!(resident(&more.iter().map(|b| b.key).collect::<Vec<_>>()), 4, "the request's own blocks stay");
+
+    // A damaged block is detected, deleted and not returned.
+    let mut raw = postgres::Client::connect(&pg.url, postgres::NoTls).expect("a raw connection");
+    raw.execute("UPDATE kv_block_data SET data = overlay(data placing '\\x00ff'::bytea from 101 for 2) WHERE lineage_id = (SELECT id FROM kv_lineage WHERE position = 28)", &[]).expect("damage");
+    let last = [more[3].key];
+    assert_eq!(tiers[0].load(&last).expect("load"), (Vec::new(), 1), "damage found");
+    assert_eq!(tiers[0].load(&last).expect("load"), (Vec::new(), 0), "and the row is gone");
+    assert_eq!(one("SELECT count(*) FROM kv_lineage"), 5);
+}
+
 #[test]
 fn a_lost_database_is_unavailable_then_reconnected() {
     let pg = PgServer::start();

@@ -1,8 +1,7 @@
 -- 0007 (PostgreSQL twin of migrations/0007_partial_blocks.sql): token-granular KV reuse.
 -- `kv_requests` records the tokens reused from partial-block matches and the prompt's length
--- (tokens computed = prompt_tokens - kv_tokens_reused); `v_kv_reuse` shows both. With the
--- shared store each replica keeps its blocks in memory, so `kv_lineage` stays empty here and
--- the index only keeps the two schemas one.
+-- (tokens computed = prompt_tokens - kv_tokens_reused); `v_kv_reuse` shows both. The parent
+-- index serves partial matches of the shared KV tier (`--kv-storage blob`) and keeps the two schemas one.
 ALTER TABLE kv_requests ADD COLUMN partial_tokens BIGINT NOT NULL DEFAULT 0;
 ALTER TABLE kv_requests ADD COLUMN prompt_tokens  BIGINT NOT NULL DEFAULT 0;
 CREATE INDEX kv_lineage_parent ON kv_lineage (parent_key);

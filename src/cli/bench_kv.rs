@@ -5,7 +5,8 @@
 //! requested disk codec. Answers are
 //! checked against BYPASS (no reuse): identical for f16, token agreement reported for the lossy
 //! codecs. Documents are SQuAD v1.1 dev articles (paragraphs of one article joined until the
-//! prompt reaches `--tokens`).
+//! prompt reaches `--tokens`). With `--postgres URL`: replicas on one database instead, KV
+//! blocks per replica against shared (`bench_kv_replicas`).
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -49,10 +50,17 @@ pub struct BenchKvArgs {
     /// Print one JSON object per measurement instead of a table.
     #[arg(long)]
     pub json: bool,
+    /// Measure replicas on this PostgreSQL database instead: a second replica's TTFT with KV
+    /// blocks per replica and shared (`--kv-storage blob`); --storages and --codecs are unused.
+    #[arg(long)]
+    pub postgres: Option<String>,
+    /// Rounds per article (with --postgres).
+    #[arg(long, default_value_t = 3)]
+    pub repeats: usize,
 }
 
-struct Article {
-    title: String,
+pub(super) struct Article {
+    pub(super) title: String,
     doc: String,
     questions: Vec<String>,
 }
@@ -102,7 +110,7 @@ fn articles(a: &BenchKvArgs, tok: &Tokenizer) -> anyhow::Result<Vec<Article>> {
     Ok(out)
 }
 
-fn request(art: &Article, q: usize, max_tokens: u32, mode: CacheMode) -> GenerateRequest {
+pub(super) fn request(art: &Article, q: usize, max_tokens: u32, mode: CacheMode) -> GenerateRequest {
     GenerateRequest {
         prompt: format!("{}\n\nQuestion: {}", art.doc, art.questions[q]),
         system: "Answer the question from the document.".into(),
@@ -227,7 +235,7 @@ impl Drop for Scratch {
     }
 }
 
-fn warmup() -> GenerateRequest {
+pub(super) fn warmup() -> GenerateRequest {
     GenerateRequest { prompt: "Hello.".into(), max_tokens: Some(2), cache_mode: CacheMode::Bypass as i32, ..Default::default() }
 }
 
@@ -262,6 +270,9 @@ pub fn run(a: &BenchKvArgs) -> anyhow::Result<()> {
             refs.push(c.generate(request(art, 1, a.max_tokens, CacheMode::Bypass)).await?);
         }
         s.stop().await?;
+        if let Some(url) = &a.postgres {
+            return super::bench_kv_replicas::run(a, &model, url, &arts, &refs).await;
+        }
         for (art, r) in arts.iter().zip(&refs) {
             let mut runs: Vec<(Storage, Codec)> = storages.iter().map(|&s| (s, Codec::F16)).collect();
             runs.extend(codecs.iter().filter(|&&c| c != Codec::F16).map(|&c| (Storage::File, c)));
@@ -282,7 +293,7 @@ pub fn run(a: &BenchKvArgs) -> anyhow::Result<()> {
         }
         anyhow::Ok(())
     })?;
-    if !a.json {
+    if !a.json && a.postgres.is_none() {
         println!("storage  codec  articles  cold ttft ms  warm ttft ms  restart ttft ms  cold/warm (min)  cold/restart (min)  restart/warm  disk read ms  store ms  agreement (warm, restart; min)");
         let mut keys: Vec<(&str, &str)> = rows.iter().map(|m| (m.storage, m.codec)).collect();
         keys.dedup();

@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::{bail, Context};
-use clap::{Args, ValueEnum};
+use clap::Args;
 
 use forge_cache::backend::cpu::CpuBackend;
 use forge_cache::engine::chat::{ChatTemplate, Message};
@@ -22,6 +22,7 @@ use forge_cache::engine::tokenizer::{StreamDecoder, Tokenizer};
 use forge_cache::engine::Model;
 use forge_cache::server::client::Client;
 use forge_cache::server::proto;
+use forge_cache::vocab::CacheMode;
 
 #[derive(Debug, Args)]
 pub struct GenerateArgs {
@@ -74,38 +75,13 @@ pub struct GenerateArgs {
     pub api_key_file: Option<PathBuf>,
     /// auto: serve from a fact or the exact cache when possible; bypass: compute, touch no
     /// cache; refresh: compute and replace the cached answer.
-    #[arg(long, value_enum, default_value_t = CacheModeArg::Auto)]
-    pub cache_mode: CacheModeArg,
+    #[arg(long, default_value = "auto", value_parser = super::cache_mode_parser())]
+    pub cache_mode: CacheMode,
     /// Stop before this string (repeatable; with --server).
     #[arg(long, requires = "server")]
     pub stop: Vec<String>,
     #[command(flatten)]
     pub backend: super::BackendArgs,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum CacheModeArg {
-    Auto,
-    Bypass,
-    Refresh,
-    Verified,
-    Trust,
-    Exact,
-    Equivalent,
-}
-
-impl CacheModeArg {
-    pub fn to_proto(self) -> proto::CacheMode {
-        match self {
-            CacheModeArg::Auto => proto::CacheMode::Auto,
-            CacheModeArg::Bypass => proto::CacheMode::Bypass,
-            CacheModeArg::Refresh => proto::CacheMode::Refresh,
-            CacheModeArg::Verified => proto::CacheMode::Verified,
-            CacheModeArg::Trust => proto::CacheMode::Trust,
-            CacheModeArg::Exact => proto::CacheMode::Exact,
-            CacheModeArg::Equivalent => proto::CacheMode::Equivalent,
-        }
-    }
 }
 
 #[derive(serde::Serialize)]
@@ -145,7 +121,7 @@ pub fn run(a: &GenerateArgs) -> anyhow::Result<()> {
         }
         return super::runtime()?.block_on(remote(a, url));
     }
-    if a.cache_mode != CacheModeArg::Auto {
+    if a.cache_mode != CacheMode::Auto {
         bail!("--cache-mode needs --server (the offline path has no cache)");
     }
     if a.prompt.is_empty() {
@@ -261,7 +237,7 @@ async fn remote(a: &GenerateArgs, url: &str) -> anyhow::Result<()> {
         top_p: Some(a.top_p),
         seed: a.seed,
         stop: a.stop.clone(),
-        cache_mode: a.cache_mode.to_proto() as i32,
+        cache_mode: proto::CacheMode::from(a.cache_mode) as i32,
         ..Default::default()
     };
     let mut out = std::io::stdout().lock();

@@ -4,6 +4,7 @@
 mod ab;
 mod bench;
 mod bench_kv;
+mod bench_kv_replicas;
 mod bench_serve;
 mod embed;
 mod generate;
@@ -16,12 +17,22 @@ mod synth_model;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use forge_cache::engine::placement::{BackendChoice, PlacementOptions};
+use forge_cache::vocab::CacheMode;
 
 /// Where `serve` listens and the clients connect by default.
 pub const DEFAULT_ADDR: &str = "127.0.0.1:50051";
 pub const DEFAULT_URL: &str = "http://127.0.0.1:50051";
 /// The database `serve`, `stats` and `sql` use by default.
 pub const DEFAULT_DB: &str = "forge.db";
+
+/// `--cache-mode`: the ground floor's [`CacheMode`] by its store name (`auto`, `bypass`, ...,
+/// listed in `--help` and in the error for another value). A parser here rather than clap's
+/// `ValueEnum` on the type keeps the vocabulary free of the command-line crate.
+pub fn cache_mode_parser() -> impl clap::builder::TypedValueParser<Value = CacheMode> {
+    use clap::builder::TypedValueParser;
+    clap::builder::PossibleValuesParser::new(CacheMode::ALL.map(CacheMode::as_str))
+        .try_map(|s| CacheMode::parse(&s).ok_or_else(|| format!("unknown cache mode {s:?}")))
+}
 
 /// forge-cache: an LLM inference service that reuses what it has already computed.
 #[derive(Debug, Parser)]
@@ -47,7 +58,8 @@ pub enum Command {
     Embed(embed::EmbedArgs),
     /// Measure prefill and decode speed (pp128, pp512, tg128, tg128@d1024), llama-bench style.
     Bench(bench::BenchArgs),
-    /// Time to first token with KV-block reuse: cold, warm (memory), after a restart (disk), on SQuAD documents.
+    /// Time to first token with KV-block reuse: cold, warm (memory), after a restart (disk), on SQuAD documents;
+    /// with --postgres, a second replica's, KV blocks per replica vs shared.
     BenchKv(bench_kv::BenchKvArgs),
     /// Time to first token of short requests while long prompts are being prefilled (0, 1, 4 at once).
     BenchTtft(bench_serve::BenchTtftArgs),

@@ -114,6 +114,8 @@ pub struct ServeArgs {
     #[arg(long, default_value = "f16", value_parser = ["f16", "q8_0", "q4_0"])]
     pub kv_codec: String,
     /// Where stored KV bytes live: file (a memory-mapped side file DB.kv) or blob (in the database).
+    /// With --db postgres://...: blob = bytea rows every replica loads (shared, --kv-disk-mb
+    /// bounds the table), file = none (each replica keeps its blocks in memory).
     #[arg(long, default_value = "file", value_parser = ["file", "blob"])]
     pub kv_storage: String,
     /// Turn KV-block reuse off.

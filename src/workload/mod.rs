@@ -8,6 +8,8 @@
 //! * `codec` — the on-disk encodings (f16 lossless by default; q8_0 / q4_0 lossy) and checksums
 //! * `disk` — the persistent tier: `kv_lineage` rows, bytes in a memory-mapped side file (or
 //!   BLOBs), a byte budget with LRU eviction, corrupt blocks detected and dropped
+//! * `shared` — the same tier on the PostgreSQL store (`--kv-storage blob`): blocks as `bytea`
+//!   rows every replica on the database loads
 //! * `plan` — [`KvPlan`], the engine's `PrefixCache` (load the prefix at admission, publish
 //!   computed blocks), the only place block keys are derived, and the per-request [`ReportData`]
 //!
@@ -24,6 +26,7 @@ pub mod disk;
 pub mod index;
 pub mod keys;
 pub mod plan;
+pub mod shared;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -34,6 +37,7 @@ pub use disk::{side_file_path, DiskTier, Storage};
 pub use index::{Block, Child, Geometry, MemoryIndex};
 pub use keys::{BlockKey, ChainSeed};
 pub use plan::{KvPlan, ReportData};
+pub use shared::SharedTier;
 
 use crate::engine::LlamaConfig;
 use crate::store::Store;
@@ -46,6 +50,8 @@ pub enum WorkloadError {
     Io(#[from] std::io::Error),
     #[error(transparent)]
     Codec(#[from] CodecError),
+    #[error("shared KV store: {0}")]
+    Store(#[from] crate::store::StoreError),
     #[error("KV store: {0}")]
     Invalid(String),
     #[error(
@@ -65,7 +71,11 @@ pub struct KvConfig {
     pub disk_bytes: u64,
     /// Tokens per block.
     pub block_tokens: usize,
+    /// How stored blocks are encoded (f16 lossless; q8_0 / q4_0 lossy).
     pub codec: Codec,
+    /// Where stored bytes live: with SQLite a side file or BLOBs; with PostgreSQL `Blob` means
+    /// `bytea` rows shared by every replica, `File` means no persistent tier (each replica's
+    /// blocks stay in its memory).
     pub storage: Storage,
 }
 
@@ -75,23 +85,65 @@ impl Default for KvConfig {
     }
 }
 
-/// The block index of one model: memory over disk. With the shared PostgreSQL store there is
-/// no disk tier: each replica keeps its blocks in memory (docs/schema.md, "PostgreSQL").
+/// The block index of one model: memory over a persistent tier. With the shared PostgreSQL
+/// store the persistent tier is the database's `bytea` rows (`--kv-storage blob`: every replica
+/// loads what any computed) or none (the default: each replica keeps its blocks in memory);
+/// docs/schema.md, "PostgreSQL", says why and what each costs.
 pub struct KvWorkload {
     geom: Geometry,
     model_id: String,
     memory: MemoryIndex,
-    disk: Option<DiskTier>,
+    disk: Option<Persistent>,
+}
+
+/// The persistent tier under the memory index.
+enum Persistent {
+    /// Beside a SQLite store: side file or BLOBs, this process only.
+    Local(DiskTier),
+    /// In the PostgreSQL store, shared by replicas.
+    Shared(SharedTier),
+}
+
+impl Persistent {
+    fn load(&self, keys: &[BlockKey]) -> Result<(Vec<Arc<Block>>, usize), WorkloadError> {
+        match self {
+            Persistent::Local(d) => d.load(keys),
+            Persistent::Shared(s) => s.load(keys),
+        }
+    }
+
+    fn children(&self, tenant: &str, model_id: &str, parent: Option<&BlockKey>) -> Result<Vec<Child>, WorkloadError> {
+        match self {
+            Persistent::Local(d) => d.children(tenant, model_id, parent),
+            Persistent::Shared(s) => s.children(tenant, model_id, parent),
+        }
+    }
+
+    fn record(&self, r: &disk::Record<'_>) -> Result<usize, WorkloadError> {
+        match self {
+            Persistent::Local(d) => d.record(r),
+            Persistent::Shared(s) => s.record(r),
+        }
+    }
+
+    fn usage(&self) -> (u64, u64) {
+        match self {
+            Persistent::Local(d) => d.usage(),
+            Persistent::Shared(s) => s.usage(),
+        }
+    }
 }
 
 impl KvWorkload {
-    /// Opens the tiers for a model (`model_id`: sha256 of its file) over the service's store
-    /// (the disk tier only beside a SQLite store).
+    /// Opens the tiers for a model (`model_id`: sha256 of its file) over the service's store:
+    /// beside a SQLite store the disk tier; on PostgreSQL the shared tier when the storage is
+    /// `Blob`, else none.
     pub fn open(config: &KvConfig, store: &Store, model: &LlamaConfig, model_id: &str) -> Result<KvWorkload, WorkloadError> {
         let geom = Geometry::new(model, config.block_tokens);
-        let disk = match store.sqlite() {
-            Some(s) => Some(DiskTier::open(s.clone(), geom, config.codec, config.storage, config.disk_bytes)?),
-            None => None,
+        let disk = match store {
+            Store::Sqlite(s) => Some(Persistent::Local(DiskTier::open(s.clone(), geom, config.codec, config.storage, config.disk_bytes)?)),
+            Store::Postgres(pg) if config.storage == Storage::Blob => Some(Persistent::Shared(SharedTier::open(pg, geom, config.codec, config.disk_bytes)?)),
+            Store::Postgres(_) => None,
         };
         Ok(KvWorkload { geom, model_id: model_id.to_string(), memory: MemoryIndex::new(config.memory_bytes), disk })
     }
@@ -213,7 +265,7 @@ impl KvWorkload {
             None => None,
         };
         let Some(disk) = &self.disk else {
-            // No persistent tier (the shared PostgreSQL store): nothing is stored or recorded.
+            // No persistent tier (PostgreSQL, blocks per replica): nothing is stored or recorded.
             return Ok(0);
         };
         let stored = disk.record(&disk::Record {
@@ -241,12 +293,24 @@ impl KvWorkload {
         (self.memory.usage(), self.disk.as_ref().map_or((0, 0), |d| d.usage()))
     }
 
+    /// The local disk tier (beside a SQLite store).
     pub fn disk(&self) -> Option<&DiskTier> {
-        self.disk.as_ref()
+        match &self.disk {
+            Some(Persistent::Local(d)) => Some(d),
+            _ => None,
+        }
+    }
+
+    /// The shared tier (PostgreSQL, `--kv-storage blob`).
+    pub fn shared(&self) -> Option<&SharedTier> {
+        match &self.disk {
+            Some(Persistent::Shared(s)) => Some(s),
+            _ => None,
+        }
     }
 
     /// The side file of blocks, when the storage is `file`.
     pub fn side_file(&self) -> Option<PathBuf> {
-        self.disk.as_ref().and_then(|d| d.side_file())
+        self.disk().and_then(|d| d.side_file())
     }
 }
