@@ -14,11 +14,13 @@
 //! | `gguf`     | GGUF parsing, memory-mapped zero-copy tensor views, block formats, reference dequantizers and quantizers, synthetic models |
 //! | `embed`    | all-MiniLM-L6-v2 sentence embedder (BERT from safetensors) on the same CPU kernels |
 //! | `vocab`    | the ground-floor words every layer shares: `StopReason`, `CacheMode`, `ServedFrom` |
+//! | `background` | ground floor: a value built on its own thread while start-up goes on (the model's tokenizer, the sentence embedder); the first caller that needs it waits |
 //! | `models`   | where model files live (`$FORGE_MODELS_DIR` or the git-ignored `models/` filled by `scripts/fetch-models.sh`) |
 //!
 //! Planned: `backend::hip`, a second `LayerOffload` implementation (issue 17).
 //! The command-line interface lives in the binary (`src/main.rs`, `src/cli/`).
 
+pub mod background;
 pub mod backend;
 pub mod cache;
 pub mod embed;

@@ -6,6 +6,14 @@
 //! shares shift every step; batch invariance keeps every answer). Before the fair scheduler a
 //! short request waited for the whole long prefill (48.8 s of 49.8 s).
 //!
+//! The time bounds hold on a busy machine too, each against a time taken in the same run: the
+//! short requests' median time to first token is within [`ALONE_FACTOR`] of the same requests
+//! alone (measured before and after the long one; the larger is the reference), and none waits
+//! more than [`PREFILL_SHARE`] of the long prefill; the issue's absolute 1 s applies to every one
+//! while the load average stays at what this test itself makes ([`LOW_LOAD`]). (At load average
+//! 10, one short request of 76 once took 3.4 s against a median of 128 ms: a per-request factor
+//! over the time alone fails on such a stall of the whole machine.)
+//!
 //! The 8,000-token answer itself is compared with its run alone by `forge-cache bench-ttft`
 //! (a second 8,000-token prefill is ~50 s more on two cores).
 //!
@@ -23,6 +31,20 @@ use forge_cache::server::proto::{self, CacheMode};
 /// SmolLM2's context is 8,192 tokens.
 const LONG_TOKENS: usize = 8_000;
 const MEDIUM_TOKENS: usize = 700;
+
+/// Beside the long prefill, the short requests' median time to first token is at most this many
+/// times their time alone. A fair step adds about one step (~200 ms) of waiting and shares its budget
+/// with the long prompt's chunk: ~3-5x alone here; the head-of-line blocking this test is about
+/// made it ~500x (48.8 s against 0.10 s).
+const ALONE_FACTOR: u32 = 10;
+
+/// No short request waits more than this share of the long prefill (same run): head-of-line
+/// blocking made the first one wait nearly all of it.
+const PREFILL_SHARE: f64 = 0.1;
+
+/// The load average this test makes by itself is 2-3 (the engine's two threads and the client);
+/// up to here the absolute bound of 1 s applies; above, other work shares the two cores.
+const LOW_LOAD: f64 = 4.5;
 
 /// A raw prompt of exactly `n` tokens.
 fn long_prompt(tok: &Tokenizer, n: usize) -> String {
@@ -83,8 +105,9 @@ async fn short_requests_get_their_first_token_within_a_second_during_an_8000_tok
     tokio::time::sleep(Duration::from_millis(500)).await;
     let medium_task = tokio::spawn(async move { timed(&mut third, medium).await });
     let mut during = Vec::new();
-    let load_before = load_average();
+    let mut load = load_average();
     while !long_task.is_finished() {
+        load = load.max(load_average());
         let k = during.len();
         let client = if k % 2 == 0 { &mut other } else { &mut owner };
         let (ttft, first_at, tokens, _) = timed(client, shorts[k % 2].clone()).await;
@@ -99,32 +122,48 @@ async fn short_requests_get_their_first_token_within_a_second_during_an_8000_tok
     assert_eq!(medium_tokens, medium_alone, "the medium request's answer changed beside the long one");
     assert!(medium_first_at < long_first_at, "the medium prompt did not wait for the long one");
     let prefill_s = long_outcome.ttft_ms / 1e3;
+    // The short requests alone again, now, in case the machine got busier during the run.
+    let mut alone = Vec::new();
+    for (k, s) in shorts.iter().enumerate() {
+        let (ttft, _, tokens, _) = timed(&mut other, s.clone()).await;
+        assert_eq!(tokens, solo[k].2);
+        alone.push(ttft.max(solo[k].0));
+    }
 
     // Shorts whose first token came before the long prompt's first token were served during
     // its prefill: there must be several, spread over it (the late part is the slowest).
-    let served: Vec<&(Duration, Instant, Duration)> = during.iter().filter(|d| d.1 < long_first_at).collect();
-    let mut ttfts: Vec<Duration> = served.iter().map(|d| d.0).collect();
+    let served: Vec<(usize, &(Duration, Instant, Duration))> = during.iter().enumerate().filter(|(_, d)| d.1 < long_first_at).collect();
+    let mut ttfts: Vec<Duration> = served.iter().map(|(_, d)| d.0).collect();
     ttfts.sort();
-    let load = load_before.max(load_average());
+    let load = load.max(load_average());
     eprintln!(
         "long prefill {prefill_s:.1} s (alone: above); {} short requests during it, time to first token p50 {:?}, max {:?} \
-         (alone {:?} / {:?}); load average {load:.1}",
+         (alone, the larger of before and after: {:?} / {:?}); load average up to {load:.1}",
         ttfts.len(),
         ttfts.get(ttfts.len() / 2),
         ttfts.last(),
-        solo[0].0,
-        solo[1].0
+        alone[0],
+        alone[1]
     );
     assert!(served.len() >= 3, "short requests served during the long prefill: {}", served.len());
-    let last_done = served.iter().map(|d| d.2).max().unwrap_or_default();
+    let last_done = served.iter().map(|(_, d)| d.2).max().unwrap_or_default();
     assert!(
         last_done.as_secs_f64() > 0.7 * prefill_s,
         "a short request was served late in the prefill (the last done at {last_done:?} of {prefill_s:.1} s)"
     );
-    // One second (the issue's bound). The test itself keeps the load average near 2-3 (the
-    // engine's two threads); far above that, other builds share the two cores and stretch the
-    // short prompt's own prefill, so the bound is 2.5 s (still 20x less than before).
-    let bound = if load > 4.5 { Duration::from_millis(2500) } else { Duration::from_secs(1) };
-    assert!(ttfts.iter().all(|&t| t < bound), "time to first token beside the long prefill: {ttfts:?} (bound {bound:?}, load {load:.1})");
+    // Against times of this run, whatever the load: the median against the requests alone,
+    // every one against the long prefill.
+    let median = ttfts[ttfts.len() / 2];
+    let slower_alone = alone[0].max(alone[1]);
+    assert!(median <= slower_alone * ALONE_FACTOR, "median time to first token {median:?} beside the long prefill, {slower_alone:?} alone (bound {ALONE_FACTOR}x, load {load:.1})");
+    let share = Duration::from_secs_f64(PREFILL_SHARE * prefill_s);
+    assert!(ttfts.iter().all(|&t| t <= share), "time to first token beside the long prefill: {ttfts:?}; bound {share:?} ({PREFILL_SHARE} of the {prefill_s:.1} s prefill; load {load:.1})");
+    // One second (the issue's bound) while only this test loads the machine; far above that,
+    // other builds share the two cores and stretch the short prompt's own prefill.
+    if load <= LOW_LOAD {
+        assert!(ttfts.iter().all(|&t| t < Duration::from_secs(1)), "time to first token beside the long prefill: {ttfts:?} (load {load:.1})");
+    } else {
+        eprintln!("load average {load:.1} > {LOW_LOAD}: the absolute 1 s bound is not checked in this run (the {ALONE_FACTOR}x one is)");
+    }
     server.stop().await.expect("stop");
 }

@@ -35,6 +35,7 @@ fn sample<'a>(tenant: &'a str, key: Option<&'a str>, served_from: ServedFrom, mo
         stop_reason: StopReason::Stop,
         response: "The capital of France is Paris.",
         response_tokens: &[1, 2, 3],
+        prompt_token_ids: Some(&[7, 8, 9]),
         queue_ms: 0.0,
         prefill_ms: 1.0,
         decode_ms: 2.0,
@@ -119,6 +120,7 @@ fn one_schema_same_answers_tenants_apart_and_sql_only_reads() {
     let first = store.record_inference(&sample("a", Some("k"), ServedFrom::Model, CacheMode::Auto)).expect("record");
     let hit = store.find_exact("a", "k").expect("lookup").expect("hit");
     assert_eq!((hit.inference_id, hit.response_tokens.as_slice(), hit.tokens_computed), (first, &[1u32, 2, 3][..], 12));
+    assert_eq!(hit.prompt_token_ids.as_deref(), Some(&[7u32, 8, 9][..]), "the prompt's ids come back with the answer");
     assert_eq!(store.find_exact("b", "k").expect("lookup"), None, "another tenant must not see it");
     let second = store.record_inference(&sample("a", Some("k"), ServedFrom::Model, CacheMode::Refresh)).expect("refresh");
     assert_eq!(store.find_exact("a", "k").expect("lookup").expect("hit").inference_id, second);

@@ -152,18 +152,9 @@ fn worker(s: &Shared, config: IndexerConfig, idle: &IdleFn, index: &IndexFn) {
 }
 
 /// Runs this thread at the lowest priority (`nice 19`), so the engine's threads preempt it.
-#[cfg(target_os = "linux")]
 fn lower_priority() {
-    // SAFETY: plain system calls without pointers; `gettid` cannot fail, and `setpriority` on
-    // our own thread id only changes this thread's nice value (a failure is harmless).
-    unsafe {
-        let tid = libc::gettid();
-        libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, 19);
-    }
+    crate::background::lower_this_thread(19);
 }
-
-#[cfg(not(target_os = "linux"))]
-fn lower_priority() {}
 
 #[cfg(test)]
 mod tests {

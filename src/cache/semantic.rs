@@ -8,11 +8,12 @@
 //! what verification found out about earlier neighbours — bounds the error rate by `delta`.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 
 use sha2::{Digest, Sha256};
 
 use super::indexer::IdleFn;
+use crate::background::Background;
 use crate::backend::Backend;
 use crate::embed::{EmbedError, Embedder};
 use crate::vocab::StopReason;
@@ -121,29 +122,23 @@ impl TrustModel {
 /// The sentence embedder, possibly still loading on its own thread: a service answers exact
 /// hits and facts before it is ready, and the first call that needs it waits for it.
 #[derive(Clone)]
-pub struct LazyEmbedder(Arc<OnceLock<Result<Arc<Embedder>, String>>>);
+pub struct LazyEmbedder(Background<Arc<Embedder>>);
 
 impl LazyEmbedder {
     /// Runs `load` on a new thread; [`LazyEmbedder::get`] waits for it.
     pub fn load_in_background(load: impl FnOnce() -> Result<Embedder, String> + Send + 'static) -> std::io::Result<LazyEmbedder> {
-        let cell = Arc::new(OnceLock::new());
-        let slot = cell.clone();
-        std::thread::Builder::new().name("forge-embedder-load".into()).spawn(move || {
-            let loaded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(load)).unwrap_or_else(|_| Err("its loader panicked".into()));
-            let _ = slot.set(loaded.map(Arc::new));
-        })?;
-        Ok(LazyEmbedder(cell))
+        Background::spawn("forge-embedder-load", move || load().map(Arc::new)).map(LazyEmbedder)
     }
 
     /// The embedder, once loaded (waits while it loads).
     pub fn get(&self) -> Result<&Arc<Embedder>, SemanticError> {
-        self.0.wait().as_ref().map_err(|e| SemanticError::NotLoaded(e.clone()))
+        self.0.get().map_err(|e| SemanticError::NotLoaded(e.to_string()))
     }
 }
 
 impl From<Arc<Embedder>> for LazyEmbedder {
     fn from(e: Arc<Embedder>) -> LazyEmbedder {
-        LazyEmbedder(Arc::new(OnceLock::from(Ok(e))))
+        LazyEmbedder(Background::ready(e))
     }
 }
 

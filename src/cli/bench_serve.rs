@@ -5,7 +5,8 @@
 //!   (issue 16: no request waits behind another's long prompt). The long requests' answers are
 //!   checked against the same prompt run alone.
 //! * `forge-cache bench-restart`: from launching `forge-cache serve` on an existing store to the
-//!   EXACT answer of a question asked before the restart (the service's start-up path).
+//!   EXACT answer of a question asked before the restart (the service's start-up path), p50 /
+//!   p99 over several launches per model, with where serve's start-up time went (its log).
 
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -167,11 +168,12 @@ pub fn run_ttft(a: &BenchTtftArgs) -> anyhow::Result<()> {
 
 #[derive(Debug, Args)]
 pub struct BenchRestartArgs {
-    /// GGUF model file (default: SmolLM2-135M-Instruct Q4_1).
+    /// GGUF model file; repeat for several models (default: SmolLM2-135M-Instruct Q4_1). A
+    /// model without a chat template is asked a raw prompt.
     #[arg(long)]
-    pub model: Option<PathBuf>,
-    /// Restarts to time.
-    #[arg(long, default_value_t = 5)]
+    pub model: Vec<PathBuf>,
+    /// Restarts to time per model.
+    #[arg(long, default_value_t = 10)]
     pub runs: usize,
     /// Extra arguments for `serve` (e.g. "--no-semantic").
     #[arg(long, allow_hyphen_values = true, num_args = 0..)]
@@ -189,15 +191,69 @@ fn tempfile_dir() -> anyhow::Result<PathBuf> {
     Ok(dir)
 }
 
+/// What serve's log says about one start: its start-up line, launch (its `main`) to listening,
+/// when the tokenizer was built, and whether the answer needed the prompt's tokens.
+#[derive(Default)]
+struct ServeLog {
+    startup: String,
+    listening_ms: Option<f64>,
+    tokenizer_ms: Option<f64>,
+    tokenized: Option<bool>,
+    /// The EXACT request inside serve: received to its outcome.
+    request_ms: Option<f64>,
+}
+
+/// The value of `field=` in a log line (tracing's fmt layout; strings are quoted).
+fn log_field<'a>(line: &'a str, field: &str) -> Option<&'a str> {
+    let at = line.find(&format!(" {field}="))? + field.len() + 2;
+    let rest = &line[at..];
+    Some(match rest.strip_prefix('"') {
+        Some(quoted) => &quoted[..quoted.find('"')?],
+        None => rest.split_whitespace().next()?,
+    })
+}
+
+fn serve_log(stderr: &str) -> ServeLog {
+    let mut log = ServeLog::default();
+    for line in stderr.lines() {
+        if let (true, Some((_, phases))) = (line.contains("start-up"), line.split_once(" phases=")) {
+            // The last field: the phases, with spaces.
+            log.startup = phases.to_string();
+            log.listening_ms = log_field(line, "since_launch_ms").and_then(|v| v.parse().ok());
+        } else if line.contains("tokenizer built") {
+            log.tokenizer_ms = log_field(line, "since_load_ms").and_then(|v| v.parse().ok());
+        } else if line.contains("served_from=EXACT") {
+            log.tokenized = log_field(line, "tokenized").and_then(|v| v.parse().ok());
+            log.request_ms = log_field(line, "latency_ms").and_then(|v| v.parse().ok());
+        }
+    }
+    log
+}
+
 pub fn run_restart(a: &BenchRestartArgs) -> anyhow::Result<()> {
-    let model = a.model.clone().unwrap_or_else(forge_cache::models::default_llm);
-    let exe = std::env::current_exe()?;
-    let dir = tempfile_dir()?;
-    let db = dir.join("restart.db");
-    let _ = std::fs::remove_file(&db);
-    let ask = || GenerateRequest { cache_mode: CacheMode::Auto as i32, ..request("What is the capital of France?".into(), false, 16) };
+    let models = if a.model.is_empty() { vec![forge_cache::models::default_llm()] } else { a.model.clone() };
     let rt = super::runtime()?;
-    let mut times = Vec::new();
+    for model in &models {
+        restart_model(a, model, &rt)?;
+    }
+    Ok(())
+}
+
+/// p50 / p99 of one model's restarts.
+fn restart_model(a: &BenchRestartArgs, model: &std::path::Path, rt: &tokio::runtime::Runtime) -> anyhow::Result<()> {
+    let exe = std::env::current_exe()?;
+    let name = model.file_name().map_or_else(|| model.display().to_string(), |n| n.to_string_lossy().into_owned());
+    // A fresh store per model.
+    let dir = tempfile_dir()?.join(&name);
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir)?;
+    let db = dir.join("restart.db");
+    let gguf = GgufFile::open(model).with_context(|| format!("reading {}", model.display()))?;
+    let raw = forge_cache::engine::chat::ChatTemplate::from_gguf(&gguf)?.is_none();
+    drop(gguf);
+    let ask = || GenerateRequest { cache_mode: CacheMode::Auto as i32, ..request("What is the capital of France?".into(), raw, 16) };
+    let load_before = load_average();
+    let (mut times, mut listening, mut tokenizer, mut waited) = (Vec::new(), Vec::new(), Vec::new(), 0);
     for run in 0..=a.runs {
         let port = free_port()?;
         let url = format!("http://127.0.0.1:{port}");
@@ -207,47 +263,69 @@ pub fn run_restart(a: &BenchRestartArgs) -> anyhow::Result<()> {
             .args(["serve", "--addr", &format!("127.0.0.1:{port}"), "--http-addr", "127.0.0.1:0", "--db"])
             .arg(&db)
             .arg("--model")
-            .arg(&model)
+            .arg(model)
             .args(&a.serve_args)
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
             .context("launching serve")?;
+        let mut connected = Duration::ZERO;
         let answer = rt.block_on(async {
             loop {
                 if let Ok(mut c) = Client::connect(&url).await {
+                    connected = t0.elapsed();
                     break c.generate(ask()).await;
                 }
-                if t0.elapsed() > Duration::from_secs(30) {
-                    bail!("serve did not answer within 30 s");
+                if t0.elapsed() > Duration::from_secs(60) {
+                    bail!("serve did not answer within 60 s");
                 }
                 tokio::time::sleep(Duration::from_millis(1)).await;
             }
             .map_err(anyhow::Error::from)
         });
-        let took = t0.elapsed();
+        let took = t0.elapsed().as_secs_f64() * 1e3;
         // SAFETY: sending SIGTERM to our own child process (graceful stop) has no memory effects.
         unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
         let out = child.wait_with_output()?;
         let answer = answer?;
-        let log = String::from_utf8_lossy(&out.stderr);
-        let phases = log.lines().find(|l| l.contains("start-up")).unwrap_or_default().to_string();
+        let log = serve_log(&String::from_utf8_lossy(&out.stderr));
+        let ms = |v: Option<f64>| v.map_or("?".to_string(), |v| format!("{v:.1}"));
         if run == 0 {
-            println!("first start (fresh store, answer from the model): {:.1} ms; {phases}", took.as_secs_f64() * 1e3);
+            println!("{name}: first start (fresh store, answer from the model): {took:.1} ms; start-up: {}", log.startup);
             continue;
         }
         if answer.served_from() != ServedFrom::Exact {
-            bail!("run {run}: the answer after a restart came from {:?}, not EXACT", answer.served_from());
+            bail!("{name} run {run}: the answer after a restart came from {:?}, not EXACT", answer.served_from());
         }
-        times.push(took.as_secs_f64() * 1e3);
-        println!("restart {run}: launch to EXACT answer {:.1} ms; {phases}", took.as_secs_f64() * 1e3);
+        times.push(took);
+        listening.extend(log.listening_ms);
+        tokenizer.extend(log.tokenizer_ms);
+        waited += usize::from(log.tokenized == Some(true));
+        println!(
+            "{name} restart {run}: launch to EXACT answer {took:.1} ms (connected at {:.1} ms; serve listening {} ms after its main; the request {} ms inside serve; \
+             tokenizer built {} ms after loading began; the hit tokenized: {}); start-up: {}",
+            connected.as_secs_f64() * 1e3,
+            ms(log.listening_ms),
+            ms(log.request_ms),
+            ms(log.tokenizer_ms),
+            log.tokenized.map_or("?".into(), |t| t.to_string()),
+            log.startup
+        );
     }
-    times.sort_by(f64::total_cmp);
+    for v in [&mut times, &mut listening, &mut tokenizer] {
+        v.sort_by(f64::total_cmp);
+    }
     println!(
-        "launch to EXACT answer after a restart: p50 {:.1} ms, max {:.1} ms over {} runs (load average {})",
+        "{name}: launch to EXACT answer after a restart p50 {:.1} ms, p99 {:.1} ms (min {:.1}, max {:.1}) over {} launches; \
+         serve listening p50 {:.1} ms after its main; tokenizer built p50 {:.1} ms after loading began; hits that tokenized: {waited}; \
+         load average {load_before} before, {} after",
         percentile(&times, 0.5),
+        percentile(&times, 0.99),
+        times.first().copied().unwrap_or(f64::NAN),
         times.last().copied().unwrap_or(f64::NAN),
         times.len(),
+        percentile(&listening, 0.5),
+        percentile(&tokenizer, 0.5),
         load_average()
     );
     let _ = std::fs::remove_dir_all(&dir);

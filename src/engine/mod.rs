@@ -12,6 +12,7 @@
 //! * `prefix` — [`PrefixCache`], what the engine needs from a prefix cache (`workload` implements it)
 //! * `blend` — BLEND: spans of KV computed elsewhere, re-rotated into place, partly recomputed
 //! * `scheduler` — continuous batching: one engine thread, a bounded queue, shared forward passes
+//! * `job` — what the scheduler is given (a job, its drafts) and gives back (events, how it ended)
 //! * `fair` — the scheduler's policy: slots per tenant, step budget in time, prompt chunks shared per tenant
 //! * `eval` — perplexity (llama.cpp's method)
 //! * `offload` — the model's side of the layer-offload seam: its tensors for a backend, its list of
@@ -26,6 +27,7 @@ pub mod config;
 pub mod eval;
 pub mod fair;
 pub mod generate;
+pub mod job;
 pub mod kv;
 pub mod model;
 pub mod offload;

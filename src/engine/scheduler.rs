@@ -43,15 +43,14 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use tokio::sync::mpsc::UnboundedSender;
-
 use super::fair::{self, StepClock, Want};
-use super::generate::{GenerateError, GenerateParams};
+use super::generate::GenerateError;
+pub use super::job::{Draft, Event, Finished, Job, JobError, Scored, SubmitError};
+use crate::background::Background;
 use crate::vocab::StopReason;
 use super::model::{Logits, Model, RunState, SeqBatch};
 use super::sampler::{log_prob, Sampler};
-use super::tokenizer::{StreamDecoder, Tokenizer, TokenizerError};
-use super::prefix::PrefixCache;
+use super::tokenizer::{StreamDecoder, Tokenizer};
 use super::KvCache;
 
 #[derive(Debug, Clone, Copy)]
@@ -73,138 +72,12 @@ impl Default for SchedulerConfig {
     }
 }
 
-/// One request for the engine.
-#[derive(Debug)]
-pub struct Job {
-    /// Token ids of the rendered prompt.
-    pub prompt: Vec<u32>,
-    pub params: GenerateParams,
-    /// Generation stops before the first of these strings (the text is cut there).
-    pub stop_strings: Vec<String>,
-    /// Where tokens and the outcome go; closing the receiver cancels the job.
-    pub events: UnboundedSender<Event>,
-    /// Candidate answers to check, best first (may be empty).
-    pub drafts: Vec<Draft>,
-    /// KV reuse: loads the stored prefix at admission, is told what the sequence computed, and
-    /// comes back in [`Finished::prefix`].
-    pub kv: Option<Box<dyn PrefixCache>>,
-    /// Whose request this is (the tenant): slots and each step's work are shared equally
-    /// between the keys of the waiting and running requests.
-    pub tenant: String,
-    /// Record the log-probability of every generated token (and the stop) under this prompt:
-    /// [`Finished::logprobs`].
-    pub logprobs: bool,
-    /// Score instead of generate: the log-probability of each of these tokens given the prompt
-    /// and the tokens before it, in one teacher-forced pass (no sampling, no decoding); the job
-    /// ends with [`Event::Scored`]. The rows are the same bits a decode would compute (the
-    /// forward pass is batch invariant).
-    pub score: Option<Vec<u32>>,
-}
-
-impl Job {
-    /// A scoring job: the per-token log-probabilities of `continuation` after `prompt` (for a
-    /// token of `stop_ids`: of any stop token, as generation records it).
-    pub fn score(prompt: Vec<u32>, continuation: Vec<u32>, stop_ids: Vec<u32>, tenant: String, events: UnboundedSender<Event>) -> Job {
-        let params = GenerateParams { max_tokens: continuation.len().max(1), sampling: Default::default(), stop_ids };
-        Job { prompt, params, stop_strings: Vec::new(), events, drafts: Vec::new(), kv: None, tenant, logprobs: false, score: Some(continuation) }
-    }
-}
-
-/// What a scoring job found.
-#[derive(Debug, Clone)]
-pub struct Scored {
-    /// log p(continuation[i] | prompt, continuation[..i]), natural log.
-    pub logprobs: Vec<f32>,
-    /// Positions the model computed.
-    pub computed: usize,
-    /// Submit to admission, and admission to the end.
-    pub queue_time: Duration,
-    pub run_time: Duration,
-}
-
-/// A candidate answer: the tokens the model is expected to generate, ending with a stop token
-/// when the answer ended with one.
-#[derive(Debug, Clone)]
-pub struct Draft {
-    pub tokens: Vec<u32>,
-    /// Where it came from (the caller's id, e.g. an inference row).
-    pub source: i64,
-    pub similarity: f64,
-}
-
 /// Draft tokens fed in the first verification window; the window doubles after each step in
 /// which the model agreed with all of it.
 const FIRST_DRAFT_WINDOW: usize = 4;
 
 /// Generated tokens that must reappear in a candidate for it to be used from there on.
 const NGRAM: usize = 3;
-
-#[derive(Debug)]
-pub enum Event {
-    /// A generated token and the text that became final with it (may be empty: half a UTF-8
-    /// character, or text that could be the start of a stop string, is held back).
-    Token { id: u32, text: String },
-    Done(Finished),
-    /// The end of a scoring job.
-    Scored(Scored),
-    Failed(JobError),
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum JobError {
-    #[error(transparent)]
-    Generate(#[from] GenerateError),
-    #[error(transparent)]
-    Tokenizer(#[from] TokenizerError),
-    #[error("the forward pass failed: {0}")]
-    Forward(String),
-}
-
-#[derive(Debug)]
-pub struct Finished {
-    pub prompt_tokens: usize,
-    /// Generated ids, without the stop token.
-    pub tokens: Vec<u32>,
-    /// The whole text (special tokens skipped), cut before a stop string. The `Token` events
-    /// carried a prefix of it; the rest (held back, or an unfinished character) is not sent.
-    pub text: String,
-    pub stop: StopReason,
-    /// Submit to admission.
-    pub queue_time: Duration,
-    /// Admission to the first token.
-    pub prefill_time: Duration,
-    /// First token to the end.
-    pub decode_time: Duration,
-    pub decode_steps: usize,
-    /// The most sequences that shared one forward call with this one (1 = alone).
-    pub peak_batch: usize,
-    /// Positions the model computed (prompt, decode steps, checked draft tokens, rejected ones).
-    pub computed: usize,
-    /// Draft tokens fed for checking, and those the model agreed with.
-    pub draft_tokens: usize,
-    pub draft_accepted: usize,
-    /// Candidates whose tokens were fed.
-    pub candidates_tried: usize,
-    /// The draft that was accepted at every generated token (and the stop), if one was.
-    pub served_by: Option<Draft>,
-    /// The draft last in use when some but not all tokens came from drafts.
-    pub partial_source: Option<Draft>,
-    /// Prompt positions whose KV was loaded from stored blocks instead of computed.
-    pub kv_reused: usize,
-    /// With [`Job::logprobs`]: the natural-log probability of each generated token under the
-    /// model's raw distribution, then of any stop token when the answer ended on one.
-    pub logprobs: Vec<f32>,
-    /// The job's prefix cache, back by value (it has seen everything the sequence computed).
-    pub prefix: Option<Box<dyn PrefixCache>>,
-}
-
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum SubmitError {
-    #[error("the request queue is full ({0} requests waiting); try again later")]
-    QueueFull(usize),
-    #[error("the engine has stopped")]
-    Stopped,
-}
 
 struct Queued {
     job: Job,
@@ -257,6 +130,14 @@ pub struct Scheduler {
 impl Scheduler {
     /// Starts the engine thread; `model` and `tokenizer` are used only there.
     pub fn start(model: Arc<Model>, tokenizer: Arc<Tokenizer>, config: SchedulerConfig) -> std::io::Result<Scheduler> {
+        Scheduler::start_loading(model, Background::ready(tokenizer), config)
+    }
+
+    /// As [`Scheduler::start`], with the tokenizer still being built: the engine thread waits for
+    /// it before its first step (no job can arrive earlier: a job's prompt is already tokenized).
+    /// A tokenizer that fails to build ends the engine: every job is then refused as
+    /// [`SubmitError::Stopped`].
+    pub fn start_loading(model: Arc<Model>, tokenizer: Background<Arc<Tokenizer>>, config: SchedulerConfig) -> std::io::Result<Scheduler> {
         let config = SchedulerConfig {
             queue_depth: config.queue_depth.max(1),
             max_active: config.max_active.max(1),
@@ -271,6 +152,13 @@ impl Scheduler {
         let q = queue.clone();
         let thread = std::thread::Builder::new().name("forge-engine".into()).spawn(move || {
             let _end = EndGuard(q.clone());
+            let tokenizer = match tokenizer.get() {
+                Ok(t) => t.clone(),
+                Err(e) => {
+                    tracing::error!(error = %e, "the engine stops: the model's tokenizer did not build");
+                    return;
+                }
+            };
             Engine { model: &model, tok: &tokenizer, config, clock: StepClock::new(config.step_time) }.run(&q)
         })?;
         Ok(Scheduler { queue, thread: Some(thread), config })

@@ -16,8 +16,11 @@ use crate::workload::plan::ReportData;
 /// Bucket bounds in seconds: 0.5 ms (an exact hit inside the server) to 60 s (a long answer).
 const SECONDS: &[f64] = &[0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0];
 
-/// The stages timed by `forge_stage_seconds`.
-pub const STAGES: [&str; 7] = ["validate", "lookup", "embed", "queue", "prefill", "decode", "record"];
+/// The stages timed by `forge_stage_seconds`:
+/// `tokenize` is observed only for requests whose answer needed the prompt's tokens (not an EXACT
+/// hit whose row kept them); `tokenizer_wait` only for those that waited for the tokenizer to be
+/// built (just after start-up).
+pub const STAGES: [&str; 9] = ["validate", "tokenizer_wait", "tokenize", "lookup", "embed", "queue", "prefill", "decode", "record"];
 
 pub struct Metrics {
     registry: Registry,
@@ -104,7 +107,7 @@ impl Metrics {
             kv_memory_bytes: gauge(&r, "forge_kv_memory_bytes", "Bytes of KV blocks held in memory"),
             ttft: histogram(&r, "forge_time_to_first_token_seconds", "Request received to its first token", &["served_from"]),
             latency: histogram(&r, "forge_request_duration_seconds", "Request received to its outcome (end to end)", &["served_from"]),
-            stage: histogram(&r, "forge_stage_seconds", "Time in each stage: validate, lookup, embed, queue, prefill, decode, record", &["stage"]),
+            stage: histogram(&r, "forge_stage_seconds", "Time in each stage: validate, tokenizer_wait, tokenize, lookup, embed, queue, prefill, decode, record", &["stage"]),
             registry: r,
         }
     }

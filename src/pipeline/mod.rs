@@ -2,11 +2,14 @@
 //! `server::http`); the front ends only translate their messages into a [`Request`] and the
 //! [`Chunk`]s back. A request goes through these stages, each in its own file:
 //!
-//! 1. `validation` — every field checked, the prompt rendered (chat template) and tokenized, the
-//!    exact-cache key, semantic scope and KV block keys derived: a [`validation::Plan`]
-//!    (text-generation-inference's `router/src/validation.rs` is the model);
-//! 2. `tiers` — the caches, as calls into `cache/`: FACT, EXACT, then the semantic tier (TRUST
-//!    serves a neighbour's answer, else neighbours become drafts for the engine to verify);
+//! 1. `validation` — every field checked, the prompt rendered (chat template), the exact-cache
+//!    key and semantic scope derived: a [`validation::Plan`] (text-generation-inference's
+//!    `router/src/validation.rs` is the model); its second half tokenizes the prompt (and checks
+//!    its length) only when an answer needs the tokens: an EXACT hit whose row kept its prompt's
+//!    ids never waits for the tokenizer, which is built in the background at start-up;
+//! 2. `tiers` — the caches, as calls into `cache/`: FACT and EXACT (found by the question and by
+//!    the key, from the prompt's text), then the semantic tier (TRUST serves a neighbour's
+//!    answer, else neighbours become drafts for the engine to verify);
 //! 3. `run` — the engine job (KV plan, drafts) on the continuous-batching scheduler, its tokens
 //!    streamed as they come; a client that goes away cancels the sequence;
 //! 4. `record` — the one place an outcome is recorded: `inferences`, KV blocks, facts, the exact
@@ -38,6 +41,7 @@ pub use metrics::Metrics;
 pub use request::{ChatMessage, Chunk, ChunkStream, Generation, Outcome, Request};
 pub use tenants::{TenantAuth, TenantsError};
 
+use crate::background::Background;
 use crate::backend::cpu::CpuBackend;
 use crate::cache::indexer::{FactIndexer, IdleFn, IndexFn, IndexerConfig};
 use crate::cache::semantic::{LazyEmbedder, SemanticCache, SemanticConfig};
@@ -108,20 +112,27 @@ impl PipelineConfig {
 /// Where start-up time went: (phase, time), in order (`serve` logs it).
 pub type StartupPhases = Vec<(&'static str, std::time::Duration)>;
 
-/// Times the phases of [`Pipeline::load`].
-struct Phases(StartupPhases, std::time::Instant);
+/// Times the phases of [`Pipeline::load`]: (the phases so far, when loading began, when the
+/// last phase ended).
+struct Phases(StartupPhases, std::time::Instant, std::time::Instant);
 
 impl Default for Phases {
     fn default() -> Phases {
-        Phases(Vec::new(), std::time::Instant::now())
+        let now = std::time::Instant::now();
+        Phases(Vec::new(), now, now)
     }
 }
 
 impl Phases {
+    /// When loading began.
+    fn started(&self) -> std::time::Instant {
+        self.1
+    }
+
     fn done(&mut self, phase: &'static str) {
         let now = std::time::Instant::now();
-        self.0.push((phase, now - self.1));
-        self.1 = now;
+        self.0.push((phase, now - self.2));
+        self.2 = now;
     }
 }
 
@@ -167,7 +178,8 @@ pub struct Pipeline {
     pub(crate) model_id: String,
     pub(crate) context: usize,
     pub(crate) backend: String,
-    pub(crate) tokenizer: Arc<Tokenizer>,
+    /// Built on its own thread at start-up ([`Pipeline::tokenizer`] waits for it).
+    pub(crate) tokenizer: Background<Arc<Tokenizer>>,
     pub(crate) template: Option<ChatTemplate>,
     pub(crate) scheduler: Scheduler,
     pub(crate) store: Arc<Store>,
@@ -210,10 +222,25 @@ impl Pipeline {
         let mut model = Model::load(&config.model, backend).map_err(|source| LoadError::Model { path: config.model.clone(), source })?;
         let placement = place(&mut model, &config.placement).map_err(|e| LoadError::Backend(e.to_string()))?;
         tracing::info!(placement = %placement, layers = %model.placement(), "model placed");
+        let model = Arc::new(model);
         phases.done("model (map, check, place)");
-        let tokenizer = Arc::new(Tokenizer::from_gguf(&model.gguf)?);
+        // The tokenizer (~50 ms for SmolLM2's 49,152 tokens) is built on its own thread while
+        // the service starts: an EXACT hit does not need it; the first request that does waits.
+        let tokenizer = {
+            let (model, started) = (model.clone(), phases.started());
+            Background::spawn("forge-tokenizer", move || {
+                let built = Tokenizer::from_gguf(&model.gguf).map(Arc::new).map_err(|e| LoadError::Tokenizer(e).to_string());
+                let ms = |d: std::time::Duration| format!("{:.1}", d.as_secs_f64() * 1e3);
+                match &built {
+                    Ok(_) => tracing::info!(since_load_ms = %ms(started.elapsed()), "tokenizer built (in the background)"),
+                    Err(e) => tracing::error!(error = %e, "the model's tokenizer did not build: requests that need it fail"),
+                }
+                built
+            })
+            .map_err(LoadError::Engine)?
+        };
         let template = ChatTemplate::from_gguf(&model.gguf)?;
-        phases.done("tokenizer and chat template");
+        phases.done("chat template (tokenizer building in the background)");
         // The sentence embedder loads on its own thread while the service starts: exact hits
         // and facts do not need it; the first question that does waits for it.
         let embedder = match config.embedder.as_ref().filter(|dir| config.cache && dir.join("tokenizer.json").is_file()) {
@@ -242,7 +269,7 @@ impl Pipeline {
         };
         phases.done("KV-block tier");
         let in_flight = Arc::new(AtomicUsize::new(0));
-        let scheduler = Scheduler::start(Arc::new(model), tokenizer.clone(), config.scheduler).map_err(LoadError::Engine)?;
+        let scheduler = Scheduler::start_loading(model, tokenizer.clone(), config.scheduler).map_err(LoadError::Engine)?;
         phases.done("engine thread");
         let semantic = match (&config.embedder, embedder) {
             (Some(_), Some(embedder)) => {
@@ -310,6 +337,21 @@ impl Pipeline {
     /// Where loading spent its time, in order.
     pub fn startup(&self) -> &StartupPhases {
         &self.startup
+    }
+
+    /// The model's tokenizer; just after start-up it may still be being built, and then this
+    /// waits for it (observed as the stage `tokenizer_wait`). Blocking.
+    pub(crate) fn tokenizer(&self) -> Result<&Tokenizer, ServiceError> {
+        let built = match self.tokenizer.try_get() {
+            Some(built) => built,
+            None => {
+                let t = std::time::Instant::now();
+                let built = self.tokenizer.get();
+                self.metrics.stage("tokenizer_wait", t.elapsed());
+                built
+            }
+        };
+        built.map(|t| &**t).map_err(|e| ServiceError::Internal(e.to_string()))
     }
 
     /// sha256 of the served model file.

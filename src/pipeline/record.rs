@@ -97,6 +97,9 @@ impl Pipeline {
         let (p, a) = (plan, &answer);
         let similarity = a.similarity.unwrap_or(if a.from == ServedFrom::Model { 0.0 } else { 1.0 });
         let equivalence = a.equivalence.or(p.equivalence.as_ref().map(|c| c.score));
+        let computed = a.from.computed() && a.stop != StopReason::Cancelled;
+        // What an EXACT hit on this row will need without the tokenizer.
+        let replayable = computed && p.cache_key.is_some();
         let id = self.store.record_inference(&NewInference {
             tenant: &p.tenant,
             question: p.question.as_deref(),
@@ -118,6 +121,7 @@ impl Pipeline {
             stop_reason: a.stop,
             response: &a.text,
             response_tokens: &a.tokens,
+            prompt_token_ids: replayable.then_some(&p.prompt_ids[..]),
             queue_ms: ms(a.queue),
             prefill_ms: ms(a.prefill),
             decode_ms: ms(a.decode),
@@ -134,7 +138,7 @@ impl Pipeline {
             equivalence_checks: p.equivalence_checks,
         })?;
         if let (Some(kv), Some(report)) = (&self.kv, &a.kv) {
-            let decode = |t: &[u32]| self.tokenizer.decode(t, false).ok();
+            let decode = |t: &[u32]| self.tokenizer().ok()?.decode(t, false).ok();
             match kv.finish(&p.tenant, report, id, &p.prompt_ids, decode) {
                 Ok(_) => self.metrics.kv_blocks(&p.tenant, report),
                 Err(e) => tracing::warn!(inference_id = id, error = %e, "storing the KV blocks failed"),
@@ -148,7 +152,6 @@ impl Pipeline {
                 tracing::info!(inference_id = id, reason = %why, "BLEND ran as a full prefill");
             }
         }
-        let computed = a.from.computed() && a.stop != StopReason::Cancelled;
         // BYPASS learns nothing; BLEND's answers are lossy: no facts, no semantic index.
         if computed && !matches!(p.mode, CacheMode::Bypass | CacheMode::Blend) {
             if let Err(e) = self.store.learn(&p.tenant, id, p.question.as_deref(), &p.prompt_hash, &a.text) {
@@ -168,6 +171,7 @@ impl Pipeline {
                 response_tokens: a.tokens.clone(),
                 stop_reason: a.stop,
                 tokens_computed: a.tokens_computed,
+                prompt_token_ids: Some(p.prompt_ids.clone()),
             };
             self.exact.put(key, cached);
         }
@@ -210,6 +214,8 @@ impl Pipeline {
             cache_mode = %p.mode,
             stop = %a.stop,
             prompt_tokens = p.prompt_ids.len(),
+            // false: answered from the store without the tokenizer (an EXACT hit).
+            tokenized = p.tokenized,
             completion_tokens = a.tokens.len(),
             tokens_computed = a.tokens_computed,
             tokens_reused = a.tokens_reused,

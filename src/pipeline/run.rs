@@ -83,9 +83,22 @@ impl Pipeline {
             let t = Instant::now();
             let mut plan = tracing::debug_span!("validate").in_scope(|| state.validate(request_id, tenant, &req, received))?;
             state.metrics.stage("validate", t.elapsed());
+            // FACT and EXACT by the prompt's text; only then the prompt's tokens (an EXACT hit
+            // does not wait for a tokenizer still being built), then the semantic tier.
             let t = Instant::now();
-            let found = tracing::debug_span!("lookup").in_scope(|| state.lookup(&mut plan))?;
-            state.metrics.stage("lookup", t.elapsed());
+            let stored = tracing::debug_span!("lookup").in_scope(|| state.lookup_stored(&mut plan))?;
+            let mut lookup = t.elapsed();
+            let found = match stored {
+                Some(answer) => Found::Answer(answer),
+                None => {
+                    tracing::debug_span!("tokenize").in_scope(|| state.tokenize(&mut plan))?;
+                    let t = Instant::now();
+                    let found = tracing::debug_span!("lookup").in_scope(|| state.lookup_similar(&mut plan))?;
+                    lookup += t.elapsed();
+                    found
+                }
+            };
+            state.metrics.stage("lookup", lookup);
             let drafts = match found {
                 Found::Answer(answer) => {
                     let (text, tokens) = (answer.text.clone(), answer.tokens.clone());

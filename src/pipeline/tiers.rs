@@ -4,6 +4,10 @@
 //! neighbours' answers become drafts the engine verifies (VERIFIED / PARTIAL); EQUIVALENT has the
 //! model score the neighbours' answers under the new prompt and serves one its learned region
 //! accepts. Which tiers a request may use follows its cache mode.
+//!
+//! FACT and EXACT look up by the question and by the key, both from the prompt's text, before
+//! the prompt is tokenized ([`Pipeline::lookup_stored`]); the semantic tier needs the tokens
+//! ([`Pipeline::lookup_similar`], after [`Pipeline::tokenize`]).
 
 use std::time::Instant;
 
@@ -26,27 +30,48 @@ pub(crate) enum Found {
     Nothing,
 }
 
+/// Whether a request in this mode may be served by a cache tier.
+fn looks_up(mode: CacheMode) -> bool {
+    matches!(mode, CacheMode::Auto | CacheMode::Verified | CacheMode::Trust | CacheMode::Exact | CacheMode::Equivalent)
+}
+
 impl Pipeline {
-    /// FACT, then EXACT, then the semantic tier. Blocking (store, embedding).
-    pub(crate) fn lookup(&self, plan: &mut Plan) -> Result<Found, ServiceError> {
-        if !matches!(plan.mode, CacheMode::Auto | CacheMode::Verified | CacheMode::Trust | CacheMode::Exact | CacheMode::Equivalent) {
-            return Ok(Found::Nothing);
+    /// FACT, then EXACT: the answers filed under the question and under the exact key. An
+    /// EXACT hit whose row kept its prompt's token ids is answered without tokenizing; a FACT
+    /// answer (and a hit on an older row) tokenizes. Blocking (store).
+    pub(crate) fn lookup_stored(&self, plan: &mut Plan) -> Result<Option<Answer>, ServiceError> {
+        if !looks_up(plan.mode) {
+            return Ok(None);
         }
         if let Some(q) = &plan.question {
             if let Some(fact) = self.store.fact_answer(&plan.tenant, q)? {
-                let tokens = self.tokenizer.encode(&fact.content, false).map_err(|e| ServiceError::Internal(e.to_string()))?;
+                self.tokenize(plan)?;
+                let tokens = self.tokenizer()?.encode(&fact.content, false).map_err(|e| ServiceError::Internal(e.to_string()))?;
                 let saved = plan.prompt_ids.len() + tokens.len();
                 let mut a = Answer::stored(ServedFrom::Fact, fact.content, tokens, StopReason::Stop, saved);
                 a.source_fact_id = Some(fact.id);
-                return Ok(Found::Answer(a));
+                return Ok(Some(a));
             }
         }
         if let Some(key) = &plan.cache_key {
             if let Some(hit) = self.exact.get(&plan.tenant, key)? {
+                match &hit.prompt_token_ids {
+                    Some(ids) => self.set_prompt_ids(plan, ids.clone())?,
+                    None => self.tokenize(plan)?,
+                }
                 let mut a = Answer::stored(ServedFrom::Exact, hit.response.clone(), hit.response_tokens.clone(), hit.stop_reason, hit.tokens_computed);
                 a.source_inference_id = Some(hit.inference_id);
-                return Ok(Found::Answer(a));
+                return Ok(Some(a));
             }
+        }
+        Ok(None)
+    }
+
+    /// The semantic tier, for a tokenized request the stored answers did not serve: TRUST, then
+    /// EQUIVALENT, else drafts. Blocking (store, embedding).
+    pub(crate) fn lookup_similar(&self, plan: &mut Plan) -> Result<Found, ServiceError> {
+        if !looks_up(plan.mode) {
+            return Ok(Found::Nothing);
         }
         let (Some(sem), Some(scope), Some(question)) = (&self.semantic, &plan.scope, &plan.question) else {
             return Ok(Found::Nothing);
@@ -69,7 +94,7 @@ impl Pipeline {
             a.similarity = Some(top.similarity);
             return Ok(Found::Answer(a));
         }
-        let stop = self.tokenizer.stop_ids().first().copied();
+        let stop = plan.params.stop_ids.first().copied();
         if plan.mode == CacheMode::Equivalent && greedy {
             if let Some(a) = self.equivalent(plan, sem, &neighbours, stop)? {
                 return Ok(Found::Answer(a));

@@ -1,8 +1,13 @@
 //! Validation, the pipeline's first stage: every field of a [`Request`] is checked, the prompt is
-//! rendered with the model's chat template and tokenized, and what the later stages need is
-//! derived once (exact-cache key, semantic scope, whether KV blocks may be reused, the parameters recorded). The
-//! result is a [`Plan`]; nothing after this stage looks at the request again. Errors are
+//! rendered with the model's chat template, and what the later stages need is derived once
+//! (exact-cache key, semantic scope, whether KV blocks may be reused, the parameters recorded).
+//! The result is a [`Plan`]; nothing after this stage looks at the request again. Errors are
 //! `INVALID_ARGUMENT` (or NOT_FOUND for another model) with a message saying what to change.
+//!
+//! Its second half, [`Pipeline::tokenize`], runs only when an answer needs the prompt's tokens:
+//! the exact key is made of the rendered text, so FACT and EXACT look up before it, and an
+//! EXACT hit whose row kept its prompt's ids is answered without the tokenizer (which a
+//! restarted service is still building).
 
 use std::time::Instant;
 
@@ -49,10 +54,14 @@ pub struct Plan {
     pub(crate) tenant: String,
     /// The user's question when the request is one (facts are filed under it).
     pub(crate) question: Option<String>,
-    /// The rendered prompt and its token ids.
+    /// The rendered prompt.
     pub(crate) prompt: String,
     pub(crate) prompt_hash: String,
+    /// The prompt's token ids: empty until [`Pipeline::tokenize`] (or an EXACT hit's recorded
+    /// ids) fills them.
     pub(crate) prompt_ids: Vec<u32>,
+    /// [`Pipeline::tokenize`] has run (`params.stop_ids` is set).
+    pub(crate) tokenized: bool,
     pub(crate) params: GenerateParams,
     pub(crate) stop_strings: Vec<String>,
     /// The generation parameters as recorded (`inferences.params`).
@@ -81,16 +90,17 @@ pub struct Plan {
     pub(crate) blend_recompute: f32,
 }
 
-/// A rendered prompt: its text, its token ids, where the documents' tokens are.
+/// A rendered prompt: its text and, when it holds documents, its token ids (tokenized piece by
+/// piece) and where the documents' tokens are.
 struct Rendered {
     text: String,
-    ids: Vec<u32>,
+    ids: Option<Vec<u32>>,
     chunks: Vec<(usize, usize)>,
 }
 
 impl Pipeline {
-    /// Checks every field, renders and tokenizes the prompt, derives the cache key. Blocking
-    /// (tokenizing a long prompt takes a while).
+    /// Checks every field, renders the prompt, derives the cache key (tokenizing is
+    /// [`Pipeline::tokenize`]). Blocking (rendering runs the chat template).
     pub(crate) fn validate(&self, request_id: u64, tenant: String, req: &Request, received: Instant) -> Result<Plan, ServiceError> {
         if !req.model.is_empty() && req.model != self.model_name && req.model != self.model_id {
             return Err(ServiceError::UnknownModel { requested: req.model.clone(), served: self.model_name.clone(), id: self.model_id.clone() });
@@ -109,10 +119,7 @@ impl Pipeline {
             None => self.blend_recompute,
         };
         let (rendered, question, around) = self.render(req)?;
-        let Rendered { text: prompt, ids: prompt_ids, chunks } = rendered;
-        if prompt_ids.len() >= self.context {
-            return Err(invalid(GenerateError::PromptTooLong { prompt: prompt_ids.len(), context: self.context }.to_string()));
-        }
+        let Rendered { text: prompt, ids: document_ids, chunks } = rendered;
         let max_tokens = match req.max_tokens {
             None => self.default_max_tokens.min(self.context),
             Some(0) => return Err(invalid("max_tokens must be at least 1")),
@@ -152,15 +159,16 @@ impl Pipeline {
         })
         .to_string();
         let kv_reuse = self.kv.is_some() && mode != CacheMode::Bypass;
-        Ok(Plan {
+        let mut plan = Plan {
             request_id,
             kv_reuse,
             tenant,
             question,
             prompt_hash: sha256_hex(prompt.as_bytes()),
             prompt,
-            prompt_ids,
-            params: GenerateParams { max_tokens, sampling, stop_ids: self.tokenizer.stop_ids().to_vec() },
+            prompt_ids: Vec::new(),
+            tokenized: false,
+            params: GenerateParams { max_tokens, sampling, stop_ids: Vec::new() },
             stop_strings: req.stop.clone(),
             params_json,
             mode,
@@ -173,17 +181,51 @@ impl Pipeline {
             equivalence_checks: 0,
             chunks,
             blend_recompute,
-        })
+        };
+        if let Some(ids) = document_ids {
+            // Tokenized piece by piece above; the rest of tokenize's work (context, stop ids).
+            self.set_prompt_ids(&mut plan, ids)?;
+            plan.params.stop_ids = self.tokenizer()?.stop_ids().to_vec();
+            plan.tokenized = true;
+        }
+        Ok(plan)
     }
 
-    /// The prompt the model sees (text, ids, the documents' spans), the question when the
+    /// Validation's second half, for a request whose answer needs the prompt's tokens (all but
+    /// an EXACT hit whose row kept them): tokenizes the rendered prompt — waiting for the
+    /// tokenizer while a restarted service is still building it — checks the length against the
+    /// context, sets the stop tokens. Runs once per plan. Blocking (a long prompt takes a while).
+    pub(crate) fn tokenize(&self, plan: &mut Plan) -> Result<(), ServiceError> {
+        if plan.tokenized {
+            return Ok(());
+        }
+        let tokenizer = self.tokenizer()?;
+        let t = Instant::now();
+        let ids = tokenizer.encode_prompt(&plan.prompt).map_err(|e| invalid(format!("cannot tokenize the prompt: {e}")))?;
+        self.metrics.stage("tokenize", t.elapsed());
+        self.set_prompt_ids(plan, ids)?;
+        plan.params.stop_ids = tokenizer.stop_ids().to_vec();
+        plan.tokenized = true;
+        Ok(())
+    }
+
+    /// The prompt's token ids (tokenized now, or recorded with an earlier answer to the same
+    /// rendered prompt), checked against the model's context as every prompt is.
+    pub(crate) fn set_prompt_ids(&self, plan: &mut Plan, ids: Vec<u32>) -> Result<(), ServiceError> {
+        if ids.len() >= self.context {
+            return Err(invalid(GenerateError::PromptTooLong { prompt: ids.len(), context: self.context }.to_string()));
+        }
+        plan.prompt_ids = ids;
+        Ok(())
+    }
+
+    /// The prompt the model sees (text; with documents also its ids and the documents' spans), the question when the
     /// request is a single question without documents, and then the prompt rendered with a
     /// placeholder in the question's place.
     fn render(&self, req: &Request) -> Result<(Rendered, Option<String>, Option<String>), ServiceError> {
         if req.documents.is_empty() {
             let (text, question, around) = self.render_text(req)?;
-            let ids = self.tokenizer.encode_prompt(&text).map_err(|e| invalid(format!("cannot tokenize the prompt: {e}")))?;
-            return Ok((Rendered { text, ids, chunks: Vec::new() }, question, around));
+            return Ok((Rendered { text, ids: None, chunks: Vec::new() }, question, around));
         }
         if req.documents.len() > MAX_DOCUMENTS {
             return Err(invalid(format!("{} documents: at most {MAX_DOCUMENTS} per request", req.documents.len())));
@@ -216,22 +258,24 @@ impl Pipeline {
             return Err(invalid("the chat template dropped the user message that holds the documents"));
         };
         let tok = |e: crate::engine::tokenizer::TokenizerError| invalid(format!("cannot tokenize the prompt: {e}"));
-        let mut ids = self.tokenizer.encode_prompt(before).map_err(tok)?;
+        // Documents need their own tokens now (the chunks' spans): wait for the tokenizer.
+        let tokenizer = self.tokenizer()?;
+        let mut ids = tokenizer.encode_prompt(before).map_err(tok)?;
         let mut full = before.to_string();
         let mut chunks = Vec::with_capacity(req.documents.len());
         for d in &req.documents {
             let piece = format!("{}\n\n", d.trim());
-            let t = self.tokenizer.encode(&piece, false).map_err(tok)?;
+            let t = tokenizer.encode(&piece, false).map_err(tok)?;
             chunks.push((ids.len(), t.len()));
             ids.extend(t);
             full.push_str(&piece);
         }
-        ids.extend(self.tokenizer.encode(after, true).map_err(tok)?);
+        ids.extend(tokenizer.encode(after, true).map_err(tok)?);
         full.push_str(after);
         if chunks.first().is_some_and(|c| c.0 == 0) {
             return Err(invalid("the chat template puts the documents first: BLEND needs a token before them"));
         }
-        Ok((Rendered { text: full, ids, chunks }, None, None))
+        Ok((Rendered { text: full, ids: Some(ids), chunks }, None, None))
     }
 
     /// The prompt text, the question and the masked prompt (see [`Pipeline::render`]).

@@ -91,6 +91,22 @@ impl ServerError {
     }
 }
 
+/// Accepted connections with `TCP_NODELAY`: HTTP/2 writes a response's headers, data and
+/// trailers as separate small writes, and with Nagle's algorithm on, the later ones waited for
+/// the client's delayed ACK — 40 ms on Linux loopback, on about half of the answers (measured:
+/// an EXACT hit 36 ms or 73-78 ms from launch; the answer itself took 0.3 ms inside serve).
+/// tonic sets it only on listeners it binds itself.
+fn no_delay(incoming: TcpListenerStream) -> impl tokio_stream::Stream<Item = std::io::Result<tokio::net::TcpStream>> {
+    use tokio_stream::StreamExt;
+    incoming.map(|accepted| {
+        let stream = accepted?;
+        if let Err(e) = stream.set_nodelay(true) {
+            tracing::debug!(error = %e, "TCP_NODELAY not set");
+        }
+        Ok(stream)
+    })
+}
+
 /// Serves `state` on `listener` until `shutdown` completes; request messages over
 /// `max_message_bytes` are refused ([`codec::too_large`]).
 pub async fn serve(
@@ -118,7 +134,7 @@ pub async fn serve(
             ForgeServer::new(service::ForgeService::new(state)).max_decoding_message_size(max_message_bytes),
             max_message_bytes,
         ))
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+        .serve_with_incoming_shutdown(no_delay(TcpListenerStream::new(listener)), shutdown)
         .await?;
     Ok(())
 }

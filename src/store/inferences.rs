@@ -31,6 +31,9 @@ pub struct NewInference<'a> {
     pub stop_reason: StopReason,
     pub response: &'a str,
     pub response_tokens: &'a [u32],
+    /// The prompt's token ids, kept on a computed answer the exact cache may replay (`None`
+    /// elsewhere): an EXACT hit then needs no tokenizer.
+    pub prompt_token_ids: Option<&'a [u32]>,
     pub queue_ms: f64,
     pub prefill_ms: f64,
     pub decode_ms: f64,
@@ -60,6 +63,14 @@ pub struct CachedAnswer {
     pub stop_reason: StopReason,
     /// Positions the model computed for it (what a replay saves).
     pub tokens_computed: usize,
+    /// The prompt's token ids as recorded with the answer (`None`: a row written before
+    /// migration 0009; the prompt must be tokenized).
+    pub prompt_token_ids: Option<Vec<u32>>,
+}
+
+/// A JSON array of token ids read back from column `column` of inference `id`.
+pub(crate) fn token_ids(id: i64, column: &str, json: &str) -> Result<Vec<u32>, StoreError> {
+    serde_json::from_str(json).map_err(|e| StoreError::Malformed(format!("inference {id} {column}: {e}")))
 }
 
 pub(crate) fn parse_stop_reason(s: &str) -> Result<StopReason, StoreError> {
@@ -72,6 +83,7 @@ impl SqliteStore {
     /// answer's reasoning chain; a FACT answer counts as a reuse of the fact. Returns the row id.
     pub fn record_inference(&self, r: &NewInference<'_>) -> Result<i64, StoreError> {
         let tokens = serde_json::to_string(r.response_tokens).map_err(|e| StoreError::Malformed(e.to_string()))?;
+        let prompt_ids = r.prompt_token_ids.map(serde_json::to_string).transpose().map_err(|e| StoreError::Malformed(e.to_string()))?;
         let mut conn = self.conn();
         let tx = conn.transaction()?;
         tx.execute(
@@ -79,13 +91,14 @@ impl SqliteStore {
                  cache_key, served_from, source_inference_id, source_fact_id, similarity, prompt_tokens,
                  completion_tokens, tokens_computed, tokens_reused, stop_reason, response, response_tokens,
                  queue_ms, prefill_ms, decode_ms, latency_ms, backend, ttft_ms, kv_tokens_reused, draft_tokens,
-                 draft_accepted, candidates_tried, response_logprobs, equivalence_mean, equivalence_worst, equivalence_checks)
+                 draft_accepted, candidates_tried, response_logprobs, equivalence_mean, equivalence_worst, equivalence_checks,
+                 prompt_token_ids)
              VALUES (:tenant, :question, :prompt, :prompt_hash, :model, :model_id, :params, :cache_mode,
                  :cache_key, :served_from, :source_inference_id, :source_fact_id, :similarity, :prompt_tokens,
                  :completion_tokens, :tokens_computed, :tokens_reused, :stop_reason, :response, :response_tokens,
                  :queue_ms, :prefill_ms, :decode_ms, :latency_ms, :backend, :ttft_ms, :kv_tokens_reused, :draft_tokens,
                  :draft_accepted, :candidates_tried, :response_logprobs, :equivalence_mean, :equivalence_worst,
-                 :equivalence_checks)",
+                 :equivalence_checks, :prompt_token_ids)",
             named_params! {
                 ":tenant": r.tenant, ":question": r.question, ":prompt": r.prompt, ":prompt_hash": r.prompt_hash,
                 ":model": r.model, ":model_id": r.model_id, ":params": r.params, ":cache_mode": r.cache_mode.as_str(),
@@ -94,7 +107,7 @@ impl SqliteStore {
                 ":similarity": r.similarity, ":prompt_tokens": r.prompt_tokens as i64,
                 ":completion_tokens": r.completion_tokens as i64, ":tokens_computed": r.tokens_computed as i64,
                 ":tokens_reused": r.tokens_reused as i64, ":stop_reason": r.stop_reason.as_str(),
-                ":response": r.response, ":response_tokens": tokens, ":queue_ms": r.queue_ms,
+                ":response": r.response, ":response_tokens": tokens, ":prompt_token_ids": prompt_ids, ":queue_ms": r.queue_ms,
                 ":prefill_ms": r.prefill_ms, ":decode_ms": r.decode_ms, ":latency_ms": r.latency_ms,
                 ":backend": r.backend, ":ttft_ms": r.ttft_ms, ":kv_tokens_reused": r.kv_tokens_reused as i64,
                 ":draft_tokens": r.draft_tokens as i64, ":draft_accepted": r.draft_accepted as i64,
@@ -145,25 +158,27 @@ impl SqliteStore {
         let row = self
             .conn()
             .query_row(
-                "SELECT id, response, response_tokens, stop_reason, tokens_computed FROM inferences
+                "SELECT id, response, response_tokens, stop_reason, tokens_computed, prompt_token_ids FROM inferences
                  WHERE tenant = ?1 AND cache_key = ?2 AND served_from IN ('MODEL', 'VERIFIED', 'PARTIAL') AND superseded_by IS NULL
                    AND stop_reason != 'cancelled'
                  ORDER BY id DESC LIMIT 1",
                 rusqlite::params![tenant, key],
-                |r| Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?, r.get::<_, String>(2)?, r.get::<_, String>(3)?, r.get::<_, i64>(4)?)),
+                |r| {
+                    let columns = (r.get::<_, i64>(0)?, r.get::<_, String>(1)?, r.get::<_, String>(2)?, r.get::<_, String>(3)?);
+                    Ok((columns, r.get::<_, i64>(4)?, r.get::<_, Option<String>>(5)?))
+                },
             )
             .optional()?;
-        let Some((inference_id, response, tokens, stop, computed)) = row else {
+        let Some(((inference_id, response, tokens, stop), computed, prompt_ids)) = row else {
             return Ok(None);
         };
-        let response_tokens: Vec<u32> =
-            serde_json::from_str(&tokens).map_err(|e| StoreError::Malformed(format!("inference {inference_id} response_tokens: {e}")))?;
         Ok(Some(CachedAnswer {
             inference_id,
             response,
-            response_tokens,
+            response_tokens: token_ids(inference_id, "response_tokens", &tokens)?,
             stop_reason: parse_stop_reason(&stop)?,
             tokens_computed: computed.max(0) as usize,
+            prompt_token_ids: prompt_ids.map(|ids| token_ids(inference_id, "prompt_token_ids", &ids)).transpose()?,
         }))
     }
 }
@@ -194,6 +209,7 @@ pub(crate) mod tests {
             stop_reason: StopReason::Stop,
             response: "Paris.",
             response_tokens: &[1, 2, 3],
+            prompt_token_ids: Some(&[7, 8, 9]),
             queue_ms: 0.0,
             prefill_ms: 1.0,
             decode_ms: 2.0,
@@ -219,6 +235,7 @@ pub(crate) mod tests {
         let first = store.record_inference(&sample("a", Some("k"), ServedFrom::Model, CacheMode::Auto)).expect("record");
         let hit = store.find_exact("a", "k").expect("lookup").expect("hit");
         assert_eq!((hit.inference_id, hit.response.as_str(), hit.response_tokens.as_slice()), (first, "Paris.", &[1u32, 2, 3][..]));
+        assert_eq!(hit.prompt_token_ids.as_deref(), Some(&[7u32, 8, 9][..]), "the prompt's ids come back with the answer");
         assert_eq!(store.find_exact("b", "k").expect("lookup"), None, "another tenant must not see it");
 
         let second = store.record_inference(&sample("a", Some("k"), ServedFrom::Model, CacheMode::Refresh)).expect("record");

@@ -64,6 +64,7 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
     ("0006_equivalent.sql", include_str!("../../migrations/0006_equivalent.sql")),
     ("0007_partial_blocks.sql", include_str!("../../migrations/0007_partial_blocks.sql")),
     ("0008_blend.sql", include_str!("../../migrations/0008_blend.sql")),
+    ("0009_prompt_token_ids.sql", include_str!("../../migrations/0009_prompt_token_ids.sql")),
 ];
 
 #[derive(Debug, thiserror::Error)]

@@ -80,6 +80,14 @@ pub fn router(slot: Arc<Slot>) -> Router {
 
 /// Serves the API on `listener` until `shutdown` completes.
 pub async fn serve(slot: Arc<Slot>, listener: TcpListener, shutdown: impl Future<Output = ()> + Send + 'static) -> std::io::Result<()> {
+    use axum::serve::ListenerExt;
+    // TCP_NODELAY, as for gRPC (`server::no_delay`): a response's small writes do not wait for
+    // the client's delayed ACK.
+    let listener = listener.tap_io(|tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!(error = %e, "TCP_NODELAY not set");
+        }
+    });
     axum::serve(listener, router(slot)).with_graceful_shutdown(shutdown).await
 }
 

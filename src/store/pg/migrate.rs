@@ -16,6 +16,7 @@ pub const PG_MIGRATIONS: &[(&str, &str)] = &[
     ("0006_equivalent.sql", include_str!("../../../migrations/postgres/0006_equivalent.sql")),
     ("0007_partial_blocks.sql", include_str!("../../../migrations/postgres/0007_partial_blocks.sql")),
     ("0008_blend.sql", include_str!("../../../migrations/postgres/0008_blend.sql")),
+    ("0009_prompt_token_ids.sql", include_str!("../../../migrations/postgres/0009_prompt_token_ids.sql")),
 ];
 
 /// Key of the session advisory lock held while migrating.

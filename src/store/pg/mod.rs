@@ -36,7 +36,7 @@ use super::facts::{
     checked_fact, checked_invalidation, question_hash, Fact, InvalidateRequest, LearnReport, PutFactReport, INFERENCE_CONFIDENCE, MAX_MODEL_CONFIDENCE,
     REPEAT_GAIN,
 };
-use super::inferences::{parse_stop_reason, CachedAnswer, NewInference};
+use super::inferences::{parse_stop_reason, token_ids, CachedAnswer, NewInference};
 use super::model_files::{fingerprint, ModelIdentity};
 use super::semantic::{blob, floats, EquivalenceObservation, Neighbour, Outcome};
 use super::StoreError;
@@ -209,6 +209,7 @@ impl PgStore {
         let n = |v: usize| v as i64;
         // The same float32 little-endian bytes as the SQLite store's BLOB.
         let logprobs: Option<Vec<u8>> = r.response_logprobs.map(blob);
+        let prompt_ids = r.prompt_token_ids.map(serde_json::to_string).transpose().map_err(|e| StoreError::Malformed(e.to_string()))?;
         self.tx(|tx| {
             let id: i64 = tx
                 .query_one(
@@ -216,9 +217,10 @@ impl PgStore {
                          cache_key, served_from, source_inference_id, source_fact_id, similarity, prompt_tokens,
                          completion_tokens, tokens_computed, tokens_reused, stop_reason, response, response_tokens,
                          queue_ms, prefill_ms, decode_ms, latency_ms, backend, ttft_ms, kv_tokens_reused, draft_tokens,
-                         draft_accepted, candidates_tried, response_logprobs, equivalence_mean, equivalence_worst, equivalence_checks)
+                         draft_accepted, candidates_tried, response_logprobs, equivalence_mean, equivalence_worst, equivalence_checks,
+                         prompt_token_ids)
                      VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20,
-                         $21, $22, $23, $24, $25, $26, $27, $28, $29, $30, $31, $32, $33, $34)
+                         $21, $22, $23, $24, $25, $26, $27, $28, $29, $30, $31, $32, $33, $34, $35)
                      RETURNING id",
                     &[
                         &r.tenant, &r.question, &r.prompt, &r.prompt_hash, &r.model, &r.model_id, &r.params,
@@ -227,7 +229,7 @@ impl PgStore {
                         &n(r.tokens_computed), &n(r.tokens_reused), &r.stop_reason.as_str(), &r.response, &tokens,
                         &r.queue_ms, &r.prefill_ms, &r.decode_ms, &r.latency_ms, &r.backend, &r.ttft_ms,
                         &n(r.kv_tokens_reused), &n(r.draft_tokens), &n(r.draft_accepted), &n(r.candidates_tried),
-                        &logprobs, &r.equivalence_mean, &r.equivalence_worst, &n(r.equivalence_checks),
+                        &logprobs, &r.equivalence_mean, &r.equivalence_worst, &n(r.equivalence_checks), &prompt_ids,
                     ],
                 )?
                 .get(0);
@@ -260,7 +262,7 @@ impl PgStore {
     pub fn find_exact(&self, tenant: &str, key: &str) -> Result<Option<CachedAnswer>, StoreError> {
         let row = self.with(|c| {
             Ok(c.query_opt(
-                "SELECT id, response, response_tokens, stop_reason, tokens_computed FROM inferences
+                "SELECT id, response, response_tokens, stop_reason, tokens_computed, prompt_token_ids FROM inferences
                  WHERE tenant = $1 AND cache_key = $2 AND served_from IN ('MODEL', 'VERIFIED', 'PARTIAL') AND superseded_by IS NULL
                    AND stop_reason != 'cancelled'
                  ORDER BY id DESC LIMIT 1",
@@ -270,15 +272,15 @@ impl PgStore {
         let Some(row) = row else { return Ok(None) };
         let inference_id: i64 = row.try_get(0)?;
         let tokens: String = row.try_get(2)?;
-        let response_tokens: Vec<u32> =
-            serde_json::from_str(&tokens).map_err(|e| StoreError::Malformed(format!("inference {inference_id} response_tokens: {e}")))?;
         let computed: i64 = row.try_get(4)?;
+        let prompt_ids: Option<String> = row.try_get(5)?;
         Ok(Some(CachedAnswer {
             inference_id,
             response: row.try_get(1)?,
-            response_tokens,
+            response_tokens: token_ids(inference_id, "response_tokens", &tokens)?,
             stop_reason: parse_stop_reason(row.try_get(3)?)?,
             tokens_computed: computed.max(0) as usize,
+            prompt_token_ids: prompt_ids.map(|ids| token_ids(inference_id, "prompt_token_ids", &ids)).transpose()?,
         }))
     }
 
