@@ -114,12 +114,13 @@ fn unknown_architecture_tensor_and_type_are_named() {
     assert!(e.contains("token_embd.weight") && e.contains("IQ4_XS"), "{e}");
 
     // The GPU tiers: the automatic split keeps Gemma on the CPU; an explicit request says why,
-    // naming the parts each tier lacks (wgpu has NeoX RoPE and GeGLU, HIP neither).
+    // naming the parts each tier lacks (wgpu has NeoX RoPE, GeGLU, q/k norms and post-norms, not
+    // sliding windows yet; HIP none of them).
     let mut model = load_bytes(&bytes).expect("loads");
     use forge_cache::engine::placement::{layers_unsupported, tier_unsupported};
     assert!(layers_unsupported(&model).is_some_and(|why| why.contains("gemma3") && why.contains("sliding-window layers")));
     let wgpu_why = tier_unsupported(&model, Device::Igpu).expect("wgpu refuses");
-    assert!(wgpu_why.contains("q/k norms") && !wgpu_why.contains("GeGLU") && !wgpu_why.contains("NeoX"), "{wgpu_why}");
+    assert!(wgpu_why.contains("sliding-window layers") && !wgpu_why.contains("q/k norms") && !wgpu_why.contains("GeGLU") && !wgpu_why.contains("NeoX"), "{wgpu_why}");
     let hip_why = tier_unsupported(&model, Device::Dgpu).expect("HIP refuses");
     assert!(hip_why.contains("GeGLU") && hip_why.contains("NeoX RoPE") && hip_why.contains("HIP"), "{hip_why}");
     let split = PlacementOptions { backend: BackendChoice::Split, split: None, allow_software: true };
