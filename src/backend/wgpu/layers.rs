@@ -24,7 +24,7 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use super::context::{grid_1d, next_id, WgpuContext, MAX_HEAD_DIM, PARAM_WINDOW};
-use super::kv::{attention_q8, gpu_kv, record_seqs, seq_dispatches, seq_params, GpuKv, KvPrecision, QkvRope, SeqBuffers};
+use super::kv::{attention_q8, gpu_kv, record_seqs, seq_dispatches, seq_params, window_param, GpuKv, KvPrecision, QkvRope, SeqBuffers};
 use super::plan::{batch_plan, one_token_plan, q8_bytes, Acts, PlanCtx, PlanItem, Step};
 use super::DecodePlan;
 use super::upload::{upload_rows, GpuLayer, GpuMatrix};
@@ -89,6 +89,10 @@ pub struct GpuLayers {
     gpu: Vec<GpuLayer>,
     /// [n_pos, head_dim / 2, 2] RoPE (cos, sin) table
     rope: wgpu::Buffer,
+    /// the table of the sliding-window layers where their RoPE base differs (Gemma 3)
+    rope_swa: Option<wgpu::Buffer>,
+    /// per layer of the stack: whether it attends over the sliding window only
+    windowed: Vec<bool>,
     n_pos: usize,
     head: Option<GpuHead>,
 }
@@ -160,7 +164,8 @@ impl GpuActivations {
 /// (rope_store.wgsl; the one-token RoPE epilogues are adjacent-only and are not planned for NeoX),
 /// SiLU or GeGLU gate (silu_mul.wgsl; a GeGLU model's one-token steps take the batch plan), no
 /// biases (q/k norms: rmsnorm_heads.wgsl, in place after the q|k|v matmul; post-attention and
-/// post-FFN norms: rmsnorm.wgsl's `add` after the projection writes `proj`), every layer global;
+/// post-FFN norms: rmsnorm.wgsl's `add` after the projection writes `proj`); sliding-window
+/// layers get their own parameter slot per sequence (attention.wgsl's `window`) and RoPE table;
 /// queries may be wider than the residual stream (q|k|v, attention and o-projection widths are
 /// n_head * head_dim throughout).
 pub fn layers_unsupported(model: &dyn ModelTensors) -> Option<String> {
@@ -173,7 +178,6 @@ pub fn layers_unsupported(model: &dyn ModelTensors) -> Option<String> {
     };
     need(c.rope_style == RopeStyle::Neox && c.rope_dims != c.head_dim, "NeoX RoPE over part of a head");
     need(c.rope_freq_scale != 1.0 || model.rope_freqs().is_some(), "RoPE scaling");
-    need(c.swa_layers.iter().enumerate().any(|(li, _)| c.window(li).is_some()), "sliding-window layers");
     need(c.final_softcap.is_some(), "logit soft-capping");
     need(c.attn_scale != 1.0 / (c.head_dim as f32).sqrt(), "a query scale other than 1/sqrt(head_dim)");
     if c.n_layer > 0 {
@@ -204,8 +208,14 @@ impl GpuLayers {
             gpu.push(GpuLayer::upload(&ctx, li, &model.layer(li))?);
         }
         let rope = ctx.storage_init("rope", bytemuck::cast_slice(&rope_table(n_pos, c.head_dim, c.rope_dims, c.rope_base)))?;
+        let windowed: Vec<bool> = layers.clone().map(|li| c.window(li).is_some()).collect();
+        // the CPU engine's `rope_swa`: the sliding layers' own base (RoPE scaling is refused above)
+        let rope_swa = match windowed.contains(&true) && c.rope_base_swa != c.rope_base {
+            true => Some(ctx.storage_init("rope swa", bytemuck::cast_slice(&rope_table(n_pos, c.head_dim, c.rope_dims, c.rope_base_swa)))?),
+            false => None,
+        };
         ctx.check()?;
-        Ok(GpuLayers { id: next_id(), ctx, config: c, layers, kv, gpu, rope, n_pos, head: None })
+        Ok(GpuLayers { id: next_id(), ctx, config: c, layers, kv, gpu, rope, rope_swa, windowed, n_pos, head: None })
     }
 
     /// Also uploads the output norm and projection, so that a step can return logits instead of
@@ -245,7 +255,18 @@ impl GpuLayers {
     /// Whether a sequence of one token gets attention_one.wgsl (`WgpuOptions::attention_one`;
     /// it ropes adjacent pairs only, so NeoX models take rope_store + attention).
     pub(super) fn attention_one(&self) -> bool {
-        self.ctx.attention_one && self.config.rope_style == RopeStyle::Adjacent
+        self.ctx.attention_one && self.config.rope_style == RopeStyle::Adjacent && !self.any_windowed()
+    }
+
+    /// Whether a layer of the stack attends over a sliding window (attention_one.wgsl and the
+    /// one-token q|k|v + RoPE epilogue have no window or second RoPE table: not planned then).
+    fn any_windowed(&self) -> bool {
+        self.windowed.contains(&true)
+    }
+
+    /// Whether layer `li` of the stack (0 = its first) is a sliding-window layer.
+    pub(super) fn windowed(&self, li: usize) -> bool {
+        self.windowed.get(li).copied().unwrap_or(false)
     }
 
     /// Bytes of weights held on the GPU.
@@ -289,7 +310,7 @@ impl GpuLayers {
             q8: ctx.q8,
             att_q8: attention_q8(ctx.q8, c),
             stage: ctx.stage,
-            qkv_rope: ctx.qkv_rope && !ctx.attention_one && c.rope_style == RopeStyle::Adjacent && !qk_norms,
+            qkv_rope: ctx.qkv_rope && !ctx.attention_one && c.rope_style == RopeStyle::Adjacent && !qk_norms && !self.any_windowed(),
             n_embd: e,
             norm: Step::RmsNorm { dim: e, eps: c.rms_eps },
             qkv_width: qkvd,
@@ -314,12 +335,14 @@ impl GpuLayers {
             }
         }
         let slot_stride = ctx.uniform_align.max(PARAM_WINDOW);
-        // token-wide steps, the head's two, then one per sequence
+        // token-wide steps, the head's two, then one per sequence (twice with sliding-window
+        // layers: the second set with the window)
         let head_slots = [slots.len(), slots.len() + 1];
         let n_fixed = slots.len() + 2;
+        let seq_sets = if self.any_windowed() { 2 } else { 1 };
         let params = ctx.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("layer params"),
-            size: slot_stride * (n_fixed + max_tokens) as u64,
+            size: slot_stride * (n_fixed + seq_sets * max_tokens) as u64,
             usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
@@ -352,7 +375,7 @@ impl GpuLayers {
             }
             layers.push(ld);
         }
-        let words = vec![0u32; (slot_stride / 4) as usize * (n_fixed + max_tokens)];
+        let words = vec![0u32; (slot_stride / 4) as usize * (n_fixed + seq_sets * max_tokens)];
         let head = match &self.head {
             None => None,
             Some(h) => {
@@ -491,7 +514,8 @@ impl GpuLayers {
 
     /// The buffers a sequence's bind groups use besides its caches.
     pub(super) fn seq_buffers<'a>(&'a self, act: &'a GpuActivations) -> SeqBuffers<'a> {
-        SeqBuffers { id: act.id, qkv: &act.qkv, att: &act.att, pos: &act.pos, params: &act.params, rope: &self.rope, xq: &act.xq }
+        let rope_swa = self.rope_swa.as_ref().unwrap_or(&self.rope);
+        SeqBuffers { id: act.id, qkv: &act.qkv, att: &act.att, pos: &act.pos, params: &act.params, rope: &self.rope, rope_swa, windowed: &self.windowed, xq: &act.xq }
     }
 }
 
