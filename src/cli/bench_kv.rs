@@ -57,6 +57,10 @@ pub struct BenchKvArgs {
     /// Rounds per article (with --postgres).
     #[arg(long, default_value_t = 3)]
     pub repeats: usize,
+    /// Serve without the semantic tier (no question embedding, no drafts from an earlier answer to
+    /// the same document): TTFT is then KV reuse alone.
+    #[arg(long)]
+    pub no_semantic: bool,
 }
 
 pub(super) struct Article {
@@ -169,6 +173,9 @@ async fn scenario(
         let mut c = ServerConfig::new(model, db);
         c.threads = a.threads;
         c.kv = Some(KvConfig { storage, codec, ..KvConfig::default() });
+        if a.no_semantic {
+            c.embedder = None;
+        }
         c
     };
     // A: cold, then warm.
