@@ -737,6 +737,12 @@ fn wgpu_layers_run_sliding_window_gemma3() {
     let (worst, scale, windowed) = worst_against_cpu(&model, &tokens);
     eprintln!("gemma3 with sliding windows: max |wgpu - cpu| logit {worst:e} (scale {scale})");
     assert!(worst <= 1e-3 * scale, "sliding windows: logits differ by {worst} (scale {scale})");
+    // batch invariance with windows and the second RoPE table: one token per step gives the bits
+    // of the whole prefill
+    for ctx in contexts() {
+        let (prefill, decode) = (logits_through_wgpu(ctx, &model, &tokens, false), logits_decoded_through_wgpu(ctx, &model, &tokens));
+        assert!(prefill.iter().zip(&decode).all(|(a, b)| a.to_bits() == b.to_bits()), "windowed gemma3: decode differs from prefill");
+    }
     model.config.sliding_window = None;
     let (worst_global, _, global) = worst_against_cpu(&model, &tokens);
     let moved = windowed.iter().zip(&global).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
