@@ -1,6 +1,6 @@
 // rms_bind.wgsl — parameters and bindings 0-2 of rmsnorm.wgsl and rmsnorm_q8.wgsl (prepended,
 // with rms_scale.wgsl):
-//   0 uniform P { dim (a multiple of 4), n_tok, eps (f32), swizzle }
+//   0 uniform P { dim (a multiple of 4), n_tok, eps (f32), swizzle, add (rmsnorm.wgsl only) }
 //   1 storage read  X: array<vec4<f32>>  [n_tok, dim / 4]
 //   2 storage read  G: array<vec4<f32>>  [dim / 4] weight
 
@@ -9,6 +9,7 @@ struct P {
     n_tok: u32,
     eps: f32,
     swizzle: u32,
+    add: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: P;

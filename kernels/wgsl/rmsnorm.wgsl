@@ -1,4 +1,6 @@
-// rmsnorm.wgsl — Y[t, :] = X[t, :] * (1 / sqrt(mean(X[t, :]^2) + eps)) * G. Composed as
+// rmsnorm.wgsl — Y[t, :] = X[t, :] * (1 / sqrt(mean(X[t, :]^2) + eps)) * G, or with add = 1
+// Y[t, :] += that (Gemma's post-attention and post-FFN norms: X the projection's output, Y the
+// residual stream, the CPU engine's x + rmsnorm(proj) in its order). Composed as
 // rms_bind.wgsl (P, bindings 0-2) + rms_scale.wgsl + this file.
 //
 // Bindings (group 0): 0-2 see rms_bind.wgsl;
@@ -21,6 +23,11 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec
         if (p.swizzle != 0u) {
             o = (j % 8u) * (p.dim / 32u) + j / 8u;
         }
-        Y[base + o] = X[base + j] * scale * G[j];
+        let v = X[base + j] * scale * G[j];
+        if (p.add != 0u) {
+            Y[base + o] = Y[base + o] + v;
+        } else {
+            Y[base + o] = v;
+        }
     }
 }

@@ -155,7 +155,8 @@ impl WgpuBackend {
             return Err(WgpuError::Unsupported(format!("rmsnorm of rows of {d} values (rmsnorm.wgsl reads vec4s)")));
         }
         let n = x.len() / d;
-        let params = [d as u32, n as u32, eps.to_bits(), 0];
+        // rms_bind.wgsl: dim, n_tok, eps, swizzle (plain rows), add (off)
+        let params = [d as u32, n as u32, eps.to_bits(), 0, 0, 0, 0, 0];
         let args = [Arg::Bytes(bytemuck::cast_slice(x)), Arg::Bytes(bytemuck::cast_slice(weight)), Arg::Zeroed((x.len() * 4) as u64)];
         self.run(&self.ctx.kernels.rmsnorm, &params, &args, (n as u32, d.div_ceil(1024) as u32), 2, out)
     }

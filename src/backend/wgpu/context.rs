@@ -99,6 +99,8 @@ pub(crate) struct Kernels {
     pub rmsnorm: Kernel,
     /// RMSNorm written as Q8 rows (rmsnorm_q8.wgsl)
     pub rmsnorm_q8: Kernel,
+    /// per-head RMSNorm of q and k in place in the fused q|k|v rows (rmsnorm_heads.wgsl)
+    pub rmsnorm_heads: Kernel,
     /// f32 rows to Q8 rows (quantize_q8.wgsl)
     pub quantize_q8: Kernel,
     pub rope: Kernel,
@@ -654,6 +656,7 @@ fn build_kernels(device: &wgpu::Device, lanes: u32, decode: DecodePlan, subgroup
             format!("{Q8_ACT}\n{RMS_BIND}\n{RMS_SCALE}\n{}", include_str!("../../../kernels/wgsl/rmsnorm_q8.wgsl")),
             &[B::Uniform, B::Read, B::Read, B::Rw],
         )?,
+        rmsnorm_heads: k("rmsnorm_heads", format!("{RMS_SCALE}\n{}", include_str!("../../../kernels/wgsl/rmsnorm_heads.wgsl")), &[B::Uniform, B::Rw, B::Read])?,
         quantize_q8: k("quantize_q8", format!("{Q8_ACT}\n{}", include_str!("../../../kernels/wgsl/quantize_q8.wgsl")), &[B::Uniform, B::Read, B::Rw])?,
         rope: k("rope", format!("{ROPE_PAIR}\n{}", include_str!("../../../kernels/wgsl/rope.wgsl")), &[B::Uniform, B::Rw, B::Read, B::Read])?,
         kv_store: k(

@@ -48,6 +48,10 @@ pub(super) struct SeqBuffers<'a> {
     pub pos: &'a wgpu::Buffer,
     pub params: &'a wgpu::Buffer,
     pub rope: &'a wgpu::Buffer,
+    /// the sliding-window layers' RoPE table (`rope` where their base is the same)
+    pub rope_swa: &'a wgpu::Buffer,
+    /// per layer of the stack: a sliding-window layer (its bind groups take `rope_swa`)
+    pub windowed: &'a [bool],
     pub xq: &'a wgpu::Buffer,
 }
 
@@ -130,7 +134,7 @@ impl GpuKv {
         if self.binds.as_ref().is_some_and(|(id, _)| *id == b.id) {
             return Ok(());
         }
-        let (qkv, att, pos, params, rope, xq) = (b.qkv, b.att, b.pos, b.params, b.rope, b.xq);
+        let (qkv, att, pos, params, xq) = (b.qkv, b.att, b.pos, b.params, b.xq);
         let k = &self.ctx.kernels;
         let p = (params, 0, Some(PARAM_WINDOW));
         let binds = self
@@ -139,6 +143,7 @@ impl GpuKv {
             .zip(&self.v)
             .enumerate()
             .map(|(li, (kc, vc))| {
+                let rope = if b.windowed.get(li).copied().unwrap_or(false) { b.rope_swa } else { b.rope };
                 let qkv_rope = qkv_rope(li).map(|q| {
                     let w = (params, q.param_offset, Some(PARAM_WINDOW));
                     let [b1, b2, b3, b4] = &q.bufs;
@@ -244,7 +249,7 @@ pub(crate) fn seq_params(c: &LayerShape, kv: KvPrecision, capacity: usize, t0: u
     let f16 = (kv == KvPrecision::F16) as u32;
     // attention's output feeds the o projection: swizzled rows (word 9); word 11 must stay 0
     // (attention_one.wgsl ORs it into its f16 round trip so that no compiler folds it away)
-    // word 12: no sliding window (the layer runner refuses models with windowed layers, layers.rs);
+    // word 12: no sliding window (the layer runner sets it in the windowed layers' slots, step.rs);
     // word 13: RoPE pairing of rope_store.wgsl
     let neox = (c.rope_style == RopeStyle::Neox) as u32;
     [n_tok as u32, t0 as u32, c.n_head as u32, c.n_head_kv as u32, c.head_dim as u32, capacity as u32, f16, qkvd as u32, scale.to_bits(), 1, q8_out as u32, 0, 0, neox]

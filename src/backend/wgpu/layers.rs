@@ -13,7 +13,8 @@
 //! sequence, the positions and the parameters, submits the dispatches of all layers (recorded
 //! ahead while the GPU ran the previous step of the same shape, or now), and reads back only the
 //! final hidden state `[n_tok, n_embd]` (or the logits of chosen rows). Per layer:
-//! RMSNorm, the fused q|k|v matmul over all tokens, then per sequence RoPE + KV store
+//! RMSNorm, the fused q|k|v matmul over all tokens (and the q/k norms in place, where the model has
+//! them), then per sequence RoPE + KV store
 //! (rope_store.wgsl) and attention over that sequence's cache (kv.rs records these; with
 //! `WgpuOptions::attention_one` a one-token sequence gets the two in one dispatch), then the output projection with
 //! the residual add, RMSNorm, gate|up, SiLU·mul and the down projection with the residual add.
@@ -23,7 +24,7 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use super::context::{grid_1d, next_id, WgpuContext, MAX_HEAD_DIM, PARAM_WINDOW};
-use super::kv::{attention_q8, gpu_kv, record_seqs, seq_dispatches, seq_params, GpuKv, KvPrecision, QkvRope, SeqBuffers};
+use super::kv::{attention_q8, gpu_kv, record_seqs, seq_dispatches, seq_params, window_param, GpuKv, KvPrecision, QkvRope, SeqBuffers};
 use super::plan::{batch_plan, one_token_plan, q8_bytes, Acts, PlanCtx, PlanItem, Step};
 use super::DecodePlan;
 use super::upload::{upload_rows, GpuLayer, GpuMatrix};
@@ -88,6 +89,10 @@ pub struct GpuLayers {
     gpu: Vec<GpuLayer>,
     /// [n_pos, head_dim / 2, 2] RoPE (cos, sin) table
     rope: wgpu::Buffer,
+    /// the table of the sliding-window layers where their RoPE base differs (Gemma 3)
+    rope_swa: Option<wgpu::Buffer>,
+    /// per layer of the stack: whether it attends over the sliding window only
+    windowed: Vec<bool>,
     n_pos: usize,
     head: Option<GpuHead>,
 }
@@ -127,7 +132,8 @@ pub struct GpuActivations {
     pub(crate) att: wgpu::Buffer,
     /// [max_tokens] Q8 rows of the widest matmul input (q8_act.wgsl): the next Q8 matmul's input
     pub(crate) xq: wgpu::Buffer,
-    /// kept alive for the bind groups: xn [max, n_embd], gu [max, 2*n_ff], act [max, n_ff]
+    /// kept alive for the bind groups: xn [max, n_embd], gu [max, 2*n_ff], act [max, n_ff], proj
+    /// [max, n_embd] (where the model has post-norms)
     _other: Vec<wgpu::Buffer>,
     /// distinct token-wide steps; slot i of `params` holds the parameters of `slots[i]`
     slots: Vec<Step>,
@@ -157,7 +163,11 @@ impl GpuActivations {
 /// Llama layer: RoPE without scaling on adjacent pairs or, rotating the whole head, NeoX's halves
 /// (rope_store.wgsl; the one-token RoPE epilogues are adjacent-only and are not planned for NeoX),
 /// SiLU or GeGLU gate (silu_mul.wgsl; a GeGLU model's one-token steps take the batch plan), no
-/// biases or extra norms, a query as wide as the residual stream, every layer global).
+/// biases (q/k norms: rmsnorm_heads.wgsl, in place after the q|k|v matmul; post-attention and
+/// post-FFN norms: rmsnorm.wgsl's `add` after the projection writes `proj`); sliding-window
+/// layers get their own parameter slot per sequence (attention.wgsl's `window`) and RoPE table;
+/// queries may be wider than the residual stream (q|k|v, attention and o-projection widths are
+/// n_head * head_dim throughout).
 pub fn layers_unsupported(model: &dyn ModelTensors) -> Option<String> {
     let c = model.shape();
     let mut lacks: Vec<&str> = Vec::new();
@@ -168,15 +178,12 @@ pub fn layers_unsupported(model: &dyn ModelTensors) -> Option<String> {
     };
     need(c.rope_style == RopeStyle::Neox && c.rope_dims != c.head_dim, "NeoX RoPE over part of a head");
     need(c.rope_freq_scale != 1.0 || model.rope_freqs().is_some(), "RoPE scaling");
-    need(c.swa_layers.iter().enumerate().any(|(li, _)| c.window(li).is_some()), "sliding-window layers");
     need(c.final_softcap.is_some(), "logit soft-capping");
     need(c.attn_scale != 1.0 / (c.head_dim as f32).sqrt(), "a query scale other than 1/sqrt(head_dim)");
-    need(c.q_dim() != c.n_embd, "queries wider than the residual stream");
     if c.n_layer > 0 {
         let l = model.layer(0);
         need(l.bq.is_some() || l.bk.is_some() || l.bv.is_some(), "q/k/v biases");
-        need(l.q_norm.is_some() || l.k_norm.is_some(), "q/k norms");
-        need(l.post_attn_norm.is_some() || l.post_ffn_norm.is_some(), "post-attention / post-FFN norms");
+        need(l.q_norm.is_some() != l.k_norm.is_some(), "a q norm without a k norm");
     }
     (!lacks.is_empty()).then(|| format!("kernels the wgpu layers do not have yet: {}", lacks.join(", ")))
 }
@@ -201,8 +208,14 @@ impl GpuLayers {
             gpu.push(GpuLayer::upload(&ctx, li, &model.layer(li))?);
         }
         let rope = ctx.storage_init("rope", bytemuck::cast_slice(&rope_table(n_pos, c.head_dim, c.rope_dims, c.rope_base)))?;
+        let windowed: Vec<bool> = layers.clone().map(|li| c.window(li).is_some()).collect();
+        // the CPU engine's `rope_swa`: the sliding layers' own base (RoPE scaling is refused above)
+        let rope_swa = match windowed.contains(&true) && c.rope_base_swa != c.rope_base {
+            true => Some(ctx.storage_init("rope swa", bytemuck::cast_slice(&rope_table(n_pos, c.head_dim, c.rope_dims, c.rope_base_swa)))?),
+            false => None,
+        };
         ctx.check()?;
-        Ok(GpuLayers { id: next_id(), ctx, config: c, layers, kv, gpu, rope, n_pos, head: None })
+        Ok(GpuLayers { id: next_id(), ctx, config: c, layers, kv, gpu, rope, rope_swa, windowed, n_pos, head: None })
     }
 
     /// Also uploads the output norm and projection, so that a step can return logits instead of
@@ -242,7 +255,18 @@ impl GpuLayers {
     /// Whether a sequence of one token gets attention_one.wgsl (`WgpuOptions::attention_one`;
     /// it ropes adjacent pairs only, so NeoX models take rope_store + attention).
     pub(super) fn attention_one(&self) -> bool {
-        self.ctx.attention_one && self.config.rope_style == RopeStyle::Adjacent
+        self.ctx.attention_one && self.config.rope_style == RopeStyle::Adjacent && !self.any_windowed()
+    }
+
+    /// Whether a layer of the stack attends over a sliding window (attention_one.wgsl and the
+    /// one-token q|k|v + RoPE epilogue have no window or second RoPE table: not planned then).
+    fn any_windowed(&self) -> bool {
+        self.windowed.contains(&true)
+    }
+
+    /// Whether layer `li` of the stack (0 = its first) is a sliding-window layer.
+    pub(super) fn windowed(&self, li: usize) -> bool {
+        self.windowed.get(li).copied().unwrap_or(false)
     }
 
     /// Bytes of weights held on the GPU.
@@ -266,8 +290,11 @@ impl GpuLayers {
         let f32s = |n: usize| (n * 4) as u64;
         let qkvd = qd + 2 * kvd;
         let x = ctx.storage("x", f32s(max_tokens * e))?;
-        let [xn, qkv, att, gu, act] = [e, qkvd, qd, 2 * ff, ff].map(|w| ctx.storage("activation", f32s(max_tokens * w)));
-        let (xn, qkv, att, gu, act) = (xn?, qkv?, att?, gu?, act?);
+        // `proj` only holds rows where the model has post-norms
+        let post = self.gpu.iter().any(|g| g.post_attn_norm.is_some() || g.post_ffn_norm.is_some());
+        let proj_w = if post { e } else { 1 };
+        let [xn, qkv, att, gu, act, proj] = [e, qkvd, qd, 2 * ff, ff, proj_w].map(|w| ctx.storage("activation", f32s(max_tokens * w)));
+        let (xn, qkv, att, gu, act, proj) = (xn?, qkv?, att?, gu?, act?, proj?);
         // Q8 rows of the widest matmul input
         let xq = ctx.storage("q8 activations", q8_bytes(max_tokens, e.max(qd).max(ff)))?;
         let pos = ctx.storage("pos", (max_tokens * 4) as u64)?;
@@ -276,8 +303,22 @@ impl GpuLayers {
         let kern = &ctx.kernels;
         let mut plan: Vec<Vec<PlanItem<'_>>> = Vec::new();
         let mut plan1: Vec<Vec<PlanItem<'_>>> = Vec::new();
-        let pc = PlanCtx { kern, q8: ctx.q8, att_q8: attention_q8(ctx.q8, c), stage: ctx.stage, qkv_rope: ctx.qkv_rope && !ctx.attention_one && c.rope_style == RopeStyle::Adjacent, n_embd: e, norm: Step::RmsNorm { dim: e, eps: c.rms_eps }, qkv_width: qkvd, gu_width: 2 * ff };
-        let acts = Acts { x: &x, xn: &xn, xq: &xq, qkv: &qkv, att: &att, gu: &gu, act: &act };
+        // the one-token q|k|v matmul ropes in its epilogue: not where q/k norms come between
+        let qk_norms = self.gpu.iter().any(|g| g.qk_norm.is_some());
+        let pc = PlanCtx {
+            kern,
+            q8: ctx.q8,
+            att_q8: attention_q8(ctx.q8, c),
+            stage: ctx.stage,
+            qkv_rope: ctx.qkv_rope && !ctx.attention_one && c.rope_style == RopeStyle::Adjacent && !qk_norms && !self.any_windowed(),
+            n_embd: e,
+            norm: Step::RmsNorm { dim: e, eps: c.rms_eps },
+            qkv_width: qkvd,
+            gu_width: 2 * ff,
+            post_norm: Step::PostNorm { dim: e, eps: c.rms_eps },
+            head_norm: Step::HeadNorm { head_dim: c.head_dim, heads: c.n_head + c.n_head_kv, n_q: c.n_head, row: qkvd, eps: c.rms_eps },
+        };
+        let acts = Acts { x: &x, xn: &xn, xq: &xq, qkv: &qkv, att: &att, gu: &gu, act: &act, proj: &proj };
         let mut ropes: Vec<Option<PlanItem<'_>>> = Vec::new();
         for g in &self.gpu {
             // the one-token epilogues compute SiLU: a GeGLU model's steps of one token take the batch plan
@@ -294,12 +335,14 @@ impl GpuLayers {
             }
         }
         let slot_stride = ctx.uniform_align.max(PARAM_WINDOW);
-        // token-wide steps, the head's two, then one per sequence
+        // token-wide steps, the head's two, then one per sequence (twice with sliding-window
+        // layers: the second set with the window)
         let head_slots = [slots.len(), slots.len() + 1];
         let n_fixed = slots.len() + 2;
+        let seq_sets = if self.any_windowed() { 2 } else { 1 };
         let params = ctx.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("layer params"),
-            size: slot_stride * (n_fixed + max_tokens) as u64,
+            size: slot_stride * (n_fixed + seq_sets * max_tokens) as u64,
             usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
@@ -332,7 +375,7 @@ impl GpuLayers {
             }
             layers.push(ld);
         }
-        let words = vec![0u32; (slot_stride / 4) as usize * (n_fixed + max_tokens)];
+        let words = vec![0u32; (slot_stride / 4) as usize * (n_fixed + seq_sets * max_tokens)];
         let head = match &self.head {
             None => None,
             Some(h) => {
@@ -374,7 +417,7 @@ impl GpuLayers {
             qkv,
             att,
             xq,
-            _other: vec![xn, gu, act],
+            _other: vec![xn, gu, act, proj],
             slots,
             n_fixed,
             layers,
@@ -444,7 +487,10 @@ impl GpuLayers {
             }
             // Both write matmul inputs: swizzled rows (mm_x_f32.wgsl's X layout).
             Step::RmsNorm { dim, eps } => [dim as u32, n32, eps.to_bits(), 1, 0, 0, 0, 0],
+            // plain rows added to the destination
+            Step::PostNorm { dim, eps } => [dim as u32, n32, eps.to_bits(), 0, 1, 0, 0, 0],
             Step::Quantize { cols, swizzle } => [cols as u32, n32, swizzle as u32, 0, 0, 0, 0, 0],
+            Step::HeadNorm { head_dim, n_q, row, eps, .. } => [head_dim as u32, n32, eps.to_bits(), (row / 4) as u32, n_q as u32, 0, 0, 0],
             Step::SiluMul { pairs } => {
                 let ff = self.config.n_ff as u32;
                 let gelu = (self.config.ffn_activation == FfnActivation::GeluTanh) as u32;
@@ -458,15 +504,18 @@ impl GpuLayers {
             Step::MatMul { rows, .. } => self.ctx.matmul_grid(rows, n),
             Step::MatVec { rows, .. } => self.ctx.matmul_grid(rows, 1),
             // a workgroup per 256 vec4s of a token (rmsnorm.wgsl, rmsnorm_q8.wgsl)
-            Step::RmsNorm { dim, .. } => (n as u32, dim.div_ceil(1024) as u32),
+            Step::RmsNorm { dim, .. } | Step::PostNorm { dim, .. } => (n as u32, dim.div_ceil(1024) as u32),
             Step::Quantize { cols, .. } => grid_1d(n * cols / 4),
             Step::SiluMul { .. } => grid_1d(n * self.config.n_ff),
+            // a workgroup per head of a token (rmsnorm_heads.wgsl)
+            Step::HeadNorm { heads, .. } => (n as u32, heads as u32),
         }
     }
 
     /// The buffers a sequence's bind groups use besides its caches.
     pub(super) fn seq_buffers<'a>(&'a self, act: &'a GpuActivations) -> SeqBuffers<'a> {
-        SeqBuffers { id: act.id, qkv: &act.qkv, att: &act.att, pos: &act.pos, params: &act.params, rope: &self.rope, xq: &act.xq }
+        let rope_swa = self.rope_swa.as_ref().unwrap_or(&self.rope);
+        SeqBuffers { id: act.id, qkv: &act.qkv, att: &act.att, pos: &act.pos, params: &act.params, rope: &self.rope, rope_swa, windowed: &self.windowed, xq: &act.xq }
     }
 }
 

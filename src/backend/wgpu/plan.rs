@@ -30,10 +30,15 @@ pub(super) enum Step {
     MatVec { rows: usize, cols: usize, row_bytes: usize, y_off: usize, accumulate: bool, eps: f32 },
     /// rmsnorm.wgsl or rmsnorm_q8.wgsl (same parameters)
     RmsNorm { dim: usize, eps: f32 },
+    /// rmsnorm.wgsl with `add`: a post-norm of a projection's output added to the residual stream
+    PostNorm { dim: usize, eps: f32 },
     /// quantize_q8.wgsl: rows of `cols` (swizzled or plain) to Q8 rows
     Quantize { cols: usize, swizzle: bool },
     /// `pairs`: gate and up interleaved (upload.rs)
     SiluMul { pairs: bool },
+    /// rmsnorm_heads.wgsl: q/k norms in place in the q|k|v rows (`row` values wide), `n_q` query
+    /// heads then `heads - n_q` key heads of `head_dim`
+    HeadNorm { head_dim: usize, heads: usize, n_q: usize, row: usize, eps: f32 },
 }
 
 /// Bytes of `n_tok` Q8 rows of `cols` values (q8_act.wgsl: 48 bytes per block of 32).
@@ -61,6 +66,8 @@ pub(super) struct Acts<'a> {
     pub gu: &'a wgpu::Buffer,
     /// [n_tok, n_ff] SiLU(gate)·up
     pub act: &'a wgpu::Buffer,
+    /// [n_tok, n_embd] a projection's output before its post-norm
+    pub proj: &'a wgpu::Buffer,
 }
 
 /// What the plans need besides the layer and the buffers.
@@ -80,6 +87,10 @@ pub(super) struct PlanCtx<'a> {
     /// destination row widths of q|k|v and gate|up
     pub qkv_width: usize,
     pub gu_width: usize,
+    /// the q/k norms' step (rmsnorm_heads.wgsl), run where a layer has their weights
+    pub head_norm: Step,
+    /// the post-attention / post-FFN norms' step (rmsnorm.wgsl's `add`)
+    pub post_norm: Step,
 }
 
 impl<'a> PlanCtx<'a> {
@@ -94,6 +105,35 @@ impl<'a> PlanCtx<'a> {
         }
         if ws.iter().any(|w| self.uses_q8(w)) {
             p.push((pre, &self.kern.rmsnorm_q8, self.norm, "rmsnorm q8", vec![x, g, a.xq]));
+        }
+    }
+
+    /// The q/k norms after the q|k|v matmul, where layer `g` has them (before RoPE: attention
+    /// and rope_store read the rows after them).
+    fn head_norm(&self, p: &mut Vec<PlanItem<'a>>, g: &'a GpuLayer, a: &Acts<'a>) {
+        if let Some(w) = &g.qk_norm {
+            p.push((true, &self.kern.rmsnorm_heads, self.head_norm, "q/k norm", vec![a.qkv, w]));
+        }
+    }
+
+    /// The o or down projection `item` and its output's way into the residual stream `a.x`: added
+    /// by the matmul itself, or with a post-norm weight `post` written to `a.proj`, normalized and
+    /// added (the CPU engine's `residual_add`).
+    fn residual(&self, p: &mut Vec<PlanItem<'a>>, item: MatmulItem<'a>, label: &'static str, post: Option<&'a wgpu::Buffer>, a: &Acts<'a>) {
+        let (k, mut s, mut b) = item;
+        match post {
+            None => {
+                b.push(a.x);
+                p.push((false, k, s, label, b));
+            }
+            Some(w) => {
+                if let Step::MatMul { accumulate, .. } | Step::MatVec { accumulate, .. } = &mut s {
+                    *accumulate = false;
+                }
+                b.push(a.proj);
+                p.push((false, k, s, label, b));
+                p.push((false, &self.kern.rmsnorm, self.post_norm, "post-norm + add", vec![a.proj, w, a.x]));
+            }
         }
     }
 
@@ -129,10 +169,9 @@ pub(super) fn batch_plan<'a>(pc: &PlanCtx<'a>, g: &'a GpuLayer, a: &Acts<'a>) ->
         b.push(a.qkv);
         p.push((true, k, s, "matmul qkv", b));
     }
+    pc.head_norm(&mut p, g, a);
     pc.quantize_att(&mut p, &g.wo, a);
-    let (k, s, mut b) = pc.matmul(&g.wo, a.att, a, pc.n_embd, true)?;
-    b.push(a.x);
-    p.push((false, k, s, "matmul o + add", b));
+    pc.residual(&mut p, pc.matmul(&g.wo, a.att, a, pc.n_embd, true)?, "matmul o + add", g.post_attn_norm.as_ref(), a);
     pc.norm(&mut p, false, &g.gate_up, a.x, &g.ffn_norm, a);
     for w in &g.gate_up {
         let (k, s, mut b) = pc.matmul(w, a.xn, a, pc.gu_width, false)?;
@@ -142,9 +181,7 @@ pub(super) fn batch_plan<'a>(pc: &PlanCtx<'a>, g: &'a GpuLayer, a: &Acts<'a>) ->
     let pairs = g.gate_up.iter().any(|w| w.pairs);
     p.push((false, &pc.kern.silu_mul, Step::SiluMul { pairs }, "silu_mul", vec![a.gu, a.gu, a.act]));
     pc.quantize(&mut p, &g.w_down, a.act, a);
-    let (k, s, mut b) = pc.matmul(&g.w_down, a.act, a, pc.n_embd, true)?;
-    b.push(a.x);
-    p.push((false, k, s, "matmul down + add", b));
+    pc.residual(&mut p, pc.matmul(&g.w_down, a.act, a, pc.n_embd, true)?, "matmul down + add", g.post_ffn_norm.as_ref(), a);
     Ok(p)
 }
 
@@ -226,9 +263,9 @@ pub(super) fn one_token_plan<'a>(pc: &PlanCtx<'a>, plan: DecodePlan, g: &'a GpuL
                 let (k, s, b) = mv(w, XSrc::Plain, if qkv_st { a.x } else { a.xn }, false, qkv_st)?;
                 p.push((true, k, s, if qkv_st { "norm + matvec qkv" } else { "matvec qkv" }, out(b, a.qkv, qkv_st, &g.attn_norm)));
             }
+            pc.head_norm(&mut p, g, a);
             pc.quantize_att(&mut p, &g.wo, a);
-            let (k, s, b) = mv(&g.wo, XSrc::Plain, a.att, true, false)?;
-            p.push((false, k, s, "matvec o + add", with(b, &[a.x])));
+            pc.residual(&mut p, mv(&g.wo, XSrc::Plain, a.att, true, false)?, "matvec o + add", g.post_attn_norm.as_ref(), a);
             pc.norm(&mut p, false, &g.gate_up, a.x, &g.ffn_norm, a);
             if let Some((k, s, b)) = gu_silu(XSrc::Plain, a.xn)? {
                 p.push((false, k, s, "matvec gate_up + silu_mul", with(b, &[a.act])));
@@ -240,27 +277,24 @@ pub(super) fn one_token_plan<'a>(pc: &PlanCtx<'a>, plan: DecodePlan, g: &'a GpuL
                 p.push((false, &kern.silu_mul, Step::SiluMul { pairs: false }, "silu_mul", vec![a.gu, a.gu, a.act]));
             }
             pc.quantize(&mut p, &g.w_down, a.act, a);
-            let (k, s, b) = mv(&g.w_down, XSrc::Plain, a.act, true, false)?;
-            p.push((false, k, s, "matvec down + add", with(b, &[a.x])));
+            pc.residual(&mut p, mv(&g.w_down, XSrc::Plain, a.act, true, false)?, "matvec down + add", g.post_ffn_norm.as_ref(), a);
         }
         DecodePlan::Fused => {
             for w in &g.qkv {
                 let (k, s, b) = mv(w, XSrc::Norm, a.x, false, false)?;
                 p.push((true, k, s, "norm + matvec qkv", with(b, &[a.qkv, &g.attn_norm])));
             }
-            let (k, s, b) = mv(&g.wo, XSrc::Plain, a.att, true, false)?;
-            p.push((false, k, s, "matvec o + add", with(b, &[a.x])));
+            pc.head_norm(&mut p, g, a);
+            pc.residual(&mut p, mv(&g.wo, XSrc::Plain, a.att, true, false)?, "matvec o + add", g.post_attn_norm.as_ref(), a);
             if let Some((k, s, b)) = gu_silu(XSrc::Norm, a.x)? {
                 p.push((false, k, s, "norm + matvec gate_up + silu_mul", with(b, &[a.act, &g.ffn_norm])));
-                let (k, s, b) = mv(&g.w_down, XSrc::Plain, a.act, true, false)?;
-                p.push((false, k, s, "matvec down + add", with(b, &[a.x])));
+                pc.residual(&mut p, mv(&g.w_down, XSrc::Plain, a.act, true, false)?, "matvec down + add", g.post_ffn_norm.as_ref(), a);
             } else {
                 for w in &g.gate_up {
                     let (k, s, b) = mv(w, XSrc::Norm, a.x, false, false)?;
                     p.push((false, k, s, "norm + matvec gate_up", with(b, &[a.gu, &g.ffn_norm])));
                 }
-                let (k, s, b) = mv(&g.w_down, XSrc::Silu, a.gu, true, false)?;
-                p.push((false, k, s, "silu_mul + matvec down + add", with(b, &[a.x])));
+                pc.residual(&mut p, mv(&g.w_down, XSrc::Silu, a.gu, true, false)?, "silu_mul + matvec down + add", g.post_ffn_norm.as_ref(), a);
             }
         }
     }

@@ -21,12 +21,24 @@ pub(super) struct GpuLayer {
     /// w_gate|w_up stacked when they share a type, else the two
     pub gate_up: Vec<GpuMatrix>,
     pub w_down: GpuMatrix,
+    /// [2, head_dim] f32: the q norm weight, then the k norm weight (rmsnorm_heads.wgsl), when
+    /// the model has q/k norms
+    pub qk_norm: Option<wgpu::Buffer>,
+    /// [n_embd] f32 norms of the o and down projections' outputs before they are added to the
+    /// residual stream (Gemma's post-attention and post-FFN norms), when the model has them
+    pub post_attn_norm: Option<wgpu::Buffer>,
+    pub post_ffn_norm: Option<wgpu::Buffer>,
 }
 
 impl GpuLayer {
     /// Uploads layer `li`'s tensors `lw`.
     pub(super) fn upload(ctx: &WgpuContext, li: usize, lw: &LayerTensors<'_>) -> Result<GpuLayer, WgpuError> {
         let norm = |v: &[f32], name: &str| ctx.storage_init(&format!("blk.{li}.{name}"), bytemuck::cast_slice(v));
+        let qk_norm = match (lw.q_norm, lw.k_norm) {
+            (Some(q), Some(k)) if q.len() == k.len() => Some(ctx.storage_concat(&format!("blk.{li}.attn_qk_norm"), &[bytemuck::cast_slice(q), bytemuck::cast_slice(k)])?),
+            (None, None) => None,
+            _ => return Err(WgpuError::Unsupported(format!("blk.{li}: a q norm without a k norm of the same width"))),
+        };
         Ok(GpuLayer {
             attn_norm: norm(lw.attn_norm, "attn_norm")?,
             qkv: upload_rows(ctx, &[lw.wq, lw.wk, lw.wv], &format!("blk.{li}.attn_qkv"), false)?,
@@ -34,6 +46,9 @@ impl GpuLayer {
             ffn_norm: norm(lw.ffn_norm, "ffn_norm")?,
             gate_up: upload_rows(ctx, &[lw.w_gate, lw.w_up], &format!("blk.{li}.ffn_gate_up"), true)?,
             w_down: upload_rows(ctx, &[lw.w_down], &format!("blk.{li}.ffn_down"), false)?.remove(0),
+            qk_norm,
+            post_attn_norm: lw.post_attn_norm.map(|v| norm(v, "post_attention_norm")).transpose()?,
+            post_ffn_norm: lw.post_ffn_norm.map(|v| norm(v, "post_ffw_norm")).transpose()?,
         })
     }
 

@@ -106,12 +106,19 @@ impl GpuLayers {
             act.words[slot * stride..slot * stride + 8].copy_from_slice(&p);
         }
         let mut t0 = 0;
+        // sliding-window layers read a second set of sequence slots, `max_tokens` further on
+        let window = (0..self.layers.len()).any(|li| self.windowed(li)).then(|| window_param(self.config.sliding_window));
         for (i, s) in seqs.iter().enumerate() {
-            let p = seq_params(&self.config, self.kv, gpu_kv(s).capacity, t0, s.n_tok, attention_q8(self.ctx.q8, &self.config));
+            let mut p = seq_params(&self.config, self.kv, gpu_kv(s).capacity, t0, s.n_tok, attention_q8(self.ctx.q8, &self.config));
             act.words[(n_wide + i) * stride..(n_wide + i) * stride + p.len()].copy_from_slice(&p);
+            if let Some(w) = window {
+                p[12] = w;
+                let at = (n_wide + act.max_tokens + i) * stride;
+                act.words[at..at + p.len()].copy_from_slice(&p);
+            }
             t0 += s.n_tok;
         }
-        let used = (n_wide + seqs.len()) * stride;
+        let used = (n_wide + if window.is_some() { act.max_tokens } else { 0 } + seqs.len()) * stride;
         ctx.queue.write_buffer(&act.params, 0, bytemuck::cast_slice(&act.words[..used]));
     }
 
@@ -329,8 +336,10 @@ impl GpuLayers {
         layers: Range<usize>,
         mut emit: impl FnMut(&'static str, &'a wgpu::ComputePipeline, &'a wgpu::BindGroup, Option<u32>, (u32, u32)),
     ) {
-        let seq_offset = |i: usize| ((act.n_fixed + i) as u64 * act.slot_stride) as u32;
         for (li, ld) in act.layers.iter().enumerate().take(layers.end).skip(layers.start) {
+            // a sliding-window layer's sequences read the second set of slots (write_inputs)
+            let set = if self.windowed(li) { act.max_tokens } else { 0 };
+            let seq_offset = |i: usize| ((act.n_fixed + set + i) as u64 * act.slot_stride) as u32;
             let (pre, post) = ld.lists(n);
             for d in pre {
                 emit(d.label, &d.pipeline, &d.bind, None, self.grid_of(d.step, n));
