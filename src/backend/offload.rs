@@ -145,6 +145,93 @@ pub trait ModelTensors {
     fn rope_freqs(&self) -> Option<&[f32]>;
 }
 
+/// A part of a layer's computation beyond the plain Llama layer (adjacent-pair RoPE without
+/// scaling, SiLU gate, no biases or extra norms, a query as wide as the residual stream, every
+/// layer global). Each GPU layer runner names the parts it runs; [`missing_parts`] says which a
+/// model needs that a runner lacks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LayerPart {
+    /// NeoX-style RoPE (pairs i, i + d/2) over the whole head.
+    NeoxRope,
+    /// NeoX-style RoPE over only part of a head.
+    PartialNeoxRope,
+    /// RoPE frequency scaling or per-frequency factors.
+    RopeScaling,
+    /// Layers attending only to a window of recent positions.
+    SlidingWindow,
+    /// GeGLU gate instead of SiLU.
+    GeGlu,
+    /// Soft-capped logits.
+    SoftCap,
+    /// A query scale other than 1/sqrt(head_dim).
+    QueryScale,
+    /// n_head * head_dim larger than n_embd.
+    WideQueries,
+    /// Biases on q, k or v.
+    QkvBias,
+    /// Per-head RMS norms on both q and k.
+    QkNorms,
+    /// A norm on q or k but not on both.
+    LoneQkNorm,
+    /// RMS norms after attention and after the FFN.
+    PostNorms,
+}
+
+impl LayerPart {
+    /// The part as a reason names it.
+    pub fn name(self) -> &'static str {
+        match self {
+            LayerPart::NeoxRope => "NeoX RoPE",
+            LayerPart::PartialNeoxRope => "NeoX RoPE over part of a head",
+            LayerPart::RopeScaling => "RoPE scaling",
+            LayerPart::SlidingWindow => "sliding-window layers",
+            LayerPart::GeGlu => "GeGLU",
+            LayerPart::SoftCap => "logit soft-capping",
+            LayerPart::QueryScale => "a query scale other than 1/sqrt(head_dim)",
+            LayerPart::WideQueries => "queries wider than the residual stream",
+            LayerPart::QkvBias => "q/k/v biases",
+            LayerPart::QkNorms => "q/k norms",
+            LayerPart::LoneQkNorm => "a q norm without a k norm (or the reverse)",
+            LayerPart::PostNorms => "post-attention / post-FFN norms",
+        }
+    }
+}
+
+/// The parts beyond the plain Llama layer that `model`'s layers need.
+pub fn layer_parts(model: &dyn ModelTensors) -> Vec<LayerPart> {
+    let c = model.shape();
+    let mut parts = Vec::new();
+    let mut need = |yes: bool, part| {
+        if yes {
+            parts.push(part)
+        }
+    };
+    let neox = c.rope_style == RopeStyle::Neox;
+    need(neox && c.rope_dims == c.head_dim, LayerPart::NeoxRope);
+    need(neox && c.rope_dims != c.head_dim, LayerPart::PartialNeoxRope);
+    need(c.rope_freq_scale != 1.0 || model.rope_freqs().is_some(), LayerPart::RopeScaling);
+    need((0..c.n_layer).any(|li| c.window(li).is_some()), LayerPart::SlidingWindow);
+    need(c.ffn_activation != FfnActivation::Silu, LayerPart::GeGlu);
+    need(c.final_softcap.is_some(), LayerPart::SoftCap);
+    need(c.attn_scale != 1.0 / (c.head_dim as f32).sqrt(), LayerPart::QueryScale);
+    need(c.q_dim() != c.n_embd, LayerPart::WideQueries);
+    if c.n_layer > 0 {
+        let l = model.layer(0);
+        need(l.bq.is_some() || l.bk.is_some() || l.bv.is_some(), LayerPart::QkvBias);
+        need(l.q_norm.is_some() && l.k_norm.is_some(), LayerPart::QkNorms);
+        need(l.q_norm.is_some() != l.k_norm.is_some(), LayerPart::LoneQkNorm);
+        need(l.post_attn_norm.is_some() || l.post_ffn_norm.is_some(), LayerPart::PostNorms);
+    }
+    parts
+}
+
+/// Why runner `runner` ("wgpu", "HIP") cannot run `model`'s layers: the parts they need that
+/// `runs` says it has no kernels for; `None` when it has them all.
+pub fn missing_parts(model: &dyn ModelTensors, runner: &str, runs: impl Fn(LayerPart) -> bool) -> Option<String> {
+    let lacks: Vec<&str> = layer_parts(model).into_iter().filter(|&p| !runs(p)).map(LayerPart::name).collect();
+    (!lacks.is_empty()).then(|| format!("kernels the {runner} layers do not have yet: {}", lacks.join(", ")))
+}
+
 /// What went wrong in a segment: the backend's own error, kept whole.
 #[derive(Debug, thiserror::Error)]
 #[error("{backend}: {source}")]

@@ -19,6 +19,7 @@ use crate::cache::{exact_key, KeyParts};
 use crate::engine::chat::Message;
 use crate::engine::generate::{GenerateError, GenerateParams};
 use crate::engine::sampler::SamplingParams;
+use crate::engine::tokenizer::Tokenizer;
 use crate::store::semantic::Neighbour;
 use crate::store::sha256_hex;
 use crate::vocab::CacheMode;
@@ -183,10 +184,8 @@ impl Pipeline {
             blend_recompute,
         };
         if let Some(ids) = document_ids {
-            // Tokenized piece by piece above; the rest of tokenize's work (context, stop ids).
-            self.set_prompt_ids(&mut plan, ids)?;
-            plan.params.stop_ids = self.tokenizer()?.stop_ids().to_vec();
-            plan.tokenized = true;
+            // Tokenized piece by piece by render (the documents' spans).
+            self.set_tokens(&mut plan, ids, self.tokenizer()?)?;
         }
         Ok(plan)
     }
@@ -203,6 +202,11 @@ impl Pipeline {
         let t = Instant::now();
         let ids = tokenizer.encode_prompt(&plan.prompt).map_err(|e| invalid(format!("cannot tokenize the prompt: {e}")))?;
         self.metrics.stage("tokenize", t.elapsed());
+        self.set_tokens(plan, ids, tokenizer)
+    }
+
+    /// The plan's prompt ids (checked against the context) and stop tokens: it is tokenized.
+    fn set_tokens(&self, plan: &mut Plan, ids: Vec<u32>, tokenizer: &Tokenizer) -> Result<(), ServiceError> {
         self.set_prompt_ids(plan, ids)?;
         plan.params.stop_ids = tokenizer.stop_ids().to_vec();
         plan.tokenized = true;
@@ -219,9 +223,9 @@ impl Pipeline {
         Ok(())
     }
 
-    /// The prompt the model sees (text; with documents also its ids and the documents' spans), the question when the
-    /// request is a single question without documents, and then the prompt rendered with a
-    /// placeholder in the question's place.
+    /// The prompt the model sees (text; with documents also its ids and the documents' spans),
+    /// the question when the request is a single question without documents, and then the prompt
+    /// rendered with a placeholder in the question's place.
     fn render(&self, req: &Request) -> Result<(Rendered, Option<String>, Option<String>), ServiceError> {
         if req.documents.is_empty() {
             let (text, question, around) = self.render_text(req)?;

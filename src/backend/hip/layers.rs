@@ -17,7 +17,7 @@ use super::kv::HipKv;
 use super::runtime::{DevBuf, DevPtr};
 use super::{HipContext, HipError, HipOptions};
 use crate::backend::cpu::ops::rope_table;
-use crate::backend::offload::{FfnActivation, LayerOffload, LayerShape, LogitRows, ModelTensors, OffloadActs, OffloadError, OffloadKv, RopeStyle, SeqSpan};
+use crate::backend::offload::{missing_parts, LayerOffload, LayerShape, LogitRows, ModelTensors, OffloadActs, OffloadError, OffloadKv, SeqSpan};
 use crate::backend::WeightView;
 
 /// Logit rows per round of the output head.
@@ -108,27 +108,7 @@ pub struct HipLayers {
 /// Llama layer: adjacent-pair RoPE without scaling, SiLU gate, no biases or extra norms, a query
 /// as wide as the residual stream, every layer global).
 pub fn layers_unsupported(model: &dyn ModelTensors) -> Option<String> {
-    let c = model.shape();
-    let mut lacks: Vec<&str> = Vec::new();
-    let mut need = |yes: bool, part| {
-        if yes {
-            lacks.push(part)
-        }
-    };
-    need(c.rope_style != RopeStyle::Adjacent, "NeoX RoPE");
-    need(c.rope_freq_scale != 1.0 || model.rope_freqs().is_some(), "RoPE scaling");
-    need((0..c.n_layer).any(|li| c.window(li).is_some()), "sliding-window layers");
-    need(c.ffn_activation != FfnActivation::Silu, "GeGLU");
-    need(c.final_softcap.is_some(), "logit soft-capping");
-    need(c.attn_scale != 1.0 / (c.head_dim as f32).sqrt(), "a query scale other than 1/sqrt(head_dim)");
-    need(c.q_dim() != c.n_embd, "queries wider than the residual stream");
-    if c.n_layer > 0 {
-        let l = model.layer(0);
-        need(l.bq.is_some() || l.bk.is_some() || l.bv.is_some(), "q/k/v biases");
-        need(l.q_norm.is_some() || l.k_norm.is_some(), "q/k norms");
-        need(l.post_attn_norm.is_some() || l.post_ffn_norm.is_some(), "post-attention / post-FFN norms");
-    }
-    (!lacks.is_empty()).then(|| format!("kernels the HIP layers do not have yet: {}", lacks.join(", ")))
+    missing_parts(model, "HIP", |_| false)
 }
 
 /// Checks that the HIP kernels can run a model of this shape and these weight types.

@@ -30,7 +30,7 @@ use super::DecodePlan;
 use super::upload::{upload_rows, GpuLayer, GpuMatrix};
 use super::WgpuError;
 use crate::backend::cpu::ops::rope_table;
-use crate::backend::offload::{FfnActivation, LayerShape, ModelTensors, RopeStyle, SeqSpan};
+use crate::backend::offload::{missing_parts, FfnActivation, LayerPart, LayerShape, ModelTensors, RopeStyle, SeqSpan};
 
 mod step;
 pub(crate) use step::Ahead;
@@ -169,23 +169,8 @@ impl GpuActivations {
 /// queries may be wider than the residual stream (q|k|v, attention and o-projection widths are
 /// n_head * head_dim throughout).
 pub fn layers_unsupported(model: &dyn ModelTensors) -> Option<String> {
-    let c = model.shape();
-    let mut lacks: Vec<&str> = Vec::new();
-    let mut need = |yes: bool, part| {
-        if yes {
-            lacks.push(part)
-        }
-    };
-    need(c.rope_style == RopeStyle::Neox && c.rope_dims != c.head_dim, "NeoX RoPE over part of a head");
-    need(c.rope_freq_scale != 1.0 || model.rope_freqs().is_some(), "RoPE scaling");
-    need(c.final_softcap.is_some(), "logit soft-capping");
-    need(c.attn_scale != 1.0 / (c.head_dim as f32).sqrt(), "a query scale other than 1/sqrt(head_dim)");
-    if c.n_layer > 0 {
-        let l = model.layer(0);
-        need(l.bq.is_some() || l.bk.is_some() || l.bv.is_some(), "q/k/v biases");
-        need(l.q_norm.is_some() != l.k_norm.is_some(), "a q norm without a k norm");
-    }
-    (!lacks.is_empty()).then(|| format!("kernels the wgpu layers do not have yet: {}", lacks.join(", ")))
+    use LayerPart::*;
+    missing_parts(model, "wgpu", |p| matches!(p, NeoxRope | SlidingWindow | GeGlu | WideQueries | QkNorms | PostNorms))
 }
 
 impl GpuLayers {
