@@ -130,8 +130,8 @@ pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
         if !a.json {
             let extra = match (bandwidth, floor(&tests[i])) {
                 (None, _) => String::new(),
-                (Some(_), None) => " | | | |".to_string(),
-                (Some(_), Some((bytes, f))) => format!(" | {:.1} MB | {f:.0} | {:.0}% |", bytes as f64 / 1e6, 100.0 * r.tokens_per_s / f),
+                (Some(_), None) => " | | |".to_string(),
+                (Some(_), Some((bytes, f))) => format!(" {:.1} MB | {f:.0} | {:.0}% |", bytes as f64 / 1e6, 100.0 * r.tokens_per_s / f),
             };
             println!("| {model_name} | {backend_name} | {threads} | {} | {:.2} ± {:.2} |{extra}", r.test, r.tokens_per_s, r.stddev);
         }
