@@ -106,8 +106,11 @@ impl CpuBackend {
     fn rows_q8(&self, w: WeightView<'_>, rows: std::ops::Range<usize>, acts: &[BlockQ8], n_tok: usize, out: &SharedOut) {
         match self.simd {
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: `SimdLevel::Avx2` (and `Avx512Vnni`, which also takes this path for
-            // types of its own when called directly) is only set after detecting avx2, fma, f16c.
+            // SAFETY: `SimdLevel::Avx512Vnni` is only set after detecting every feature
+            // `avx512::matmul_rows_q8_0` enables.
+            SimdLevel::Avx512Vnni if w.ty == GgmlType::Q8_0 => unsafe { avx512::matmul_rows_q8_0(w, rows, acts, n_tok, out) },
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: both levels are only set after detecting avx2, fma, f16c.
             SimdLevel::Avx2 | SimdLevel::Avx512Vnni if avx2::Q8_TYPES.contains(&w.ty) => unsafe { avx2::matmul_rows_q8(w, rows, acts, n_tok, out) },
             #[cfg(target_arch = "aarch64")]
             SimdLevel::Neon if neon::Q8_TYPES.contains(&w.ty) => neon::matmul_rows_q8(w, rows, acts, n_tok, out),
@@ -215,7 +218,7 @@ impl Backend for CpuBackend {
                 let mut s = self.scratch.lock().unwrap_or_else(|p| p.into_inner());
                 let s = &mut *s;
                 // At the AVX-512 level, the types with a pair kernel read pairs; the others (Q8_0
-                // among them: measured faster on AVX2, see `avx512`) read blocks. A call whose
+                // among them: its kernel there takes blocks, see `avx512`) read blocks. A call whose
                 // matrices need both gets both.
                 let pairs_for = |w: &WeightView<'_>| self.simd == SimdLevel::Avx512Vnni && Self::has_pair_kernel(w.ty);
                 #[cfg(target_arch = "x86_64")]
@@ -250,7 +253,14 @@ impl Backend for CpuBackend {
                 let nb = cols / QK_K;
                 let mut s = self.scratch.lock().unwrap_or_else(|p| p.into_inner());
                 s.q8k.resize(n_tok * nb, BlockQ8K::default());
-                self.quantize(x, n_tok, cols, nb, &mut s.q8k[..n_tok * nb], quant::quantize_q8k);
+                let q: fn(&[f32], &mut [BlockQ8K]) = match self.simd {
+                    #[cfg(target_arch = "x86_64")]
+                    // SAFETY: `Avx512Vnni` is only set after detecting every feature
+                    // `avx512_k::quantize_q8k` enables.
+                    SimdLevel::Avx512Vnni => |x, b| unsafe { avx512_k::quantize_q8k(x, b) },
+                    _ => quant::quantize_q8k,
+                };
+                self.quantize(x, n_tok, cols, nb, &mut s.q8k[..n_tok * nb], q);
                 let q8k = &s.q8k[..n_tok * nb];
                 self.rows_parallel(ws, outs, &|m, rows, out| match self.simd {
                     #[cfg(target_arch = "x86_64")]

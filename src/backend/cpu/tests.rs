@@ -289,3 +289,53 @@ fn gelu_tanh_mul_simd_matches_reference() {
         }
     }
 }
+
+/// The AVX-512 Q8_K quantizer holds exactly the scalar quantizer's values: an all-zero block,
+/// the largest magnitude twice with both signs (the first one's sign wins), rounding ties.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn avx512_q8k_quantization_equals_scalar_bitwise() {
+    use super::quant::{quantize_q8k, BlockQ8K};
+    if !SimdLevel::Avx512Vnni.supported() {
+        return;
+    }
+    let mut x = rand_f32(33, 6 * 256);
+    x[..256].fill(0.0);
+    (x[300], x[400]) = (-9.0, 9.0);
+    (x[600], x[601]) = (4.0, -4.0);
+    for (i, v) in x[768..1024].iter_mut().enumerate() {
+        // iscale = -127 / 127: every value i / 2 - 63.5 is a tie
+        *v = if i == 255 { 127.0 } else { (i as f32 - 127.0) / 2.0 };
+    }
+    let mut want = vec![BlockQ8K::default(); 6];
+    quantize_q8k(&x, &mut want);
+    let mut got = vec![BlockQ8K::default(); 6];
+    // SAFETY: AVX-512 VNNI support was checked above.
+    unsafe { super::avx512_k::quantize_q8k(&x, &mut got) };
+    for (b, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert_eq!((g.d.to_bits(), g.qs, g.bsums), (w.d.to_bits(), w.qs, w.bsums), "block {b}");
+    }
+}
+
+/// The AVX-512 Q8_0 kernel (two rows per vector) equals the AVX2 kernel bitwise, at an odd row
+/// count (a lone last row per chunk), alone and in token tiles, on 1 and 3 threads: greedy
+/// outputs computed on either level are the same.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn avx512_q8_0_equals_avx2_bitwise() {
+    if !SimdLevel::Avx512Vnni.supported() {
+        return;
+    }
+    let (rows, cols, n_tok) = (41, 640, 6);
+    let x = rand_f32(43, n_tok * cols);
+    let data = matrix(GgmlType::Q8_0, rows, cols);
+    let w = WeightView::new(GgmlType::Q8_0, rows, cols, &data).expect("view");
+    let run = |level, threads, n: usize| {
+        let mut o = vec![0f32; n * rows];
+        CpuBackend::with_simd(threads, level).expect("pool").matmul(w, &x[..n * cols], n, &mut o);
+        o.iter().map(|v| v.to_bits()).collect::<Vec<u32>>()
+    };
+    for (threads, n) in [(1, n_tok), (3, n_tok), (1, 1), (2, 4)] {
+        assert_eq!(run(SimdLevel::Avx512Vnni, threads, n), run(SimdLevel::Avx2, threads, n), "{threads} threads, {n} tokens");
+    }
+}
