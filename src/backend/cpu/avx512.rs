@@ -22,7 +22,7 @@ use std::arch::x86_64::*;
 
 use super::avx2::{dot_q8_0, hsum, load_qs};
 use super::quant::BlockQ8;
-use super::shared::{prefetch, tile_rows_with, SharedOut};
+use super::shared::{prefetch, tile_rows_with8, SharedOut};
 use crate::backend::WeightView;
 use crate::gguf::{GgmlType, QK};
 
@@ -59,6 +59,15 @@ pub fn quantize_pairs(x: &[f32], out: &mut [PairQ8]) {
             *b = quantize_block(bx);
         }
         pack_pair(&b1[0], &b1[1], p);
+    }
+}
+
+/// Quantizes `x` (length a multiple of 32) into `out` (len x.len() / 32) with exactly
+/// `quant::quantize_q8`'s arithmetic (same `qs`, `d`, `s`): the blocks the Q8_0 kernel reads.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub fn quantize_q8(x: &[f32], out: &mut [BlockQ8]) {
+    for (b, xs) in out.iter_mut().zip(x.chunks_exact(QK)) {
+        *b = quantize_block(xs);
     }
 }
 
@@ -105,16 +114,16 @@ pub fn pack_pair(b0: &BlockQ8, b1: &BlockQ8, p: &mut PairQ8) {
 pub const PAIR_TYPES: [GgmlType; 3] = [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0];
 
 /// Rows `rows` of a Q4_0 / Q4_1 / Q5_0 matrix against `n_tok` activation rows (`acts`:
-/// [n_tok, (cols / 32).div_ceil(2)] pairs), in token tiles of 4 (then single tokens). (Q8_0 has
+/// [n_tok, (cols / 32).div_ceil(2)] pairs), in token tiles of 8 (then 4, then single tokens). (Q8_0 has
 /// no pair form: it needed two loads and a two-source permute per pair and measured slower than
 /// AVX2, docs/perf.md; see [`matmul_rows_q8_0`].)
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub fn matmul_rows_q8(w: WeightView<'_>, rows: std::ops::Range<usize>, acts: &[PairQ8], n_tok: usize, out: &SharedOut) {
     let np = (w.cols / QK).div_ceil(2);
     match w.ty {
-        GgmlType::Q4_0 => tile_rows_with(w, rows, acts, np, n_tok, out, dot_pairs::<Q4_0, 4>, dot_pairs::<Q4_0, 1>),
-        GgmlType::Q4_1 => tile_rows_with(w, rows, acts, np, n_tok, out, dot_pairs::<Q4_1, 4>, dot_pairs::<Q4_1, 1>),
-        GgmlType::Q5_0 => tile_rows_with(w, rows, acts, np, n_tok, out, dot_pairs::<Q5_0, 4>, dot_pairs::<Q5_0, 1>),
+        GgmlType::Q4_0 => tile_rows_with8(w, rows, acts, np, n_tok, out, dot_pairs::<Q4_0, 8>, dot_pairs::<Q4_0, 4>, dot_pairs::<Q4_0, 1>),
+        GgmlType::Q4_1 => tile_rows_with8(w, rows, acts, np, n_tok, out, dot_pairs::<Q4_1, 8>, dot_pairs::<Q4_1, 4>, dot_pairs::<Q4_1, 1>),
+        GgmlType::Q5_0 => tile_rows_with8(w, rows, acts, np, n_tok, out, dot_pairs::<Q5_0, 8>, dot_pairs::<Q5_0, 4>, dot_pairs::<Q5_0, 1>),
         other => unreachable!("avx512::matmul_rows_q8 called for {other:?}"),
     }
 }

@@ -15,19 +15,19 @@ use std::arch::x86_64::*;
 
 use super::avx2::f16x1;
 use super::quant::BlockQ8K;
-use super::shared::{prefetch, tile_rows_with, SharedOut};
+use super::shared::{prefetch, tile_rows_with8, SharedOut};
 use crate::backend::WeightView;
 use crate::gguf::{GgmlType, QK_K};
 
 /// Rows `rows` of a Q4_K / Q5_K / Q6_K matrix against `n_tok` Q8_K activation rows (`acts`:
-/// [n_tok, cols / 256]), in token tiles of 4 (then single tokens).
+/// [n_tok, cols / 256]), in token tiles of 8 (then 4, then single tokens).
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub fn matmul_rows_q8k(w: WeightView<'_>, rows: std::ops::Range<usize>, acts: &[BlockQ8K], n_tok: usize, out: &SharedOut) {
     let nb = w.cols / QK_K;
     match w.ty {
-        GgmlType::Q4K => tile_rows_with(w, rows, acts, nb, n_tok, out, dot::<Q4K, 4>, dot::<Q4K, 1>),
-        GgmlType::Q5K => tile_rows_with(w, rows, acts, nb, n_tok, out, dot::<Q5K, 4>, dot::<Q5K, 1>),
-        GgmlType::Q6K => tile_rows_with(w, rows, acts, nb, n_tok, out, dot::<Q6K, 4>, dot::<Q6K, 1>),
+        GgmlType::Q4K => tile_rows_with8(w, rows, acts, nb, n_tok, out, dot::<Q4K, 8>, dot::<Q4K, 4>, dot::<Q4K, 1>),
+        GgmlType::Q5K => tile_rows_with8(w, rows, acts, nb, n_tok, out, dot::<Q5K, 8>, dot::<Q5K, 4>, dot::<Q5K, 1>),
+        GgmlType::Q6K => tile_rows_with8(w, rows, acts, nb, n_tok, out, dot::<Q6K, 8>, dot::<Q6K, 4>, dot::<Q6K, 1>),
         other => unreachable!("avx512_k::matmul_rows_q8k called for {other:?}"),
     }
 }

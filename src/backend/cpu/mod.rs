@@ -234,7 +234,14 @@ impl Backend for CpuBackend {
                 };
                 let q8: &[BlockQ8] = if ws.iter().any(|w| !pairs_for(w)) {
                     s.q8.resize(n_tok * nb, BlockQ8::default());
-                    self.quantize(x, n_tok, cols, nb, &mut s.q8[..n_tok * nb], quant::quantize_q8);
+                    let q: fn(&[f32], &mut [BlockQ8]) = match self.simd {
+                        #[cfg(target_arch = "x86_64")]
+                        // SAFETY: `Avx512Vnni` is only set after detecting every feature
+                        // `avx512::quantize_q8` enables.
+                        SimdLevel::Avx512Vnni => |x, b| unsafe { avx512::quantize_q8(x, b) },
+                        _ => quant::quantize_q8,
+                    };
+                    self.quantize(x, n_tok, cols, nb, &mut s.q8[..n_tok * nb], q);
                     &s.q8[..n_tok * nb]
                 } else {
                     &[]

@@ -32,8 +32,8 @@ fn shapes(cols: usize, odd_cols: usize) -> impl Iterator<Item = (GgmlType, usize
 /// terms), far below 1e-4 relative.
 #[test]
 fn simd_matmul_matches_reference() {
-    // 6 tokens: one tile of 4, then 2 single tokens.
-    let (rows, n_tok) = (37, 6);
+    // 14 tokens: a tile of 8 (AVX-512), one of 4, then 2 single tokens.
+    let (rows, n_tok) = (37, 14);
     for (ty, cols) in shapes(512, 544) {
         let x = rand_f32(1, n_tok * cols);
         let data = matrix(ty, rows, cols);
@@ -60,14 +60,16 @@ fn simd_matmul_matches_reference() {
 fn matmul_is_batch_and_thread_invariant() {
     let rows = 29;
     for (ty, cols) in shapes(256, 288) {
-        let x = rand_f32(2, 7 * cols);
+        // 15 tokens: tiles of 8 and 4 (AVX-512), 4 (the others), and single tokens
+        let n = 15;
+        let x = rand_f32(2, n * cols);
         let data = matrix(ty, rows, cols);
         let w = WeightView::new(ty, rows, cols, &data).expect("view");
         for b1 in backends(1) {
             let b3 = CpuBackend::with_simd(3, b1.simd()).expect("pool");
-            let mut batch = vec![0f32; 7 * rows];
-            b3.matmul(w, &x, 7, &mut batch);
-            for t in 0..7 {
+            let mut batch = vec![0f32; n * rows];
+            b3.matmul(w, &x, n, &mut batch);
+            for t in 0..n {
                 let mut one = vec![0f32; rows];
                 b1.matmul(w, &x[t * cols..(t + 1) * cols], 1, &mut one);
                 assert!(
@@ -168,7 +170,7 @@ fn check_attention(cap: usize, positions: Vec<u32>, window: Option<usize>, hd: u
 /// The K-quant SIMD kernels compute the reference's integers and float formula: bitwise equal.
 #[test]
 fn k_quant_simd_equals_reference_bitwise() {
-    let (rows, cols, n_tok) = (9, 768, 6); // one token tile of 4, then two single tokens
+    let (rows, cols, n_tok) = (9, 768, 14); // token tiles of 8 and 4, then two single tokens
     let x = rand_f32(21, n_tok * cols);
     for ty in TYPES.into_iter().filter(|t| t.block_elems() == 256) {
         let data = matrix(ty, rows, cols);
@@ -204,8 +206,15 @@ fn avx512_quantization_equals_scalar_bitwise() {
         let mut blocks = vec![BlockQ8::default(); nb];
         quantize_q8(&x, &mut blocks);
         let mut pairs = vec![PairQ8::default(); nb.div_ceil(2)];
+        let mut simd_blocks = vec![BlockQ8::default(); nb];
         // SAFETY: AVX-512 VNNI support was checked above.
-        unsafe { quantize_pairs(&x, &mut pairs) };
+        unsafe {
+            quantize_pairs(&x, &mut pairs);
+            super::avx512::quantize_q8(&x, &mut simd_blocks);
+        }
+        for (b, (s, r)) in simd_blocks.iter().zip(&blocks).enumerate() {
+            assert_eq!((s.d.to_bits(), s.s.to_bits(), s.qs), (r.d.to_bits(), r.s.to_bits(), r.qs), "block {b}");
+        }
         for (b, blk) in blocks.iter().enumerate() {
             let (p, h) = (&pairs[b / 2], 16 * (b % 2));
             assert_eq!(&p.qs[h..h + 16], &blk.qs[..16], "block {b}");
