@@ -130,9 +130,17 @@ impl CpuBackend {
     }
 
     /// Rows per dynamically scheduled chunk: enough chunks to balance the threads, enough rows
-    /// that a chunk's weights are reused across all tokens while they sit in L1/L2.
-    fn row_chunk(&self, rows: usize) -> usize {
-        (rows / (self.team.threads() * 4)).clamp(8, 64)
+    /// that a chunk's weights are reused across all tokens while they sit in L1/L2. A
+    /// matrix-vector product (decode: fewer tokens than a tile) reuses nothing, so a very tall
+    /// matrix (Gemma's 262k-row output projection) gets longer chunks, about 64 per thread: each
+    /// thread streams long contiguous runs (the prefetch ahead of a chunk's end is not wasted on
+    /// rows another thread takes), with 64x fewer trips to the shared chunk counter.
+    fn row_chunk(&self, rows: usize, n_tok: usize) -> usize {
+        let chunk = (rows / (self.team.threads() * 4)).clamp(8, 64);
+        if n_tok >= 4 {
+            return chunk;
+        }
+        chunk.max(rows / (self.team.threads() * 64))
     }
 
     /// Quantizes `n_tok` activation rows of `cols` values in parallel over tokens.
@@ -154,11 +162,11 @@ impl CpuBackend {
     /// One parallel region over the rows of every matrix in `ws` (at most [`MAX_MULTI`]; chunks
     /// never span two matrices); `rows(m, range, out)` computes rows `range` of matrix m for
     /// every token. Allocates nothing.
-    fn rows_parallel(&self, ws: &[WeightView<'_>], outs: &mut [&mut [f32]], rows: &(dyn Fn(usize, std::ops::Range<usize>, &SharedOut) + Sync)) {
+    fn rows_parallel(&self, ws: &[WeightView<'_>], n_tok: usize, outs: &mut [&mut [f32]], rows: &(dyn Fn(usize, std::ops::Range<usize>, &SharedOut) + Sync)) {
         assert!(ws.len() <= MAX_MULTI && ws.len() == outs.len());
         let mut it = outs.iter_mut().zip(ws);
         let shared: [Option<SharedOut>; MAX_MULTI] = std::array::from_fn(|_| it.next().map(|(o, w)| SharedOut::new(o, w.rows)));
-        let chunk = self.row_chunk(ws.iter().map(|w| w.rows).sum());
+        let chunk = self.row_chunk(ws.iter().map(|w| w.rows).sum(), n_tok);
         let total: usize = ws.iter().map(|w| w.rows.div_ceil(chunk)).sum();
         self.team.for_chunks(total, 1, &|range| {
             for mut c in range {
@@ -212,7 +220,7 @@ impl Backend for CpuBackend {
             assert_eq!(o.len(), n_tok * w.rows, "matmul: out is not [n_tok, rows]");
         }
         match fmt {
-            ActFormat::F32 => self.rows_parallel(ws, outs, &|m, rows, out| f32mm::matmul_rows(self.simd, ws[m], rows, x, n_tok, out)),
+            ActFormat::F32 => self.rows_parallel(ws, n_tok, outs, &|m, rows, out| f32mm::matmul_rows(self.simd, ws[m], rows, x, n_tok, out)),
             ActFormat::Q8 => {
                 let nb = cols / QK;
                 let mut s = self.scratch.lock().unwrap_or_else(|p| p.into_inner());
@@ -246,7 +254,7 @@ impl Backend for CpuBackend {
                 } else {
                     &[]
                 };
-                self.rows_parallel(ws, outs, &|m, rows, out| {
+                self.rows_parallel(ws, n_tok, outs, &|m, rows, out| {
                     #[cfg(target_arch = "x86_64")]
                     if pairs_for(&ws[m]) {
                         // SAFETY: `SimdLevel::Avx512Vnni` is only set after detecting every feature
@@ -269,7 +277,7 @@ impl Backend for CpuBackend {
                 };
                 self.quantize(x, n_tok, cols, nb, &mut s.q8k[..n_tok * nb], q);
                 let q8k = &s.q8k[..n_tok * nb];
-                self.rows_parallel(ws, outs, &|m, rows, out| match self.simd {
+                self.rows_parallel(ws, n_tok, outs, &|m, rows, out| match self.simd {
                     #[cfg(target_arch = "x86_64")]
                     // SAFETY: `Avx512Vnni` is only set after detecting every feature
                     // `avx512_k::matmul_rows_q8k` enables.

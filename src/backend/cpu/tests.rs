@@ -348,3 +348,27 @@ fn avx512_q8_0_equals_avx2_bitwise() {
         assert_eq!(run(SimdLevel::Avx512Vnni, threads, n), run(SimdLevel::Avx2, threads, n), "{threads} threads, {n} tokens");
     }
 }
+
+/// A very tall matrix (as Gemma's 262k-row output projection) is split into longer chunks for a
+/// single token than for a batch (`CpuBackend::row_chunk`); an odd chunk length leaves the
+/// AVX-512 Q8_0 kernel lone rows at chunk ends. A token's logits are still bitwise the same
+/// alone and in a batch, on every level.
+#[test]
+fn tall_matrix_decode_chunks_are_batch_invariant() {
+    // 20100 rows / (2 threads * 64) = 157 rows per decode chunk
+    let (rows, n) = (20100, 5);
+    for (ty, cols) in [(GgmlType::Q8_0, 64), (GgmlType::Q5_0, 64), (GgmlType::Q4K, 256)] {
+        let x = rand_f32(47, n * cols);
+        let data = matrix(ty, rows, cols);
+        let w = WeightView::new(ty, rows, cols, &data).expect("view");
+        for b in backends(2) {
+            let mut batch = vec![0f32; n * rows];
+            b.matmul(w, &x, n, &mut batch);
+            for t in 0..n {
+                let mut one = vec![0f32; rows];
+                b.matmul(w, &x[t * cols..(t + 1) * cols], 1, &mut one);
+                assert!(one.iter().zip(&batch[t * rows..]).all(|(a, c)| a.to_bits() == c.to_bits()), "{ty:?} {:?}: token {t}", b.simd());
+            }
+        }
+    }
+}
