@@ -84,14 +84,7 @@ pub fn tile_rows_with<A>(
     k4: impl Fn(&[u8], [&[A]; 4], &mut [f32; 4]),
     k1: impl Fn(&[u8], [&[A]; 1], &mut [f32; 1]),
 ) {
-    let mut t0 = 0;
-    while t0 + 4 <= n_tok {
-        tile(w, rows.clone(), acts, stride, t0, out, &k4);
-        t0 += 4;
-    }
-    for t in t0..n_tok {
-        tile(w, rows.clone(), acts, stride, t, out, &k1);
-    }
+    tiles_from(w, rows, acts, stride, 0, n_tok, out, &k4, &k1)
 }
 
 /// [`tile_rows_with`] with token tiles of 8 first (then one of 4, then single tokens), for
@@ -116,12 +109,29 @@ pub fn tile_rows_with8<A>(
         tile(w, rows.clone(), acts, stride, t0, out, &k8);
         t0 += 8;
     }
-    if t0 + 4 <= n_tok {
-        tile(w, rows.clone(), acts, stride, t0, out, &k4);
+    tiles_from(w, rows, acts, stride, t0, n_tok, out, &k4, &k1)
+}
+
+/// Tokens `t0..n_tok` in tiles of 4, then single tokens.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn tiles_from<A>(
+    w: WeightView<'_>,
+    rows: std::ops::Range<usize>,
+    acts: &[A],
+    stride: usize,
+    mut t0: usize,
+    n_tok: usize,
+    out: &SharedOut,
+    k4: &impl Fn(&[u8], [&[A]; 4], &mut [f32; 4]),
+    k1: &impl Fn(&[u8], [&[A]; 1], &mut [f32; 1]),
+) {
+    while t0 + 4 <= n_tok {
+        tile(w, rows.clone(), acts, stride, t0, out, k4);
         t0 += 4;
     }
     for t in t0..n_tok {
-        tile(w, rows.clone(), acts, stride, t, out, &k1);
+        tile(w, rows.clone(), acts, stride, t, out, k1);
     }
 }
 
