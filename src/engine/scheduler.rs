@@ -46,12 +46,15 @@ use std::time::{Duration, Instant};
 use super::fair::{self, StepClock, Want};
 use super::generate::GenerateError;
 pub use super::job::{Draft, Event, Finished, Job, JobError, Scored, SubmitError};
+pub use late::{LateReceiver, LateSender, LateTicket};
 use crate::background::Background;
 use crate::vocab::StopReason;
 use super::model::{Logits, Model, RunState, SeqBatch};
 use super::sampler::{log_prob, Sampler};
 use super::tokenizer::{StreamDecoder, Tokenizer};
 use super::KvCache;
+
+mod late;
 
 #[derive(Debug, Clone, Copy)]
 pub struct SchedulerConfig {
@@ -159,7 +162,7 @@ impl Scheduler {
                     return;
                 }
             };
-            Engine { model: &model, tok: &tokenizer, config, clock: StepClock::new(config.step_time) }.run(&q)
+            Engine { model: &model, tok: &tokenizer, config, clock: StepClock::new(config.step_time), parked: Vec::new() }.run(&q)
         })?;
         Ok(Scheduler { queue, thread: Some(thread), config })
     }
@@ -176,6 +179,11 @@ impl Scheduler {
         w.jobs.push_back(Queued { job, at: Instant::now() });
         self.queue.arrived.notify_one();
         Ok(())
+    }
+
+    /// A channel for drafts that come after the job started ([`Job::late`]; see `late`).
+    pub fn late_drafts(&self) -> (LateSender, LateReceiver) {
+        late::pair(self.queue.clone())
     }
 
     /// Jobs waiting for a slot.
@@ -316,6 +324,10 @@ impl Seq {
     fn send(&self, e: Event) -> bool {
         self.job.events.send(e).is_ok()
     }
+
+    fn late_ready(&self) -> bool {
+        self.job.late.as_ref().is_some_and(LateReceiver::ready)
+    }
 }
 
 struct Engine<'a> {
@@ -324,6 +336,8 @@ struct Engine<'a> {
     config: SchedulerConfig,
     /// Turns measured step times into the next step's budget.
     clock: StepClock,
+    /// Finished sequences waiting for their late drafts (`late`), with how they ended.
+    parked: Vec<(Seq, StopReason)>,
 }
 
 /// What happened to a sequence after a token.
@@ -340,7 +354,7 @@ impl Engine<'_> {
         loop {
             let admitted = {
                 let mut w = queue.lock();
-                while active.is_empty() && w.jobs.is_empty() && !w.stop {
+                while active.is_empty() && w.jobs.is_empty() && !w.stop && !self.parked.iter().any(|(s, _)| s.late_ready()) {
                     w = queue.arrived.wait(w).unwrap_or_else(|e| e.into_inner());
                 }
                 if w.stop {
@@ -364,6 +378,10 @@ impl Engine<'_> {
                 self.admit(q, &mut active);
             }
             active.retain(|s| !s.job.events.is_closed());
+            for s in active.iter_mut() {
+                s.attach_late(None);
+            }
+            self.unpark();
             queue.active.store(active.len(), Ordering::Relaxed);
             if !active.is_empty() {
                 self.step(&mut state, &mut active);
@@ -519,6 +537,10 @@ impl Engine<'_> {
                 }
             }
             row += rows;
+            // The first token is out: the submitter may now look for drafts (`late`).
+            if let (Some(l), Some(_)) = (&s.job.late, s.first_token_at) {
+                l.first_chosen();
+            }
             match outcome {
                 None | Some(Next::Continue) => {}
                 Some(Next::Finish(reason)) => finished.push((i, Some(reason))),
@@ -527,8 +549,27 @@ impl Engine<'_> {
         }
         for &(i, reason) in finished.iter().rev() {
             let s = active.remove(i);
-            if let Some(reason) = reason {
+            match reason {
+                // Its report waits for the drafts it was promised.
+                Some(reason) if s.job.late.is_some() => self.parked.push((s, reason)),
+                Some(reason) => self.finish(s, reason),
+                None => {}
+            }
+        }
+    }
+
+    /// Finishes the parked sequences whose drafts arrived; drops those whose client left.
+    fn unpark(&mut self) {
+        let mut i = 0;
+        while i < self.parked.len() {
+            let (s, reason) = &mut self.parked[i];
+            if s.job.events.is_closed() {
+                self.parked.swap_remove(i);
+            } else if s.attach_late(Some(*reason)) {
+                let (s, reason) = self.parked.swap_remove(i);
                 self.finish(s, reason);
+            } else {
+                i += 1;
             }
         }
     }
