@@ -38,12 +38,12 @@
 //! same order.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use super::fair::{self, StepClock, Want};
+use super::fair::{self, RowCost, StepClock, Want};
 use super::generate::GenerateError;
 pub use super::job::{Draft, Event, Finished, Job, JobError, Scored, SubmitError};
 use crate::background::Background;
@@ -91,6 +91,8 @@ struct Queue {
     arrived: Condvar,
     /// Sequences in the engine (prefilling or decoding), for metrics.
     active: AtomicUsize,
+    /// The engine's measured [`RowCost::row_share`] (f64 bits; NaN: not measured yet).
+    row_share: AtomicU64,
 }
 
 struct Waiting {
@@ -148,6 +150,7 @@ impl Scheduler {
             waiting: Mutex::new(Waiting { jobs: VecDeque::new(), stop: false, ended: false }),
             arrived: Condvar::new(),
             active: AtomicUsize::new(0),
+            row_share: AtomicU64::new(f64::NAN.to_bits()),
         });
         let q = queue.clone();
         let thread = std::thread::Builder::new().name("forge-engine".into()).spawn(move || {
@@ -159,7 +162,7 @@ impl Scheduler {
                     return;
                 }
             };
-            Engine { model: &model, tok: &tokenizer, config, clock: StepClock::new(config.step_time) }.run(&q)
+            Engine { model: &model, tok: &tokenizer, config, clock: StepClock::new(config.step_time), row_cost: RowCost::default() }.run(&q)
         })?;
         Ok(Scheduler { queue, thread: Some(thread), config })
     }
@@ -186,6 +189,12 @@ impl Scheduler {
     /// Sequences in the engine (prefilling or decoding).
     pub fn active(&self) -> usize {
         self.queue.active.load(Ordering::Relaxed)
+    }
+
+    /// What one more row (a draft token fed) costs as a share of a one-row step, measured over
+    /// recent steps ([`RowCost`]); `None` until measured.
+    pub fn draft_row_share(&self) -> Option<f64> {
+        Some(f64::from_bits(self.queue.row_share.load(Ordering::Relaxed))).filter(|r| r.is_finite())
     }
 }
 
@@ -265,13 +274,7 @@ impl Seq {
     /// Where draft `d`'s tokens to feed end: at most as many as a whole answer may have, never
     /// its stop token (a stop is checked, not fed).
     fn draft_end(&self, d: usize) -> usize {
-        let tokens = &self.job.drafts[d].tokens;
-        let end = tokens.len().min(self.job.params.max_tokens);
-        if end > 0 && self.job.params.stop_ids.contains(&tokens[end - 1]) {
-            end - 1
-        } else {
-            end
-        }
+        draft_end(&self.job.drafts[d].tokens, self.job.params.max_tokens, &self.job.params.stop_ids)
     }
 
     /// Feeds draft `d`'s tokens from its index `j` on, lined up with generated index `g`.
@@ -298,24 +301,82 @@ impl Seq {
     /// questions share phrases, not only beginnings). Returns (candidate, index of the chosen
     /// token in it).
     fn find_continuation(&self, g: usize) -> Option<(usize, usize)> {
-        let gen = &self.tokens;
-        let drafts = &self.job.drafts;
-        let prefix = (0..drafts.len()).find(|&d| self.draft_end(d) > g + 1 && drafts[d].tokens.starts_with(gen));
-        if let Some(d) = prefix {
-            return Some((d, g));
-        }
-        let key = gen.get(gen.len().checked_sub(NGRAM)?..)?;
-        (0..drafts.len()).find_map(|d| {
-            let end = self.draft_end(d);
-            let t = &drafts[d].tokens[..end];
-            // A continuation must remain after the match.
-            (NGRAM..end).find(|&i| &t[i - NGRAM..i] == key).map(|i| (d, i - 1))
-        })
+        find_continuation(&self.job.drafts, &self.tokens, g, self.job.params.max_tokens, &self.job.params.stop_ids)
     }
 
     fn send(&self, e: Event) -> bool {
         self.job.events.send(e).is_ok()
     }
+}
+
+/// Where a draft's tokens to feed end: at most as many as a whole answer may have, never its
+/// stop token (a stop is checked, not fed).
+fn draft_end(tokens: &[u32], max_tokens: usize, stop_ids: &[u32]) -> usize {
+    let end = tokens.len().min(max_tokens);
+    if end > 0 && stop_ids.contains(&tokens[end - 1]) {
+        end - 1
+    } else {
+        end
+    }
+}
+
+/// After the model chose its own token (generated index `g`, the last of `gen`): a candidate
+/// that agrees with everything generated so far, else one containing the last [`NGRAM`]
+/// generated tokens. Returns (candidate, index of the chosen token in it).
+fn find_continuation(drafts: &[Draft], gen: &[u32], g: usize, max_tokens: usize, stop_ids: &[u32]) -> Option<(usize, usize)> {
+    let end = |d: usize| draft_end(&drafts[d].tokens, max_tokens, stop_ids);
+    let prefix = (0..drafts.len()).find(|&d| end(d) > g + 1 && drafts[d].tokens.starts_with(gen));
+    if let Some(d) = prefix {
+        return Some((d, g));
+    }
+    let key = gen.get(gen.len().checked_sub(NGRAM)?..)?;
+    (0..drafts.len()).find_map(|d| {
+        let end = end(d);
+        let t = &drafts[d].tokens[..end];
+        // A continuation must remain after the match.
+        (NGRAM..end).find(|&i| &t[i - NGRAM..i] == key).map(|i| (d, i - 1))
+    })
+}
+
+/// What verifying `drafts` would have reported (draft tokens fed, accepted) for a greedy
+/// request whose answer is `chosen` (its tokens, then the stop token when it ended on one),
+/// without running the model: under greedy decoding the model's choice at every position is
+/// the answer's token, so the scheduler's draft bookkeeping (windows aside, which change what
+/// is computed, not what is counted) can be replayed on the answer alone. This is how a
+/// request that got no drafts still tells the draft gate what drafts would have done.
+pub fn replay_drafts(drafts: &[Draft], chosen: &[u32], max_tokens: usize, stop_ids: &[u32]) -> (usize, usize) {
+    let (mut fed, mut accepted) = (0usize, 0usize);
+    if drafts.is_empty() {
+        return (0, 0);
+    }
+    // The current draft and its alignment: draft `d` expects its token `j0 + (g - g0)` at `g`.
+    let mut current: Option<(usize, usize, usize)> = Some((0, 0, 0));
+    let use_draft = |d: usize, g: usize, j: usize, known: bool, fed: &mut usize| {
+        let end = draft_end(&drafts[d].tokens, max_tokens, stop_ids).min(j + max_tokens.saturating_sub(g));
+        *fed += end.saturating_sub(j).saturating_sub(usize::from(known));
+    };
+    use_draft(0, 0, 0, false, &mut fed);
+    for (g, &c) in chosen.iter().enumerate() {
+        let target = current.and_then(|(d, g0, j0)| drafts[d].tokens.get(j0 + (g - g0)).copied());
+        let agreed = target.is_some_and(|t| t == c || (stop_ids.contains(&t) && stop_ids.contains(&c)));
+        if agreed {
+            accepted += 1;
+        }
+        // The answer's last token finished it (stop, length, stop string): nothing follows.
+        if g + 1 == chosen.len() || stop_ids.contains(&c) {
+            break;
+        }
+        if !agreed {
+            match find_continuation(drafts, &chosen[..=g], g, max_tokens, stop_ids) {
+                Some((d, j)) => {
+                    use_draft(d, g, j, true, &mut fed);
+                    current = Some((d, g, j));
+                }
+                None => current = None,
+            }
+        }
+    }
+    (fed, accepted)
 }
 
 struct Engine<'a> {
@@ -324,6 +385,8 @@ struct Engine<'a> {
     config: SchedulerConfig,
     /// Turns measured step times into the next step's budget.
     clock: StepClock,
+    /// Measures what a row costs against a step (published for the draft gate).
+    row_cost: RowCost,
 }
 
 /// What happened to a sequence after a token.
@@ -367,6 +430,9 @@ impl Engine<'_> {
             queue.active.store(active.len(), Ordering::Relaxed);
             if !active.is_empty() {
                 self.step(&mut state, &mut active);
+                if let Some(r) = self.row_cost.row_share() {
+                    queue.row_share.store(r.to_bits(), Ordering::Relaxed);
+                }
             }
             queue.active.store(active.len(), Ordering::Relaxed);
         }
@@ -473,7 +539,9 @@ impl Engine<'_> {
             .collect();
         let result = self.model.forward(state, &mut batch);
         drop(batch);
-        self.clock.observe(units, started.elapsed());
+        let took = started.elapsed();
+        self.clock.observe(units, took);
+        self.row_cost.observe(units, took);
         if let Err(e) = result {
             // Cannot happen for validated jobs; fail those in the call and keep serving the rest.
             let msg = e.to_string();
