@@ -431,7 +431,10 @@ impl Engine<'_> {
             if !active.is_empty() {
                 self.step(&mut state, &mut active);
                 if let Some(r) = self.row_cost.row_share() {
-                    queue.row_share.store(r.to_bits(), Ordering::Relaxed);
+                    let was = f64::from_bits(queue.row_share.swap(r.to_bits(), Ordering::Relaxed));
+                    if !((was - r).abs() < 0.05) {
+                        tracing::info!(row_share = r, "a draft row costs this share of a one-row step (the draft gate's floor)");
+                    }
                 }
             }
             queue.active.store(active.len(), Ordering::Relaxed);
