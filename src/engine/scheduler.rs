@@ -162,7 +162,7 @@ impl Scheduler {
                     return;
                 }
             };
-            Engine { model: &model, tok: &tokenizer, config, clock: StepClock::new(config.step_time), row_cost: RowCost::default() }.run(&q)
+            Engine { model: &model, tok: &tokenizer, config, clock: StepClock::new(config.step_time), row_cost: RowCost::default(), row_share_logged: f64::NAN }.run(&q)
         })?;
         Ok(Scheduler { queue, thread: Some(thread), config })
     }
@@ -387,6 +387,8 @@ struct Engine<'a> {
     clock: StepClock,
     /// Measures what a row costs against a step (published for the draft gate).
     row_cost: RowCost,
+    /// The row share last logged (NaN: none yet).
+    row_share_logged: f64,
 }
 
 /// What happened to a sequence after a token.
@@ -431,8 +433,9 @@ impl Engine<'_> {
             if !active.is_empty() {
                 self.step(&mut state, &mut active);
                 if let Some(r) = self.row_cost.row_share() {
-                    let was = f64::from_bits(queue.row_share.swap(r.to_bits(), Ordering::Relaxed));
-                    if !((was - r).abs() < 0.05) {
+                    queue.row_share.store(r.to_bits(), Ordering::Relaxed);
+                    if !((self.row_share_logged - r).abs() < 0.05) {
+                        self.row_share_logged = r;
                         tracing::info!(row_share = r, "a draft row costs this share of a one-row step (the draft gate's floor)");
                     }
                 }
