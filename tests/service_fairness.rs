@@ -10,8 +10,8 @@
 //! short requests' median time to first token is within [`ALONE_FACTOR`] of the same requests
 //! alone (measured before and after the long one; the larger is the reference) plus one step
 //! ([`STEP_ALLOWANCE`]), and none waits more than [`PREFILL_SHARE`] of the long prefill; while the
-//! load average stays at what this test itself makes ([`LOW_LOAD`]) the median is within the
-//! issue's 1 s and every one within [`LOW_LOAD_MAX`]. (At load average
+//! load average stays at what this test itself makes ([`LOW_LOAD`]) every one is within the
+//! issue's 1 s ([`LOW_LOAD_MAX`]). (At load average
 //! 10, one short request of 76 once took 3.4 s against a median of 128 ms: a per-request factor
 //! over the time alone fails on such a stall of the whole machine.)
 //!
@@ -39,16 +39,15 @@ const MEDIUM_TOKENS: usize = 700;
 /// made it ~500x (48.8 s against 0.10 s).
 const ALONE_FACTOR: u32 = 10;
 
-/// Added to the [`ALONE_FACTOR`] bound: one fair step (~200 ms budget) and its overrun. A short
+/// Added to the [`ALONE_FACTOR`] bound: one fair step (~125 ms budget) and its overrun. A short
 /// request alone takes ~35 ms on a quiet machine, so ten times that is less than the one step a
-/// request admitted beside a long prefill waits by design (a quiet full-suite run measured a
-/// median of 350 ms against 35 ms alone).
+/// request admitted beside a long prefill waits by design (with 200 ms steps a quiet full-suite
+/// run measured a median of 350 ms against 35 ms alone).
 const STEP_ALLOWANCE: Duration = Duration::from_millis(500);
 
-/// While the load is low, no short request waits more than this. The issue asks 1 s for every
-/// one; late in an 8,000-token prefill one step can overrun its budget (a quiet run measured one
-/// request of 13 at 1.4 s, median 350 ms): the median is held to 1 s, each one to this.
-const LOW_LOAD_MAX: Duration = Duration::from_secs(2);
+/// While the load is low, no short request waits more than this: the issue's bound, for every
+/// one of them.
+const LOW_LOAD_MAX: Duration = Duration::from_secs(1);
 
 /// No short request waits more than this share of the long prefill (same run): head-of-line
 /// blocking made the first one wait nearly all of it.
@@ -157,6 +156,9 @@ async fn short_requests_get_their_first_token_within_a_second_during_an_8000_tok
         alone[0],
         alone[1]
     );
+    for (k, d) in &served {
+        eprintln!("  short {k} (tenant {}): done {:.1} s into the long prefill, first token after {:?}", if k % 2 == 0 { "small" } else { "big" }, d.2.as_secs_f64(), d.0);
+    }
     assert!(served.len() >= 3, "short requests served during the long prefill: {}", served.len());
     let last_done = served.iter().map(|(_, d)| d.2).max().unwrap_or_default();
     assert!(

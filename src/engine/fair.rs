@@ -181,10 +181,15 @@ pub struct StepClock {
 
 impl StepClock {
     /// Steps smaller than this many units carry too much fixed cost (the weights are read once
-    /// per step) to say what a unit costs.
+    /// per step) to say what a unit costs, unless they used most of a small budget (see
+    /// [`StepClock::observe`]).
     const MIN_SAMPLE_UNITS: f64 = 16.0;
-    /// Weight of the newest sample.
+    /// Weight of the newest sample when it says a unit got cheaper.
     const SMOOTHING: f64 = 0.3;
+    /// Weight of the newest sample when it says a unit got dearer: a step that overran its
+    /// time (attention growing late in a long prompt, another process taking a core) shrinks
+    /// the next one at once, so a request waiting for the step to end waits about one step.
+    const SMOOTHING_UP: f64 = 0.6;
 
     pub fn new(step_time: Duration) -> StepClock {
         // A first guess (a unit is ~1-3 ms on 2 CPU cores for SmolLM2); corrected after one step.
@@ -196,11 +201,14 @@ impl StepClock {
         (self.step_time / self.per_unit).max(floor)
     }
 
-    /// A step of `units` took `elapsed`.
-    pub fn observe(&mut self, units: f64, elapsed: Duration) {
-        if units >= Self::MIN_SAMPLE_UNITS {
+    /// A step of `units`, given `budget`, took `elapsed`. A step that filled at least half its
+    /// budget always counts: otherwise a budget once shrunk below [`Self::MIN_SAMPLE_UNITS`] (a
+    /// stall of the machine) would never be observed again and never grow back.
+    pub fn observe(&mut self, units: f64, budget: f64, elapsed: Duration) {
+        if units >= Self::MIN_SAMPLE_UNITS || (units > 0.0 && units >= 0.5 * budget) {
             let sample = elapsed.as_secs_f64() / units;
-            self.per_unit += Self::SMOOTHING * (sample - self.per_unit);
+            let weight = if sample > self.per_unit { Self::SMOOTHING_UP } else { Self::SMOOTHING };
+            self.per_unit += weight * (sample - self.per_unit);
         }
     }
 }
@@ -359,13 +367,34 @@ mod tests {
         for _ in 0..30 {
             // 5 ms per unit.
             let units = c.budget(1.0);
-            c.observe(units, Duration::from_secs_f64(units * 5e-3));
+            c.observe(units, units, Duration::from_secs_f64(units * 5e-3));
         }
         assert!((c.budget(1.0) - 40.0).abs() < 1.0, "{}", c.budget(1.0));
-        // Tiny steps say nothing.
-        c.observe(2.0, Duration::from_secs(1));
+        // Tiny steps (a few decoding tokens in a large budget) say nothing.
+        c.observe(2.0, 40.0, Duration::from_secs(1));
         assert!((c.budget(1.0) - 40.0).abs() < 1.0);
         assert_eq!(c.budget(100.0), 100.0);
+        // A step that took twice its time shrinks the next one at once (not by a third of the
+        // way); a faster one grows it gently.
+        c.observe(40.0, 40.0, Duration::from_millis(400));
+        assert!(c.budget(1.0) < 40.0 / 1.5, "{}", c.budget(1.0));
+        // A stall that shrank the budget below the sample minimum: the small steps that fill it
+        // are observed, and the budget grows back once steps are fast again.
+        c.observe(20.0, 20.0, Duration::from_secs(4));
+        let low = c.budget(1.0);
+        assert!(low < 10.0, "{low}");
+        for _ in 0..30 {
+            let units = c.budget(1.0);
+            c.observe(units, units, Duration::from_secs_f64(units * 5e-3));
+        }
+        assert!((c.budget(1.0) - 40.0).abs() < 1.0, "the budget grew back from {low}: {}", c.budget(1.0));
+        let mut d = StepClock::new(Duration::from_millis(200));
+        for _ in 0..30 {
+            let units = d.budget(1.0);
+            d.observe(units, units, Duration::from_secs_f64(units * 5e-3));
+        }
+        d.observe(40.0, 40.0, Duration::from_millis(100));
+        assert!(d.budget(1.0) < 40.0 * 1.5, "{}", d.budget(1.0));
     }
 
     #[test]

@@ -68,7 +68,7 @@ pub struct SchedulerConfig {
 
 impl Default for SchedulerConfig {
     fn default() -> Self {
-        SchedulerConfig { queue_depth: 64, max_active: 8, step_tokens: 128, step_time: Duration::from_millis(200) }
+        SchedulerConfig { queue_depth: 64, max_active: 8, step_tokens: 128, step_time: Duration::from_millis(125) }
     }
 }
 
@@ -545,9 +545,10 @@ impl Engine<'_> {
             .collect();
         let result = self.model.forward(state, &mut batch);
         drop(batch);
-        let took = started.elapsed();
-        self.clock.observe(units, took);
-        self.row_cost.observe(units, took);
+        let elapsed = started.elapsed();
+        tracing::debug!(units, budget, elapsed_ms = elapsed.as_secs_f64() * 1e3, seqs = n_seqs, tokens = ?active.iter().map(|s| (s.fed, s.part)).collect::<Vec<_>>(), "step");
+        self.clock.observe(units, budget, elapsed);
+        self.row_cost.observe(units, elapsed);
         if let Err(e) = result {
             // Cannot happen for validated jobs; fail those in the call and keep serving the rest.
             let msg = e.to_string();
