@@ -242,4 +242,37 @@ mod tests {
         let none = DraftGate::new(SkipParams { explore: 0.0, ..SkipParams::default() });
         assert!((0..40).all(|_| none.decide(Some(0.05), false, None) == Gate::Skip));
     }
+    #[test]
+    fn the_gate_learns_from_the_store_and_from_observations() {
+        use crate::store::inferences::tests::sample;
+        use crate::store::semantic::Outcome;
+        use crate::vocab::{CacheMode, ServedFrom};
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = Store::open(dir.path().join("g.db")).expect("open");
+        let src = store.record_inference(&sample("t", Some("k"), ServedFrom::Model, CacheMode::Auto)).expect("record");
+        // Eight earlier checks at similarity 0.62 accepted 2 of 40 tokens each (5%).
+        for _ in 0..8 {
+            let id = store.record_inference(&sample("t", None, ServedFrom::Model, CacheMode::Auto)).expect("record");
+            let o = Outcome { source_inference_id: src, similarity: 0.62, correct: false };
+            store.record_outcome("t", "m", id, &o, 40, 2).expect("outcome");
+        }
+        let g = DraftGate::new(SkipParams::default());
+        // Loaded from the store: the band is skipped, and so is a young band (the pooled prior).
+        assert_eq!(g.offer(&store, "t", "m", 0.63, true, None).expect("offer"), Gate::Skip);
+        assert_eq!(g.offer(&store, "t", "m", 0.97, true, None).expect("offer"), Gate::Skip);
+        // Another tenant knows nothing yet: learning.
+        assert_eq!(g.offer(&store, "u", "m", 0.63, true, None).expect("offer"), Gate::Offer);
+        // The 0.95 band turns out to accept most of its drafts (checked or replayed): offered.
+        for _ in 0..4 {
+            g.observe(&store, "t", "m", 0.97, 30, 27).expect("observe");
+        }
+        let (acc, band, pooled) = g.acceptance(&store, "t", "m", 0.97).expect("acceptance");
+        assert_eq!((band.checks, pooled.checks), (4, 12));
+        assert!(acc.is_some_and(|a| a > 0.25), "{acc:?}");
+        assert_eq!(g.offer(&store, "t", "m", 0.97, true, None).expect("offer"), Gate::Offer);
+        assert_eq!(g.offer(&store, "t", "m", 0.63, true, None).expect("offer"), Gate::Skip);
+        // A disabled gate always offers.
+        let off = DraftGate::new(SkipParams { enabled: false, ..SkipParams::default() });
+        assert_eq!(off.offer(&store, "t", "m", 0.63, true, None).expect("offer"), Gate::Offer);
+    }
 }
