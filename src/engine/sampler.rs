@@ -245,6 +245,33 @@ impl Sampler {
 mod tests {
     use super::*;
 
+    /// Time per call against the f64 reference (the implementation before), alternated in one
+    /// process so both see the same load: `cargo test --release --lib -- --ignored
+    /// log_prob_speed --nocapture`.
+    #[test]
+    #[ignore]
+    fn log_prob_speed() {
+        let mut rng = Rng::new(3);
+        let logits: Vec<f32> = (0..49_152).map(|_| (rng.next_f32() - 0.5) * 20.0).collect();
+        let reference = |logits: &[f32], t: usize| {
+            let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let sum: f64 = logits.iter().map(|&l| f64::from(l - max).exp()).sum();
+            f64::from(logits[t] - max) - sum.ln()
+        };
+        let (mut fast, mut slow, mut sink) = (Vec::new(), Vec::new(), 0.0f64);
+        for round in 0..200 {
+            let t = std::time::Instant::now();
+            sink += f64::from(log_prob(&logits, round, &[]));
+            fast.push(t.elapsed().as_secs_f64() * 1e6);
+            let t = std::time::Instant::now();
+            sink += reference(&logits, round as usize);
+            slow.push(t.elapsed().as_secs_f64() * 1e6);
+        }
+        fast.sort_by(f64::total_cmp);
+        slow.sort_by(f64::total_cmp);
+        println!("49,152 logits, median of 200: log_prob {:.1} us, f64 reference {:.1} us ({:.1}x) [{sink:.1}]", fast[100], slow[100], slow[100] / fast[100]);
+    }
+
     #[test]
     fn log_prob_matches_the_f64_reference() {
         let reference = |logits: &[f32], t: usize| {
