@@ -51,7 +51,7 @@ impl Engine {
     fn submit(&self, prompt: Vec<u32>, max_tokens: usize, drafts: Vec<Draft>) -> mpsc::UnboundedReceiver<Event> {
         let (tx, rx) = mpsc::unbounded_channel();
         let params = GenerateParams { max_tokens, sampling: SamplingParams::greedy(), stop_ids: self.tok.stop_ids().to_vec() };
-        self.sched.submit(Job { prompt, params, stop_strings: Vec::new(), events: tx, drafts, kv: None, tenant: String::new(), logprobs: false, score: None }).expect("submit");
+        self.sched.submit(Job { prompt, params, stop_strings: Vec::new(), events: tx, drafts, kv: None, tenant: String::new(), logprobs: false, score: None, late: None }).expect("submit");
         rx
     }
 }
@@ -83,7 +83,7 @@ fn scoring_an_answer_gives_the_decode_logprobs_bit_for_bit() {
     let prompt = e.prompt("What is the capital of France?");
     let (tx, rx) = mpsc::unbounded_channel();
     let params = GenerateParams { max_tokens: 24, sampling: SamplingParams::greedy(), stop_ids: e.tok.stop_ids().to_vec() };
-    e.sched.submit(Job { prompt: prompt.clone(), params, stop_strings: Vec::new(), events: tx, drafts: Vec::new(), kv: None, tenant: String::new(), logprobs: true, score: None }).expect("submit");
+    e.sched.submit(Job { prompt: prompt.clone(), params, stop_strings: Vec::new(), events: tx, drafts: Vec::new(), kv: None, tenant: String::new(), logprobs: true, score: None, late: None }).expect("submit");
     let f = wait(rx);
     let mut answer = f.tokens.clone();
     if f.stop == forge_cache::vocab::StopReason::Stop {
@@ -202,4 +202,73 @@ fn drafts_in_a_continuous_batch_match_solo_runs() {
     }
     assert!(batched.iter().any(|b| b.peak_batch >= 2), "the requests shared forward calls");
     assert!(batched.iter().map(|b| b.draft_accepted).sum::<usize>() > 0, "some draft tokens were accepted");
+}
+
+impl Engine {
+    /// As `submit`, with drafts to come late (`Scheduler::late_drafts`).
+    fn submit_late(&self, prompt: Vec<u32>, max_tokens: usize) -> (mpsc::UnboundedReceiver<Event>, forge_cache::engine::scheduler::LateSender) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let (late_tx, late_rx) = self.sched.late_drafts();
+        let params = GenerateParams { max_tokens, sampling: SamplingParams::greedy(), stop_ids: self.tok.stop_ids().to_vec() };
+        let job = Job { prompt, params, stop_strings: Vec::new(), events: tx, drafts: Vec::new(), kv: None, tenant: String::new(), logprobs: false, score: None, late: Some(late_rx) };
+        self.sched.submit(job).expect("submit");
+        (rx, late_tx)
+    }
+}
+
+/// Drafts that come after the first token (the semantic lookup off the first token's path):
+/// the first token is out before anyone looks for drafts, the output is the output without
+/// drafts, and the report is what drafts given at admission give — VERIFIED for the job's own
+/// answer (even when the job finished before the drafts came: it waits for them), PARTIAL for
+/// one that agrees only at first, nothing accepted for garbage.
+#[test]
+fn late_drafts_never_delay_the_first_token_nor_change_output() {
+    let e = engine(4);
+    let stop = e.tok.stop_ids()[0];
+    let prompt = e.prompt("What is the capital of France?");
+    let plain = wait(e.submit(prompt.clone(), 48, vec![]));
+    assert!(plain.tokens.len() >= 4, "the answer is long enough to test: {:?}", plain.text);
+    let mut own = plain.tokens.clone();
+    if plain.stop == forge_cache::vocab::StopReason::Stop {
+        own.push(stop);
+    }
+    let late = |max_tokens: usize, tokens: Vec<u32>| {
+        let (mut rx, tx) = e.submit_late(prompt.clone(), max_tokens);
+        // Returns once the engine chose the first token, which it has already streamed.
+        assert!(tx.wait_first(), "the job is running");
+        assert!(matches!(rx.try_recv(), Ok(Event::Token { .. })), "the first token came before any draft");
+        let ticket = tx.send(vec![draft(tokens, 7)]);
+        let f = wait(rx);
+        assert!(ticket.taken(), "the engine took the drafts");
+        f
+    };
+
+    let f = late(48, own.clone());
+    assert_eq!((&f.tokens, &f.text), (&plain.tokens, &plain.text));
+    assert_eq!(f.draft_accepted, own.len(), "every token and the stop agreed with the draft");
+    assert_eq!(f.served_by.as_ref().map(|d| d.source), Some(7));
+
+    // Finished (one token) before the drafts came: it waits for them, and says so.
+    let f = late(1, own.clone());
+    assert_eq!(f.tokens, plain.tokens[..1]);
+    assert_eq!((f.draft_accepted, f.served_by.as_ref().map(|d| d.source)), (1, Some(7)));
+
+    // Agrees for two tokens, then not: PARTIAL, the same output.
+    let mut bad = own.clone();
+    bad[2] = bad[2].wrapping_add(1);
+    let f = late(48, bad);
+    assert_eq!(f.tokens, plain.tokens);
+    assert!(f.served_by.is_none() && f.draft_accepted >= 2, "{f:?}");
+    assert_eq!(f.partial_source.as_ref().map(|d| d.source), Some(7));
+
+    let garbage: Vec<u32> = (0..40).map(|i| 1000 + i * 37).collect();
+    let f = late(48, garbage);
+    assert_eq!(f.tokens, plain.tokens);
+    assert_eq!((f.draft_accepted, f.candidates_tried), (0, 1), "offered, nothing accepted");
+
+    // No drafts at all (the lookup found nothing, or its sender was dropped).
+    let (rx, tx) = e.submit_late(prompt.clone(), 48);
+    drop(tx);
+    let f = wait(rx);
+    assert_eq!((&f.tokens, f.draft_tokens), (&plain.tokens, 0));
 }

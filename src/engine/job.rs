@@ -38,6 +38,10 @@ pub struct Job {
     /// ends with [`Event::Scored`]. The rows are the same bits a decode would compute (the
     /// forward pass is batch invariant).
     pub score: Option<Vec<u32>>,
+    /// Drafts to come after the job started (the semantic lookup runs once the first token is
+    /// chosen, off its path): from [`super::scheduler::Scheduler::late_drafts`]. The job's
+    /// outcome waits for them.
+    pub late: Option<super::scheduler::LateReceiver>,
 }
 
 impl Job {
@@ -45,7 +49,7 @@ impl Job {
     /// token of `stop_ids`: of any stop token, as generation records it).
     pub fn score(prompt: Vec<u32>, continuation: Vec<u32>, stop_ids: Vec<u32>, tenant: String, events: UnboundedSender<Event>) -> Job {
         let params = GenerateParams { max_tokens: continuation.len().max(1), sampling: Default::default(), stop_ids };
-        Job { prompt, params, stop_strings: Vec::new(), events, drafts: Vec::new(), kv: None, tenant, logprobs: false, score: Some(continuation) }
+        Job { prompt, params, stop_strings: Vec::new(), events, drafts: Vec::new(), kv: None, tenant, logprobs: false, score: Some(continuation), late: None }
     }
 }
 

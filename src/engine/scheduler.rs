@@ -46,12 +46,18 @@ use std::time::{Duration, Instant};
 use super::fair::{self, RowCost, StepClock, Want};
 use super::generate::GenerateError;
 pub use super::job::{Draft, Event, Finished, Job, JobError, Scored, SubmitError};
+pub use late::{LateReceiver, LateSender, LateTicket};
+pub use replay::replay_drafts;
+use replay::{draft_end, find_continuation};
 use crate::background::Background;
 use crate::vocab::StopReason;
 use super::model::{Logits, Model, RunState, SeqBatch};
 use super::sampler::{log_prob, Sampler};
 use super::tokenizer::{StreamDecoder, Tokenizer};
 use super::KvCache;
+
+mod late;
+mod replay;
 
 #[derive(Debug, Clone, Copy)]
 pub struct SchedulerConfig {
@@ -162,7 +168,16 @@ impl Scheduler {
                     return;
                 }
             };
-            Engine { model: &model, tok: &tokenizer, config, clock: StepClock::new(config.step_time), row_cost: RowCost::default(), row_share_logged: f64::NAN }.run(&q)
+            Engine {
+                model: &model,
+                tok: &tokenizer,
+                config,
+                clock: StepClock::new(config.step_time),
+                parked: Vec::new(),
+                row_cost: RowCost::default(),
+                row_share_logged: f64::NAN,
+            }
+            .run(&q)
         })?;
         Ok(Scheduler { queue, thread: Some(thread), config })
     }
@@ -179,6 +194,11 @@ impl Scheduler {
         w.jobs.push_back(Queued { job, at: Instant::now() });
         self.queue.arrived.notify_one();
         Ok(())
+    }
+
+    /// A channel for drafts that come after the job started ([`Job::late`]; see `late`).
+    pub fn late_drafts(&self) -> (LateSender, LateReceiver) {
+        late::pair(self.queue.clone())
     }
 
     /// Jobs waiting for a slot.
@@ -307,76 +327,10 @@ impl Seq {
     fn send(&self, e: Event) -> bool {
         self.job.events.send(e).is_ok()
     }
-}
 
-/// Where a draft's tokens to feed end: at most as many as a whole answer may have, never its
-/// stop token (a stop is checked, not fed).
-fn draft_end(tokens: &[u32], max_tokens: usize, stop_ids: &[u32]) -> usize {
-    let end = tokens.len().min(max_tokens);
-    if end > 0 && stop_ids.contains(&tokens[end - 1]) {
-        end - 1
-    } else {
-        end
+    fn late_ready(&self) -> bool {
+        self.job.late.as_ref().is_some_and(LateReceiver::ready)
     }
-}
-
-/// After the model chose its own token (generated index `g`, the last of `gen`): a candidate
-/// that agrees with everything generated so far, else one containing the last [`NGRAM`]
-/// generated tokens. Returns (candidate, index of the chosen token in it).
-fn find_continuation(drafts: &[Draft], gen: &[u32], g: usize, max_tokens: usize, stop_ids: &[u32]) -> Option<(usize, usize)> {
-    let end = |d: usize| draft_end(&drafts[d].tokens, max_tokens, stop_ids);
-    let prefix = (0..drafts.len()).find(|&d| end(d) > g + 1 && drafts[d].tokens.starts_with(gen));
-    if let Some(d) = prefix {
-        return Some((d, g));
-    }
-    let key = gen.get(gen.len().checked_sub(NGRAM)?..)?;
-    (0..drafts.len()).find_map(|d| {
-        let end = end(d);
-        let t = &drafts[d].tokens[..end];
-        // A continuation must remain after the match.
-        (NGRAM..end).find(|&i| &t[i - NGRAM..i] == key).map(|i| (d, i - 1))
-    })
-}
-
-/// What verifying `drafts` would have reported (draft tokens fed, accepted) for a greedy
-/// request whose answer is `chosen` (its tokens, then the stop token when it ended on one),
-/// without running the model: under greedy decoding the model's choice at every position is
-/// the answer's token, so the scheduler's draft bookkeeping (windows aside, which change what
-/// is computed, not what is counted) can be replayed on the answer alone. This is how a
-/// request that got no drafts still tells the draft gate what drafts would have done.
-pub fn replay_drafts(drafts: &[Draft], chosen: &[u32], max_tokens: usize, stop_ids: &[u32]) -> (usize, usize) {
-    let (mut fed, mut accepted) = (0usize, 0usize);
-    if drafts.is_empty() {
-        return (0, 0);
-    }
-    // The current draft and its alignment: draft `d` expects its token `j0 + (g - g0)` at `g`.
-    let mut current: Option<(usize, usize, usize)> = Some((0, 0, 0));
-    let use_draft = |d: usize, g: usize, j: usize, known: bool, fed: &mut usize| {
-        let end = draft_end(&drafts[d].tokens, max_tokens, stop_ids).min(j + max_tokens.saturating_sub(g));
-        *fed += end.saturating_sub(j).saturating_sub(usize::from(known));
-    };
-    use_draft(0, 0, 0, false, &mut fed);
-    for (g, &c) in chosen.iter().enumerate() {
-        let target = current.and_then(|(d, g0, j0)| drafts[d].tokens.get(j0 + (g - g0)).copied());
-        let agreed = target.is_some_and(|t| t == c || (stop_ids.contains(&t) && stop_ids.contains(&c)));
-        if agreed {
-            accepted += 1;
-        }
-        // The answer's last token finished it (stop, length, stop string): nothing follows.
-        if g + 1 == chosen.len() || stop_ids.contains(&c) {
-            break;
-        }
-        if !agreed {
-            match find_continuation(drafts, &chosen[..=g], g, max_tokens, stop_ids) {
-                Some((d, j)) => {
-                    use_draft(d, g, j, true, &mut fed);
-                    current = Some((d, g, j));
-                }
-                None => current = None,
-            }
-        }
-    }
-    (fed, accepted)
 }
 
 struct Engine<'a> {
@@ -385,6 +339,8 @@ struct Engine<'a> {
     config: SchedulerConfig,
     /// Turns measured step times into the next step's budget.
     clock: StepClock,
+    /// Finished sequences waiting for their late drafts (`late`), with how they ended.
+    parked: Vec<(Seq, StopReason)>,
     /// Measures what a row costs against a step (published for the draft gate).
     row_cost: RowCost,
     /// The row share last logged (NaN: none yet).
@@ -405,7 +361,7 @@ impl Engine<'_> {
         loop {
             let admitted = {
                 let mut w = queue.lock();
-                while active.is_empty() && w.jobs.is_empty() && !w.stop {
+                while active.is_empty() && w.jobs.is_empty() && !w.stop && !self.parked.iter().any(|(s, _)| s.late_ready()) {
                     w = queue.arrived.wait(w).unwrap_or_else(|e| e.into_inner());
                 }
                 if w.stop {
@@ -429,6 +385,10 @@ impl Engine<'_> {
                 self.admit(q, &mut active);
             }
             active.retain(|s| !s.job.events.is_closed());
+            for s in active.iter_mut() {
+                s.attach_late(None);
+            }
+            self.unpark();
             queue.active.store(active.len(), Ordering::Relaxed);
             if !active.is_empty() {
                 self.step(&mut state, &mut active);
@@ -592,6 +552,10 @@ impl Engine<'_> {
                 }
             }
             row += rows;
+            // The first token is out: the submitter may now look for drafts (`late`).
+            if let (Some(l), Some(_)) = (&s.job.late, s.first_token_at) {
+                l.first_chosen();
+            }
             match outcome {
                 None | Some(Next::Continue) => {}
                 Some(Next::Finish(reason)) => finished.push((i, Some(reason))),
@@ -600,8 +564,27 @@ impl Engine<'_> {
         }
         for &(i, reason) in finished.iter().rev() {
             let s = active.remove(i);
-            if let Some(reason) = reason {
+            match reason {
+                // Its report waits for the drafts it was promised.
+                Some(reason) if s.job.late.is_some() => self.parked.push((s, reason)),
+                Some(reason) => self.finish(s, reason),
+                None => {}
+            }
+        }
+    }
+
+    /// Finishes the parked sequences whose drafts arrived; drops those whose client left.
+    fn unpark(&mut self) {
+        let mut i = 0;
+        while i < self.parked.len() {
+            let (s, reason) = &mut self.parked[i];
+            if s.job.events.is_closed() {
+                self.parked.swap_remove(i);
+            } else if s.attach_late(Some(*reason)) {
+                let (s, reason) = self.parked.swap_remove(i);
                 self.finish(s, reason);
+            } else {
+                i += 1;
             }
         }
     }

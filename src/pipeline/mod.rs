@@ -23,6 +23,7 @@
 //! are embedded on the fact indexer's low-priority thread while no request is in flight
 //! ([`crate::cache::indexer`]); the async runtime itself needs only a couple of workers.
 
+mod deferred;
 pub mod error;
 pub mod metrics;
 mod record;

@@ -42,14 +42,15 @@ impl Drop for InFlight {
     }
 }
 
-/// A request after the caches: its answer, or what the engine needs.
+/// A request after the caches: its answer, or what the engine needs (the last field: its
+/// semantic lookup waits for the first token, `deferred`).
 enum Served {
     Cached(String, Vec<u32>, Outcome),
-    Model(Plan, Vec<crate::engine::scheduler::Draft>, Option<Kv>),
+    Model(Plan, Vec<crate::engine::scheduler::Draft>, Option<Kv>, bool),
 }
 
 /// What a computed request reuses: a stored prefix, or (BLEND) its documents' KV.
-enum Kv {
+pub(super) enum Kv {
     Prefix(KvPlan),
     Blend(BlendPlan),
 }
@@ -88,10 +89,21 @@ impl Pipeline {
             let t = Instant::now();
             let stored = tracing::debug_span!("lookup").in_scope(|| state.lookup_stored(&mut plan))?;
             let mut lookup = t.elapsed();
+            // Prepared before the semantic tier where that can only offer drafts: a prefix that
+            // covers nearly the whole prompt sends the lookup off the first token's path.
+            let mut early_kv = None;
             let found = match stored {
                 Some(answer) => Found::Answer(answer),
                 None => {
                     tracing::debug_span!("tokenize").in_scope(|| state.tokenize(&mut plan))?;
+                    if state.lookup_may_wait(&plan) {
+                        let kv = state.prepare_kv(&plan);
+                        if state.defers_lookup(&plan, kv.as_ref()) {
+                            state.metrics.stage("lookup", lookup);
+                            return Ok(Served::Model(plan, Vec::new(), kv, true));
+                        }
+                        early_kv = Some(kv);
+                    }
                     let t = Instant::now();
                     let found = tracing::debug_span!("lookup").in_scope(|| state.lookup_similar(&mut plan))?;
                     lookup += t.elapsed();
@@ -108,8 +120,8 @@ impl Pipeline {
                 Found::Drafts(d) => d,
                 Found::Nothing => Vec::new(),
             };
-            let kv = state.prepare_kv(&plan);
-            Ok(Served::Model(plan, drafts, kv))
+            let kv = early_kv.unwrap_or_else(|| state.prepare_kv(&plan));
+            Ok(Served::Model(plan, drafts, kv, false))
         })
         .await?;
         let served = match served {
@@ -121,7 +133,7 @@ impl Pipeline {
                 return Err(e);
             }
         };
-        let (plan, drafts, kv) = match served {
+        let (plan, drafts, kv, deferred) = match served {
             Served::Cached(text, tokens, outcome) => {
                 let (from, mode) = (outcome.served_from, outcome.cache_mode);
                 let pieces = [chunk(text, tokens, None), chunk(String::new(), Vec::new(), Some(outcome))];
@@ -132,7 +144,13 @@ impl Pipeline {
                     chunks: Box::pin(tokio_stream::iter(pieces.map(Ok))),
                 });
             }
-            Served::Model(plan, drafts, kv) => (Arc::new(plan), drafts, kv),
+            Served::Model(plan, drafts, kv, deferred) => {
+                let deferred = deferred.then(|| {
+                    let (tx, rx) = self.scheduler.late_drafts();
+                    (self.spawn_lookup(plan.clone(), tx), rx)
+                });
+                (Arc::new(plan), drafts, kv, deferred)
+            }
         };
         // What reuse is planned, kept for a request whose client goes away (its plan stays with
         // the cancelled sequence).
@@ -154,6 +172,11 @@ impl Pipeline {
             // BLEND's lossy answers are never candidates: nothing to compare with.
             logprobs: !matches!(plan.mode, CacheMode::Bypass | CacheMode::Blend),
             score: None,
+            late: None,
+        };
+        let (job, deferred) = match deferred {
+            Some((lookup, rx)) => (Job { late: Some(rx), ..job }, Some(lookup)),
+            None => (job, None),
         };
         if let Err(e) = self.scheduler.submit(job) {
             let e = ServiceError::from(e);
@@ -164,7 +187,7 @@ impl Pipeline {
         }
         let (out, rx) = mpsc::channel(STREAM_BUFFER);
         let mode = plan.mode;
-        tokio::spawn(self.clone().stream_model(plan, planned, events, out, guard).instrument(span));
+        tokio::spawn(self.clone().stream_model(plan, planned, deferred, events, out, guard).instrument(span));
         Ok(Generation { request_id, cache_mode: mode, served_from: None, chunks: Box::pin(ReceiverStream::new(rx)) })
     }
 
@@ -184,6 +207,7 @@ impl Pipeline {
         self: Arc<Self>,
         plan: Arc<Plan>,
         planned: Option<ReportData>,
+        deferred: Option<super::deferred::Deferred>,
         mut events: mpsc::UnboundedReceiver<Event>,
         out: mpsc::Sender<Result<Chunk, ServiceError>>,
         in_flight: InFlight,
@@ -255,6 +279,7 @@ impl Pipeline {
                         kv,
                         blend,
                     };
+                    let plan = Self::after_lookup(plan, deferred).await;
                     let last = self.record(plan, answer).await.map(|outcome| chunk(tail, Vec::new(), Some(outcome)));
                     // Done before the client hears so: its next request finds the service idle.
                     drop(in_flight);

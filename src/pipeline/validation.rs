@@ -49,6 +49,7 @@ pub(crate) struct EquivalenceCheck {
 }
 
 /// A validated request: what the tiers, the engine and the recording need.
+#[derive(Clone)]
 pub struct Plan {
     /// The request's id in logs and traces.
     pub(crate) request_id: u64,

@@ -1,5 +1,7 @@
 //! BLEND's store: each document chunk's KV kept as computed on its own — the chunk after the
-//! prompt's first token (an attention sink, `<|im_start|>` or BOS) at positions 1.. — in the same
+//! prompt's lead (everything before the first chunk: the attention sink, the system prompt and
+//! the template up to the documents), so that its stored KV has seen the context a document
+//! first sees in a real prompt; the lead's own blocks are shared by every chunk — in the same
 //! block index as prefix reuse, under a key chain of its own per tenant and model
 //! ([`chunk_tenant`]: its blocks never match a prompt's prefix). The engine sees a
 //! [`BlendPlan`]: a [`PrefixCache`] that loads no prefix and publishes nothing of the blended
@@ -39,21 +41,23 @@ pub struct BlendData {
 
 impl KvWorkload {
     /// The plan of a BLEND request: for each chunk `(start, len)` of `prompt` (in order, not
-    /// overlapping, after position 0), the stored KV of the chunk's own sequence (the prompt's
-    /// first token, then the chunk), memory first, then disk. `recompute`: the fraction of chunk
+    /// overlapping, after position 0), the stored KV of the chunk's own sequence (the prompt
+    /// before the first chunk, then the chunk), memory first, then disk. `recompute`: the fraction of chunk
     /// tokens the engine recomputes (0 ..= 1). Blocking (disk).
     pub fn prepare_blend(&self, tenant: &str, prompt: &[u32], chunks: &[(usize, usize)], recompute: f32) -> BlendPlan {
         let owner = chunk_tenant(tenant);
-        let sink = prompt.first().copied();
+        // The prompt before its first chunk (system prompt, the template up to the documents):
+        // each chunk's KV is computed after it, as the chunk would see it first in a prompt.
+        let lead = &prompt[..chunks.first().map_or(1, |c| c.0).max(1).min(prompt.len())];
         let mut planned = 0;
         let spans = chunks
             .iter()
             .filter_map(|&(at, len)| {
                 let chunk = prompt.get(at..at + len)?;
-                let tokens: Vec<u32> = sink.into_iter().chain(chunk.iter().copied()).collect();
+                let tokens: Vec<u32> = lead.iter().chain(chunk).copied().collect();
                 let plan = self.prepare(&owner, &tokens);
-                planned += plan.report().reused_tokens.saturating_sub(1);
-                Some(ReusedSpan { at, base: 1, tokens, cache: Box::new(plan) as Box<dyn PrefixCache> })
+                planned += plan.report().reused_tokens.saturating_sub(lead.len());
+                Some(ReusedSpan { at, base: lead.len(), tokens, cache: Box::new(plan) as Box<dyn PrefixCache> })
             })
             .collect();
         BlendPlan { blend: Blend { spans, recompute, report: BlendReport::default() }, planned }
