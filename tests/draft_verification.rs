@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use forge_cache::engine::generate::GenerateParams;
 use forge_cache::engine::sampler::SamplingParams;
-use forge_cache::engine::scheduler::{Draft, Event, Finished, Job, Scheduler, SchedulerConfig};
+use forge_cache::engine::scheduler::{replay_drafts, Draft, Event, Finished, Job, Scheduler, SchedulerConfig};
 use forge_cache::engine::tokenizer::Tokenizer;
 use forge_cache::engine::chat::{ChatTemplate, Message};
 use tokio::sync::mpsc;
@@ -33,6 +33,19 @@ impl Engine {
     fn prompt(&self, question: &str) -> Vec<u32> {
         let text = self.template.render(&[Message::system("You are a helpful assistant."), Message::user(question)], true).expect("render");
         self.tok.encode_prompt(&text).expect("encode")
+    }
+
+    /// Runs a greedy request with `drafts` and checks that replaying the drafts on its answer
+    /// (what the draft gate learns from when it skips drafts) counts what the engine counted.
+    fn run(&self, prompt: Vec<u32>, max_tokens: usize, drafts: Vec<Draft>) -> Finished {
+        let f = wait(self.submit(prompt, max_tokens, drafts.clone()));
+        let mut chosen = f.tokens.clone();
+        if f.stop == forge_cache::vocab::StopReason::Stop {
+            chosen.push(self.tok.stop_ids()[0]);
+        }
+        let replay = replay_drafts(&drafts, &chosen, max_tokens, self.tok.stop_ids());
+        assert_eq!(replay, (f.draft_tokens, f.draft_accepted), "replayed (fed, accepted) = the engine's, drafts {drafts:?}");
+        f
     }
 
     fn submit(&self, prompt: Vec<u32>, max_tokens: usize, drafts: Vec<Draft>) -> mpsc::UnboundedReceiver<Event> {
@@ -107,7 +120,7 @@ fn drafts_never_change_greedy_output() {
     let e = engine(4);
     let stop = e.tok.stop_ids()[0];
     let prompt = e.prompt("What is the capital of France?");
-    let plain = wait(e.submit(prompt.clone(), 48, vec![]));
+    let plain = e.run(prompt.clone(), 48, vec![]);
     assert!(plain.tokens.len() >= 3, "the answer is long enough to test: {:?}", plain.text);
     assert_eq!((plain.draft_tokens, plain.draft_accepted, plain.candidates_tried), (0, 0, 0));
     let ended = plain.stop == forge_cache::engine::generate::StopReason::Stop;
@@ -117,7 +130,7 @@ fn drafts_never_change_greedy_output() {
     }
 
     // Its own answer: every token accepted, no decode step beyond the check.
-    let f = wait(e.submit(prompt.clone(), 48, vec![draft(own.clone(), 7)]));
+    let f = e.run(prompt.clone(), 48, vec![draft(own.clone(), 7)]);
     assert_eq!(f.tokens, plain.tokens);
     assert_eq!(f.text, plain.text);
     assert_eq!(f.draft_accepted, own.len(), "every draft token and the stop accepted");
@@ -129,7 +142,7 @@ fn drafts_never_change_greedy_output() {
     // generated tokens reappear in the draft, from where it is followed again — the same output.
     let mut bad = own.clone();
     bad[2] = bad[2].wrapping_add(1);
-    let f = wait(e.submit(prompt.clone(), 48, vec![draft(bad.clone(), 8)]));
+    let f = e.run(prompt.clone(), 48, vec![draft(bad.clone(), 8)]);
     assert_eq!(f.tokens, plain.tokens);
     let resync = own.len().saturating_sub(6);
     assert_eq!(f.draft_accepted, 2 + resync, "2 before the error, {resync} after re-synchronizing");
@@ -138,30 +151,30 @@ fn drafts_never_change_greedy_output() {
 
     // A wrong first candidate, then one that agrees with everything: the switch happens
     // without recomputing, and the second candidate serves the answer.
-    let f = wait(e.submit(prompt.clone(), 48, vec![draft(bad, 8), draft(own.clone(), 9)]));
+    let f = e.run(prompt.clone(), 48, vec![draft(bad, 8), draft(own.clone(), 9)]);
     assert_eq!(f.tokens, plain.tokens);
     assert_eq!(f.candidates_tried, 2);
     assert_eq!(f.draft_accepted, own.len() - 1, "all but the token the first candidate got wrong");
 
     // Garbage, an empty draft and a too-long draft.
     let garbage: Vec<u32> = (0..40).map(|i| 1000 + i * 37).collect();
-    let f = wait(e.submit(prompt.clone(), 48, vec![draft(garbage, 1), draft(vec![], 2)]));
+    let f = e.run(prompt.clone(), 48, vec![draft(garbage, 1), draft(vec![], 2)]);
     assert_eq!(f.tokens, plain.tokens);
     assert_eq!(f.draft_accepted, 0);
     let mut long = plain.tokens.clone();
     long.extend(std::iter::repeat_n(42, 100));
-    let f = wait(e.submit(prompt.clone(), 48, vec![draft(long, 3)]));
+    let f = e.run(prompt.clone(), 48, vec![draft(long, 3)]);
     assert_eq!(f.tokens, plain.tokens);
 
     // A draft that lines up (by its last three tokens) earlier than the answer does, and runs
     // on: what is fed never passes the cache's end.
     let mut shifted = plain.tokens[5.min(plain.tokens.len())..].to_vec();
     shifted.extend(std::iter::repeat_n(42, 60));
-    let f = wait(e.submit(prompt.clone(), 48, vec![draft(shifted, 5)]));
+    let f = e.run(prompt.clone(), 48, vec![draft(shifted, 5)]);
     assert_eq!(f.tokens, plain.tokens);
 
     // max_tokens shorter than the draft: the answer stops there, served by the draft.
-    let f = wait(e.submit(prompt.clone(), 2, vec![draft(own.clone(), 4)]));
+    let f = e.run(prompt.clone(), 2, vec![draft(own.clone(), 4)]);
     assert_eq!(f.tokens, plain.tokens[..2]);
     assert_eq!(f.served_by.as_ref().map(|d| d.source), Some(4));
 }

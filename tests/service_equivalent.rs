@@ -119,6 +119,12 @@ async fn verified_skips_drafts_where_they_do_not_pay_and_outputs_stay_bypass() {
         let r = c.generate(with_mode(ask(v, 24), CacheMode::Verified)).await.expect("verified");
         assert_eq!(r.text, expected, "{v:?}: skipping changes no output");
         assert_eq!(r.outcome.draft_tokens, 0, "{v:?}: drafts skipped in a band that never paid: {:?}", r.outcome);
+        // The skipped drafts were replayed on the answer: an outcome as if they had been checked.
+        let id = r.outcome.inference_id;
+        let row = |col: &str| sql_i64(&s.db, &format!("SELECT {col} FROM semantic_outcomes WHERE inference_id = {id}"));
+        assert_eq!(row("count(*)"), 1, "{v:?}: one replayed outcome");
+        // Accepted counts the stop, which is checked but never fed (as the engine counts).
+        assert!(row("draft_tokens") > 0 && row("accepted_tokens") <= row("draft_tokens") + 1, "{v:?}: replayed counts");
         // TRUST still gets its checks (it learns from them).
         let t = c.generate(with_mode(ask(&format!("{v} "), 24), CacheMode::Trust)).await.expect("trust");
         assert!(t.outcome.draft_tokens > 0, "TRUST is never skipped");

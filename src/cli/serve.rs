@@ -92,10 +92,17 @@ pub struct ServeArgs {
     /// EQUIVALENT: nearest answers scored per request (one batch).
     #[arg(long, default_value_t = EquivalentParams::default().candidates)]
     pub equivalent_candidates: usize,
-    /// VERIFIED: skip drafts in similarity bands whose acceptance is below this (0 = never skip).
+    /// VERIFIED: skip drafts in similarity bands whose acceptance is below this (0 = never
+    /// skip), until the engine has measured what a draft row costs against a decode step (then
+    /// that share is the floor, unless --draft-floor-fixed).
     #[arg(long, default_value_t = SkipParams::default().floor)]
     pub draft_floor: f64,
-    /// VERIFIED: share of requests in a skipped band that still get drafts.
+    /// VERIFIED: keep --draft-floor as the floor instead of the measured cost of a draft row.
+    #[arg(long)]
+    pub draft_floor_fixed: bool,
+    /// VERIFIED: share of requests in a skipped band that still get drafts (only requests whose
+    /// drafts cannot be replayed on their answer: sampled, or the neighbour's answer does not
+    /// fit the budget).
     #[arg(long, default_value_t = SkipParams::default().explore)]
     pub draft_explore: f64,
     #[command(flatten)]
@@ -210,7 +217,13 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
             explore: a.equivalent_explore,
             candidates: a.equivalent_candidates,
         },
-        skip: SkipParams { floor: a.draft_floor, explore: a.draft_explore, enabled: a.draft_floor > 0.0, ..SkipParams::default() },
+        skip: SkipParams {
+            floor: a.draft_floor,
+            learn_floor: !a.draft_floor_fixed,
+            explore: a.draft_explore,
+            enabled: a.draft_floor > 0.0,
+            ..SkipParams::default()
+        },
         ..SemanticConfig::default()
     };
     config.tenant_modes = a.tenant_cache_modes.iter().cloned().collect();

@@ -213,6 +213,54 @@ impl StepClock {
     }
 }
 
+/// Fits a step's time as `a + b·units` over recent steps (least squares, older steps forgotten
+/// geometrically), to say what one more row costs against a step of one: `b / (a + b)`. A
+/// draft token fed is such a row; an accepted one saves such a step, so drafts pay when their
+/// acceptance exceeds it (`cache::skip`).
+#[derive(Debug, Clone, Default)]
+pub struct RowCost {
+    n: f64,
+    sx: f64,
+    sy: f64,
+    sxx: f64,
+    sxy: f64,
+}
+
+impl RowCost {
+    /// Weight kept by the sums at each new step (about the last 500 steps count).
+    const KEEP: f64 = 0.998;
+    /// Steps before the fit says anything.
+    const MIN_STEPS: f64 = 32.0;
+
+    /// A step of `units` took `elapsed`.
+    pub fn observe(&mut self, units: f64, elapsed: Duration) {
+        let (x, y) = (units, elapsed.as_secs_f64());
+        if !(x.is_finite() && y.is_finite() && x > 0.0) {
+            return;
+        }
+        let k = Self::KEEP;
+        *self = RowCost { n: k * self.n + 1.0, sx: k * self.sx + x, sy: k * self.sy + y, sxx: k * self.sxx + x * x, sxy: k * self.sxy + x * y };
+    }
+
+    /// `b / (a + b)`: one more row's cost as a share of a one-row step. `None` until enough
+    /// steps of different sizes were seen, or when the fit is not a fixed cost plus a positive
+    /// cost per unit.
+    pub fn row_share(&self) -> Option<f64> {
+        if self.n < Self::MIN_STEPS {
+            return None;
+        }
+        let (mx, my) = (self.sx / self.n, self.sy / self.n);
+        let var = self.sxx / self.n - mx * mx;
+        // Steps must differ in size by a few units for a slope to mean anything.
+        if var < 1.0 {
+            return None;
+        }
+        let b = (self.sxy / self.n - mx * my) / var;
+        let a = my - b * mx;
+        (a > 0.0 && b > 0.0).then(|| b / (a + b))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -347,5 +395,24 @@ mod tests {
         }
         d.observe(40.0, 40.0, Duration::from_millis(100));
         assert!(d.budget(1.0) < 40.0 * 1.5, "{}", d.budget(1.0));
+    }
+
+    #[test]
+    fn row_cost_recovers_fixed_and_per_row_costs() {
+        let mut r = RowCost::default();
+        assert_eq!(r.row_share(), None);
+        // 3 ms per step plus 1 ms per unit: one more row is 1 / (3 + 1) of a one-row step.
+        for i in 0..200 {
+            let units = [1.0, 1.0, 1.0, 5.0, 33.0][i % 5];
+            r.observe(units, Duration::from_secs_f64(3e-3 + 1e-3 * units));
+        }
+        let share = r.row_share().expect("fitted");
+        assert!((share - 0.25).abs() < 1e-6, "{share}");
+        // Steps all of one size say nothing about a row.
+        let mut same = RowCost::default();
+        for _ in 0..100 {
+            same.observe(1.0, Duration::from_millis(4));
+        }
+        assert_eq!(same.row_share(), None);
     }
 }

@@ -38,15 +38,17 @@
 //! same order.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use super::fair::{self, StepClock, Want};
+use super::fair::{self, RowCost, StepClock, Want};
 use super::generate::GenerateError;
 pub use super::job::{Draft, Event, Finished, Job, JobError, Scored, SubmitError};
 pub use late::{LateReceiver, LateSender, LateTicket};
+pub use replay::replay_drafts;
+use replay::{draft_end, find_continuation};
 use crate::background::Background;
 use crate::vocab::StopReason;
 use super::model::{Logits, Model, RunState, SeqBatch};
@@ -55,6 +57,7 @@ use super::tokenizer::{StreamDecoder, Tokenizer};
 use super::KvCache;
 
 mod late;
+mod replay;
 
 #[derive(Debug, Clone, Copy)]
 pub struct SchedulerConfig {
@@ -94,6 +97,8 @@ struct Queue {
     arrived: Condvar,
     /// Sequences in the engine (prefilling or decoding), for metrics.
     active: AtomicUsize,
+    /// The engine's measured [`RowCost::row_share`] (f64 bits; NaN: not measured yet).
+    row_share: AtomicU64,
 }
 
 struct Waiting {
@@ -151,6 +156,7 @@ impl Scheduler {
             waiting: Mutex::new(Waiting { jobs: VecDeque::new(), stop: false, ended: false }),
             arrived: Condvar::new(),
             active: AtomicUsize::new(0),
+            row_share: AtomicU64::new(f64::NAN.to_bits()),
         });
         let q = queue.clone();
         let thread = std::thread::Builder::new().name("forge-engine".into()).spawn(move || {
@@ -162,7 +168,16 @@ impl Scheduler {
                     return;
                 }
             };
-            Engine { model: &model, tok: &tokenizer, config, clock: StepClock::new(config.step_time), parked: Vec::new() }.run(&q)
+            Engine {
+                model: &model,
+                tok: &tokenizer,
+                config,
+                clock: StepClock::new(config.step_time),
+                parked: Vec::new(),
+                row_cost: RowCost::default(),
+                row_share_logged: f64::NAN,
+            }
+            .run(&q)
         })?;
         Ok(Scheduler { queue, thread: Some(thread), config })
     }
@@ -194,6 +209,12 @@ impl Scheduler {
     /// Sequences in the engine (prefilling or decoding).
     pub fn active(&self) -> usize {
         self.queue.active.load(Ordering::Relaxed)
+    }
+
+    /// What one more row (a draft token fed) costs as a share of a one-row step, measured over
+    /// recent steps ([`RowCost`]); `None` until measured.
+    pub fn draft_row_share(&self) -> Option<f64> {
+        Some(f64::from_bits(self.queue.row_share.load(Ordering::Relaxed))).filter(|r| r.is_finite())
     }
 }
 
@@ -273,13 +294,7 @@ impl Seq {
     /// Where draft `d`'s tokens to feed end: at most as many as a whole answer may have, never
     /// its stop token (a stop is checked, not fed).
     fn draft_end(&self, d: usize) -> usize {
-        let tokens = &self.job.drafts[d].tokens;
-        let end = tokens.len().min(self.job.params.max_tokens);
-        if end > 0 && self.job.params.stop_ids.contains(&tokens[end - 1]) {
-            end - 1
-        } else {
-            end
-        }
+        draft_end(&self.job.drafts[d].tokens, self.job.params.max_tokens, &self.job.params.stop_ids)
     }
 
     /// Feeds draft `d`'s tokens from its index `j` on, lined up with generated index `g`.
@@ -306,19 +321,7 @@ impl Seq {
     /// questions share phrases, not only beginnings). Returns (candidate, index of the chosen
     /// token in it).
     fn find_continuation(&self, g: usize) -> Option<(usize, usize)> {
-        let gen = &self.tokens;
-        let drafts = &self.job.drafts;
-        let prefix = (0..drafts.len()).find(|&d| self.draft_end(d) > g + 1 && drafts[d].tokens.starts_with(gen));
-        if let Some(d) = prefix {
-            return Some((d, g));
-        }
-        let key = gen.get(gen.len().checked_sub(NGRAM)?..)?;
-        (0..drafts.len()).find_map(|d| {
-            let end = self.draft_end(d);
-            let t = &drafts[d].tokens[..end];
-            // A continuation must remain after the match.
-            (NGRAM..end).find(|&i| &t[i - NGRAM..i] == key).map(|i| (d, i - 1))
-        })
+        find_continuation(&self.job.drafts, &self.tokens, g, self.job.params.max_tokens, &self.job.params.stop_ids)
     }
 
     fn send(&self, e: Event) -> bool {
@@ -338,6 +341,10 @@ struct Engine<'a> {
     clock: StepClock,
     /// Finished sequences waiting for their late drafts (`late`), with how they ended.
     parked: Vec<(Seq, StopReason)>,
+    /// Measures what a row costs against a step (published for the draft gate).
+    row_cost: RowCost,
+    /// The row share last logged (NaN: none yet).
+    row_share_logged: f64,
 }
 
 /// What happened to a sequence after a token.
@@ -385,6 +392,13 @@ impl Engine<'_> {
             queue.active.store(active.len(), Ordering::Relaxed);
             if !active.is_empty() {
                 self.step(&mut state, &mut active);
+                if let Some(r) = self.row_cost.row_share() {
+                    queue.row_share.store(r.to_bits(), Ordering::Relaxed);
+                    if !((self.row_share_logged - r).abs() < 0.05) {
+                        self.row_share_logged = r;
+                        tracing::info!(row_share = r, "a draft row costs this share of a one-row step (the draft gate's floor)");
+                    }
+                }
             }
             queue.active.store(active.len(), Ordering::Relaxed);
         }
@@ -494,6 +508,7 @@ impl Engine<'_> {
         let elapsed = started.elapsed();
         tracing::debug!(units, budget, elapsed_ms = elapsed.as_secs_f64() * 1e3, seqs = n_seqs, tokens = ?active.iter().map(|s| (s.fed, s.part)).collect::<Vec<_>>(), "step");
         self.clock.observe(units, budget, elapsed);
+        self.row_cost.observe(units, elapsed);
         if let Err(e) = result {
             // Cannot happen for validated jobs; fail those in the call and keep serving the rest.
             let msg = e.to_string();

@@ -12,6 +12,7 @@ use super::request::Outcome;
 use super::validation::Plan;
 use super::Pipeline;
 use crate::cache::equivalent::{self, Score};
+use crate::engine::scheduler::replay_drafts;
 use crate::store::semantic::{EquivalenceObservation, Outcome as SemanticOutcome};
 use crate::store::{CachedAnswer, NewInference};
 use crate::vocab::{CacheMode, ServedFrom, StopReason};
@@ -250,6 +251,19 @@ impl Pipeline {
                 self.store.record_outcome(&plan.tenant, &self.model_id, id, &o, answer.draft_tokens, answer.draft_accepted).map_err(|e| e.to_string())?;
                 sem.trust.observe(&self.store, &plan.tenant, &self.model_id, &o).map_err(|e| e.to_string())?;
                 sem.drafts.observe(&self.store, &plan.tenant, &self.model_id, top.similarity, answer.draft_tokens, answer.draft_accepted).map_err(|e| e.to_string())?;
+            } else if let (Some((top, drafts)), StopReason::Stop | StopReason::Length) = (&plan.skipped, answer.stop) {
+                // Drafts skipped for a greedy request: what verifying them would have found,
+                // replayed on the answer (the model's choices), learned from as if checked.
+                let mut chosen = answer.tokens.clone();
+                if answer.stop == StopReason::Stop {
+                    chosen.extend(plan.params.stop_ids.first());
+                }
+                let (fed, accepted) = replay_drafts(drafts, &chosen, plan.params.max_tokens, &plan.params.stop_ids);
+                let correct = !chosen.is_empty() && accepted == chosen.len();
+                let o = SemanticOutcome { source_inference_id: top.inference_id, similarity: top.similarity, correct };
+                self.store.record_outcome(&plan.tenant, &self.model_id, id, &o, fed, accepted).map_err(|e| e.to_string())?;
+                sem.trust.observe(&self.store, &plan.tenant, &self.model_id, &o).map_err(|e| e.to_string())?;
+                sem.drafts.observe(&self.store, &plan.tenant, &self.model_id, top.similarity, fed, accepted).map_err(|e| e.to_string())?;
             }
             self.learn_equivalence(plan, answer, id).map_err(|e| e.to_string())?;
             Ok(())

@@ -18,6 +18,7 @@ use super::Pipeline;
 use super::validation::EquivalenceCheck;
 use crate::cache::equivalent::{self, Score};
 use crate::cache::semantic::{draft_of, fits_budget, SemanticCache};
+use crate::cache::skip::Gate;
 use crate::engine::scheduler::{Draft, Event, Job};
 use crate::store::semantic::Neighbour;
 use crate::vocab::{CacheMode, ServedFrom, StopReason};
@@ -100,15 +101,22 @@ impl Pipeline {
                 return Ok(Found::Answer(a));
             }
         }
+        let drafts: Vec<Draft> = neighbours.iter().take(sem.config.max_drafts).map(|n| draft_of(n, stop)).collect();
         // VERIFIED's drafts cost rows the model throws away where they do not pay: skipped in
-        // similarity bands whose measured acceptance is below the floor (TRUST needs the checks).
-        if plan.mode != CacheMode::Trust && !sem.drafts.offer(&self.store, &plan.tenant, &self.model_id, top.similarity)? {
+        // similarity bands whose acceptance is below the floor (TRUST needs the checks). A
+        // skipped comparable greedy request is replayed on its answer (`cache::skip`).
+        if plan.mode != CacheMode::Trust
+            && sem.drafts.offer(&self.store, &plan.tenant, &self.model_id, top.similarity, comparable, self.scheduler.draft_row_share())? == Gate::Skip
+        {
+            if comparable {
+                plan.skipped = Some((top.clone(), drafts));
+            }
             return Ok(Found::Nothing);
         }
         if comparable {
             plan.top = Some(top.clone());
         }
-        Ok(Found::Drafts(neighbours.iter().take(sem.config.max_drafts).map(|n| draft_of(n, stop)).collect()))
+        Ok(Found::Drafts(drafts))
     }
 
     /// EQUIVALENT: the model scores the nearest answers under this prompt in one batch of

@@ -79,6 +79,9 @@ pub struct Plan {
     pub(crate) embedding: Option<Vec<f32>>,
     /// The nearest earlier answer, when one was offered as a draft (TRUST learns from it).
     pub(crate) top: Option<Neighbour>,
+    /// The nearest earlier answer and the drafts the draft gate skipped for this (greedy)
+    /// request: replayed on its answer afterwards, so skipping still teaches the gate and TRUST.
+    pub(crate) skipped: Option<(Neighbour, Vec<crate::engine::scheduler::Draft>)>,
     /// EQUIVALENT: the best scored candidate, when one was scored and not served (its fresh
     /// answer tells whether it was acceptable).
     pub(crate) equivalence: Option<EquivalenceCheck>,
@@ -179,6 +182,7 @@ impl Pipeline {
             scope,
             embedding: None,
             top: None,
+            skipped: None,
             equivalence: None,
             equivalence_checks: 0,
             chunks,

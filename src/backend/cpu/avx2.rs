@@ -32,7 +32,7 @@ pub(super) fn load32(b: &[u8]) -> __m256i {
 }
 
 #[inline(always)]
-fn load_qs(x: &BlockQ8) -> __m256i {
+pub(super) fn load_qs(x: &BlockQ8) -> __m256i {
     // SAFETY: `qs` is [i8; 32]: 32 readable bytes, i8 and u8 share layout.
     unsafe { _mm256_loadu_si256(x.qs.as_ptr() as *const __m256i) }
 }
@@ -174,7 +174,7 @@ fn dot_q4_0<const NT: usize>(w: &[u8], x: [&[BlockQ8]; NT], out: &mut [f32; NT])
 }
 
 #[inline(always)]
-fn dot_q8_0<const NT: usize>(w: &[u8], x: [&[BlockQ8]; NT], out: &mut [f32; NT]) {
+pub(super) fn dot_q8_0<const NT: usize>(w: &[u8], x: [&[BlockQ8]; NT], out: &mut [f32; NT]) {
     dot_signed::<34, NT>(w, x, out, f16_scale, |wb: &[u8; 34]| load32(&wb[2..34]))
 }
 

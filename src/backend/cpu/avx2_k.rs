@@ -32,12 +32,11 @@ pub fn matmul_rows_q8k(w: WeightView<'_>, rows: std::ops::Range<usize>, acts: &[
 }
 
 // Everything below is `inline(always)` and only ever inlined into the `#[target_feature]` entry
-// points of this file and of `avx512_k` (which enables AVX2 too), whose features the backend
-// checked at run time before choosing the level.
+// point of this file, whose features the backend checked at run time before choosing the level.
 
 /// One K-quant block unpacked: its 256 weights as unsigned bytes in element order (8 vectors of
 /// 32; Q6_K's are q + 32), the scale of each group of 16, and the block's f16 factors.
-pub(super) struct KBlock {
+struct KBlock {
     pub q: [__m256i; 8],
     pub sc16: [i32; 16],
     /// Q4_K / Q5_K: the min of each sub-block of 32
@@ -48,15 +47,15 @@ pub(super) struct KBlock {
 
 /// A K-quant format: its block size, how a block unpacks, and the reference's float formula for
 /// a block given the integer Σ sc16 · Σ q·x over its groups of 16.
-pub(super) trait KQuant {
+trait KQuant {
     const BB: usize;
     fn unpack(wb: &[u8]) -> KBlock;
     fn finish(b: &KBlock, xb: &BlockQ8K, sum_qx: i32) -> f32;
 }
 
-pub(super) struct Q4K;
-pub(super) struct Q5K;
-pub(super) struct Q6K;
+struct Q4K;
+struct Q5K;
+struct Q6K;
 
 /// Q4_K / Q5_K (with `qh`): nibbles (plus fifth bits) and the 6-bit scales and mins.
 #[inline(always)]
@@ -211,10 +210,9 @@ fn dot_k<K: KQuant, const NT: usize>(w: &[u8], x: [&[BlockQ8K]; NT], out: &mut [
     dot_k_with::<K, _, NT>(w, x, out, scales_avx2, sum_qx)
 }
 
-/// [`dot_k`] with an ISA's per-token integer sum `sum` (this file's AVX2, or AVX-512 VNNI) over
-/// the operands `prep` derives once per block.
+/// [`dot_k`] with a per-token integer sum `sum` over the operands `prep` derives once per block.
 #[inline(always)]
-pub(super) fn dot_k_with<K: KQuant, P, const NT: usize>(
+fn dot_k_with<K: KQuant, P, const NT: usize>(
     w: &[u8],
     x: [&[BlockQ8K]; NT],
     out: &mut [f32; NT],

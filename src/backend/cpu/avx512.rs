@@ -1,4 +1,4 @@
-//! AVX-512 VNNI kernels (x86-64) for Q4_0 / Q4_1 / Q5_0 weights: `vpdpbusd` multiplies 64 u8
+//! AVX-512 VNNI kernels (x86-64) for Q4_0 / Q4_1 / Q5_0 / Q8_0 weights: `vpdpbusd` multiplies 64 u8
 //! weights by 64 i8 activations and adds groups of four into 16 i32 lanes, so one instruction
 //! covers two 32-weight blocks. Chosen at run time by `SimdLevel::detect` (avx512f, avx512bw,
 //! avx512vl, avx512vnni, plus the AVX2 set that the other kernels of this level reuse); each
@@ -10,13 +10,19 @@
 //! the per-token work of a block pair is one `vpdpbusd`, one conversion, one multiply and one FMA.
 //! The i32 lanes are never summed across blocks (each pair starts a fresh integer sum); float
 //! lanes are summed once at the end of the row, in the same order for every token tile size.
+//!
+//! Q8_0 (Gemma's tied 262k-row output projection, most of the bytes a decode step reads) takes
+//! plain [`BlockQ8`] activations instead and runs two weight *rows* per vector: each 256-bit half
+//! repeats `avx2`'s Q8_0 arithmetic lane for lane, so its results equal that kernel's bitwise
+//! (`matmul_rows_q8_0`).
 
 #![cfg(target_arch = "x86_64")]
 
 use std::arch::x86_64::*;
 
+use super::avx2::{dot_q8_0, hsum, load_qs};
 use super::quant::BlockQ8;
-use super::shared::{prefetch, tile_rows_with, SharedOut};
+use super::shared::{prefetch, tile_rows_with8, SharedOut};
 use crate::backend::WeightView;
 use crate::gguf::{GgmlType, QK};
 
@@ -53,6 +59,15 @@ pub fn quantize_pairs(x: &[f32], out: &mut [PairQ8]) {
             *b = quantize_block(bx);
         }
         pack_pair(&b1[0], &b1[1], p);
+    }
+}
+
+/// Quantizes `x` (length a multiple of 32) into `out` (len x.len() / 32) with exactly
+/// `quant::quantize_q8`'s arithmetic (same `qs`, `d`, `s`): the blocks the Q8_0 kernel reads.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub fn quantize_q8(x: &[f32], out: &mut [BlockQ8]) {
+    for (b, xs) in out.iter_mut().zip(x.chunks_exact(QK)) {
+        *b = quantize_block(xs);
     }
 }
 
@@ -99,16 +114,16 @@ pub fn pack_pair(b0: &BlockQ8, b1: &BlockQ8, p: &mut PairQ8) {
 pub const PAIR_TYPES: [GgmlType; 3] = [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0];
 
 /// Rows `rows` of a Q4_0 / Q4_1 / Q5_0 matrix against `n_tok` activation rows (`acts`:
-/// (Q8_0 runs the AVX2 kernel at this level: its pair form needed two loads and a two-source
-/// permute per pair and measured slower, decode 216 -> 228 t/s without it; docs/perf.md)
-/// [n_tok, (cols / 32).div_ceil(2)] pairs), in token tiles of 4 (then single tokens).
+/// [n_tok, (cols / 32).div_ceil(2)] pairs), in token tiles of 8 (then 4, then single tokens). (Q8_0 has
+/// no pair form: it needed two loads and a two-source permute per pair and measured slower than
+/// AVX2, docs/perf.md; see [`matmul_rows_q8_0`].)
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub fn matmul_rows_q8(w: WeightView<'_>, rows: std::ops::Range<usize>, acts: &[PairQ8], n_tok: usize, out: &SharedOut) {
     let np = (w.cols / QK).div_ceil(2);
     match w.ty {
-        GgmlType::Q4_0 => tile_rows_with(w, rows, acts, np, n_tok, out, dot_pairs::<Q4_0, 4>, dot_pairs::<Q4_0, 1>),
-        GgmlType::Q4_1 => tile_rows_with(w, rows, acts, np, n_tok, out, dot_pairs::<Q4_1, 4>, dot_pairs::<Q4_1, 1>),
-        GgmlType::Q5_0 => tile_rows_with(w, rows, acts, np, n_tok, out, dot_pairs::<Q5_0, 4>, dot_pairs::<Q5_0, 1>),
+        GgmlType::Q4_0 => tile_rows_with8(w, rows, acts, np, n_tok, out, dot_pairs::<Q4_0, 8>, dot_pairs::<Q4_0, 4>, dot_pairs::<Q4_0, 1>),
+        GgmlType::Q4_1 => tile_rows_with8(w, rows, acts, np, n_tok, out, dot_pairs::<Q4_1, 8>, dot_pairs::<Q4_1, 4>, dot_pairs::<Q4_1, 1>),
+        GgmlType::Q5_0 => tile_rows_with8(w, rows, acts, np, n_tok, out, dot_pairs::<Q5_0, 8>, dot_pairs::<Q5_0, 4>, dot_pairs::<Q5_0, 1>),
         other => unreachable!("avx512::matmul_rows_q8 called for {other:?}"),
     }
 }
@@ -346,4 +361,84 @@ fn hsum512(v: __m512) -> f32 {
         let s = _mm256_add_ps(_mm512_castps512_ps256(v), hi);
         hsum128(_mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps::<1>(s)))
     }
+}
+
+/// Rows `rows` of a Q8_0 matrix against `n_tok` activation rows (`acts`: [n_tok, cols / 32]),
+/// two rows per 512-bit vector, in token tiles of 4 (then single tokens). Lanes 0..8 hold row r,
+/// lanes 8..16 row r + 1, and each half computes what `avx2`'s Q8_0 dot computes in its 8 lanes:
+/// the same exact 4-product integer sums (`vpdpbusd` of |w| and x signed by w, instead of
+/// `maddubs` + `madd`), one FMA per block by the same f32 product d·d_x, the same final
+/// horizontal sum. So every result equals the AVX2 kernel's bitwise, and a row left alone at the
+/// end of `rows` goes through that kernel itself.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub fn matmul_rows_q8_0(w: WeightView<'_>, rows: std::ops::Range<usize>, acts: &[BlockQ8], n_tok: usize, out: &SharedOut) {
+    let nb = w.cols / QK;
+    let act = |t: usize| &acts[t * nb..(t + 1) * nb];
+    let mut t0 = 0;
+    while t0 + 4 <= n_tok {
+        q8_0_rows::<4>(w, rows.clone(), [act(t0), act(t0 + 1), act(t0 + 2), act(t0 + 3)], t0, out);
+        t0 += 4;
+    }
+    for t in t0..n_tok {
+        q8_0_rows::<1>(w, rows.clone(), [act(t)], t, out);
+    }
+}
+
+/// Rows `rows` against the tokens `t0..t0 + NT`: pairs of rows, then a lone last row.
+#[inline(always)]
+fn q8_0_rows<const NT: usize>(w: WeightView<'_>, rows: std::ops::Range<usize>, x: [&[BlockQ8]; NT], t0: usize, out: &SharedOut) {
+    let mut r = rows.start;
+    while r + 2 <= rows.end {
+        let o = dot_q8_0_rows::<NT>(w.row(r), w.row(r + 1), x);
+        for (t, [a, b]) in o.into_iter().enumerate() {
+            out.write(t0 + t, r, a);
+            out.write(t0 + t, r + 1, b);
+        }
+        r += 2;
+    }
+    if r < rows.end {
+        let mut o = [0f32; NT];
+        dot_q8_0::<NT>(w.row(r), x, &mut o);
+        for (t, v) in o.into_iter().enumerate() {
+            out.write(t0 + t, r, v);
+        }
+    }
+}
+
+/// Two Q8_0 rows (`w0`, `w1`: adjacent rows of one matrix) against `NT` activation rows.
+#[inline(always)]
+fn dot_q8_0_rows<const NT: usize>(w0: &[u8], w1: &[u8], x: [&[BlockQ8]; NT]) -> [[f32; 2]; NT] {
+    let (b0, _) = w0.as_chunks::<34>();
+    let (b1, _) = w1.as_chunks::<34>();
+    let nb = b0.len();
+    let (b1, x) = (&b1[..nb], x.map(|xt| &xt[..nb]));
+    let f16_bits = |b: &[u8; 34]| i16::from_le_bytes([b[0], b[1]]);
+    // SAFETY (whole body): only inlined into `matmul_rows_q8_0` (AVX2, F16C, FMA, AVX-512
+    // F/BW/VL/VNNI enabled); loads read 32 bytes inside a 34-byte block or a `BlockQ8`.
+    unsafe {
+        let mut acc = [_mm512_setzero_ps(); NT];
+        for ib in 0..nb {
+            // the two rows are one stream of 68 bytes per block
+            prefetch(w0, 2 * ib * 34);
+            let q = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(load32(&b0[ib][2..])), load32(&b1[ib][2..]));
+            let neg = _mm512_movepi8_mask(q);
+            let qa = _mm512_abs_epi8(q);
+            let d = _mm512_cvtph_ps(_mm256_mask_set1_epi16(_mm256_set1_epi16(f16_bits(&b0[ib])), 0xFF00, f16_bits(&b1[ib])));
+            for t in 0..NT {
+                let xb = &x[t][ib];
+                let xv = _mm512_broadcast_i64x4(load_qs(xb));
+                let xs = _mm512_mask_sub_epi8(xv, neg, _mm512_setzero_si512(), xv);
+                let p = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), qa, xs));
+                acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(xb.d)), p, acc[t]);
+            }
+        }
+        acc.map(|a| [hsum(_mm512_castps512_ps256(a)), hsum(_mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(a))))])
+    }
+}
+
+#[inline(always)]
+fn load32(b: &[u8]) -> __m256i {
+    assert!(b.len() >= 32);
+    // SAFETY: 32 readable bytes (asserted); AVX is enabled in the only caller.
+    unsafe { _mm256_loadu_si256(b.as_ptr() as *const __m256i) }
 }

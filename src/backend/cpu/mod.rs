@@ -108,8 +108,11 @@ impl CpuBackend {
     fn rows_q8(&self, w: WeightView<'_>, rows: std::ops::Range<usize>, acts: &[BlockQ8], n_tok: usize, out: &SharedOut) {
         match self.simd {
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: `SimdLevel::Avx2` (and `Avx512Vnni`, which also takes this path for
-            // types of its own when called directly) is only set after detecting avx2, fma, f16c.
+            // SAFETY: `SimdLevel::Avx512Vnni` is only set after detecting every feature
+            // `avx512::matmul_rows_q8_0` enables.
+            SimdLevel::Avx512Vnni if w.ty == GgmlType::Q8_0 => unsafe { avx512::matmul_rows_q8_0(w, rows, acts, n_tok, out) },
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: both levels are only set after detecting avx2, fma, f16c.
             SimdLevel::Avx2 | SimdLevel::Avx512Vnni if avx2::Q8_TYPES.contains(&w.ty) => unsafe { avx2::matmul_rows_q8(w, rows, acts, n_tok, out) },
             #[cfg(target_arch = "aarch64")]
             SimdLevel::Neon if neon::Q8_TYPES.contains(&w.ty) => neon::matmul_rows_q8(w, rows, acts, n_tok, out),
@@ -129,9 +132,17 @@ impl CpuBackend {
     }
 
     /// Rows per dynamically scheduled chunk: enough chunks to balance the threads, enough rows
-    /// that a chunk's weights are reused across all tokens while they sit in L1/L2.
-    fn row_chunk(&self, rows: usize) -> usize {
-        (rows / (self.team.threads() * 4)).clamp(8, 64)
+    /// that a chunk's weights are reused across all tokens while they sit in L1/L2. A
+    /// matrix-vector product (decode: fewer tokens than a tile) reuses nothing, so a very tall
+    /// matrix (Gemma's 262k-row output projection) gets longer chunks, about 64 per thread: each
+    /// thread streams long contiguous runs (the prefetch ahead of a chunk's end is not wasted on
+    /// rows another thread takes), with 64x fewer trips to the shared chunk counter.
+    fn row_chunk(&self, rows: usize, n_tok: usize) -> usize {
+        let chunk = (rows / (self.team.threads() * 4)).clamp(8, 64);
+        if n_tok >= 4 {
+            return chunk;
+        }
+        chunk.max(rows / (self.team.threads() * 64))
     }
 
     /// Quantizes `n_tok` activation rows of `cols` values in parallel over tokens.
@@ -153,11 +164,11 @@ impl CpuBackend {
     /// One parallel region over the rows of every matrix in `ws` (at most [`MAX_MULTI`]; chunks
     /// never span two matrices); `rows(m, range, out)` computes rows `range` of matrix m for
     /// every token. Allocates nothing.
-    fn rows_parallel(&self, ws: &[WeightView<'_>], outs: &mut [&mut [f32]], rows: &(dyn Fn(usize, std::ops::Range<usize>, &SharedOut) + Sync)) {
+    fn rows_parallel(&self, ws: &[WeightView<'_>], n_tok: usize, outs: &mut [&mut [f32]], rows: &(dyn Fn(usize, std::ops::Range<usize>, &SharedOut) + Sync)) {
         assert!(ws.len() <= MAX_MULTI && ws.len() == outs.len());
         let mut it = outs.iter_mut().zip(ws);
         let shared: [Option<SharedOut>; MAX_MULTI] = std::array::from_fn(|_| it.next().map(|(o, w)| SharedOut::new(o, w.rows)));
-        let chunk = self.row_chunk(ws.iter().map(|w| w.rows).sum());
+        let chunk = self.row_chunk(ws.iter().map(|w| w.rows).sum(), n_tok);
         let total: usize = ws.iter().map(|w| w.rows.div_ceil(chunk)).sum();
         self.team.for_chunks(total, 1, &|range| {
             for mut c in range {
@@ -211,13 +222,13 @@ impl Backend for CpuBackend {
             assert_eq!(o.len(), n_tok * w.rows, "matmul: out is not [n_tok, rows]");
         }
         match fmt {
-            ActFormat::F32 => self.rows_parallel(ws, outs, &|m, rows, out| f32mm::matmul_rows(self.simd, ws[m], rows, x, n_tok, out)),
+            ActFormat::F32 => self.rows_parallel(ws, n_tok, outs, &|m, rows, out| f32mm::matmul_rows(self.simd, ws[m], rows, x, n_tok, out)),
             ActFormat::Q8 => {
                 let nb = cols / QK;
                 let mut s = self.scratch.lock().unwrap_or_else(|p| p.into_inner());
                 let s = &mut *s;
                 // At the AVX-512 level, the types with a pair kernel read pairs; the others (Q8_0
-                // among them: measured faster on AVX2, see `avx512`) read blocks. A call whose
+                // among them: its kernel there takes blocks, see `avx512`) read blocks. A call whose
                 // matrices need both gets both.
                 let pairs_for = |w: &WeightView<'_>| self.simd == SimdLevel::Avx512Vnni && Self::has_pair_kernel(w.ty);
                 #[cfg(target_arch = "x86_64")]
@@ -233,12 +244,19 @@ impl Backend for CpuBackend {
                 };
                 let q8: &[BlockQ8] = if ws.iter().any(|w| !pairs_for(w)) {
                     s.q8.resize(n_tok * nb, BlockQ8::default());
-                    self.quantize(x, n_tok, cols, nb, &mut s.q8[..n_tok * nb], quant::quantize_q8);
+                    let q: fn(&[f32], &mut [BlockQ8]) = match self.simd {
+                        #[cfg(target_arch = "x86_64")]
+                        // SAFETY: `Avx512Vnni` is only set after detecting every feature
+                        // `avx512::quantize_q8` enables.
+                        SimdLevel::Avx512Vnni => |x, b| unsafe { avx512::quantize_q8(x, b) },
+                        _ => quant::quantize_q8,
+                    };
+                    self.quantize(x, n_tok, cols, nb, &mut s.q8[..n_tok * nb], q);
                     &s.q8[..n_tok * nb]
                 } else {
                     &[]
                 };
-                self.rows_parallel(ws, outs, &|m, rows, out| {
+                self.rows_parallel(ws, n_tok, outs, &|m, rows, out| {
                     #[cfg(target_arch = "x86_64")]
                     if pairs_for(&ws[m]) {
                         // SAFETY: `SimdLevel::Avx512Vnni` is only set after detecting every feature
@@ -252,9 +270,16 @@ impl Backend for CpuBackend {
                 let nb = cols / QK_K;
                 let mut s = self.scratch.lock().unwrap_or_else(|p| p.into_inner());
                 s.q8k.resize(n_tok * nb, BlockQ8K::default());
-                self.quantize(x, n_tok, cols, nb, &mut s.q8k[..n_tok * nb], quant::quantize_q8k);
+                let q: fn(&[f32], &mut [BlockQ8K]) = match self.simd {
+                    #[cfg(target_arch = "x86_64")]
+                    // SAFETY: `Avx512Vnni` is only set after detecting every feature
+                    // `avx512_k::quantize_q8k` enables.
+                    SimdLevel::Avx512Vnni => |x, b| unsafe { avx512_k::quantize_q8k(x, b) },
+                    _ => quant::quantize_q8k,
+                };
+                self.quantize(x, n_tok, cols, nb, &mut s.q8k[..n_tok * nb], q);
                 let q8k = &s.q8k[..n_tok * nb];
-                self.rows_parallel(ws, outs, &|m, rows, out| match self.simd {
+                self.rows_parallel(ws, n_tok, outs, &|m, rows, out| match self.simd {
                     #[cfg(target_arch = "x86_64")]
                     // SAFETY: `Avx512Vnni` is only set after detecting every feature
                     // `avx512_k::matmul_rows_q8k` enables.

@@ -84,25 +84,75 @@ pub fn tile_rows_with<A>(
     k4: impl Fn(&[u8], [&[A]; 4], &mut [f32; 4]),
     k1: impl Fn(&[u8], [&[A]; 1], &mut [f32; 1]),
 ) {
-    let act = |t: usize| &acts[t * stride..(t + 1) * stride];
+    tiles_from(w, rows, acts, stride, 0, n_tok, out, &k4, &k1)
+}
+
+/// [`tile_rows_with`] with token tiles of 8 first (then one of 4, then single tokens), for
+/// kernels whose per-block unpacking is worth sharing across more tokens (AVX-512). A token's
+/// instruction sequence is the same in every tile size, so its result does not depend on its
+/// batch.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub fn tile_rows_with8<A>(
+    w: WeightView<'_>,
+    rows: std::ops::Range<usize>,
+    acts: &[A],
+    stride: usize,
+    n_tok: usize,
+    out: &SharedOut,
+    k8: impl Fn(&[u8], [&[A]; 8], &mut [f32; 8]),
+    k4: impl Fn(&[u8], [&[A]; 4], &mut [f32; 4]),
+    k1: impl Fn(&[u8], [&[A]; 1], &mut [f32; 1]),
+) {
     let mut t0 = 0;
+    while t0 + 8 <= n_tok {
+        tile(w, rows.clone(), acts, stride, t0, out, &k8);
+        t0 += 8;
+    }
+    tiles_from(w, rows, acts, stride, t0, n_tok, out, &k4, &k1)
+}
+
+/// Tokens `t0..n_tok` in tiles of 4, then single tokens.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn tiles_from<A>(
+    w: WeightView<'_>,
+    rows: std::ops::Range<usize>,
+    acts: &[A],
+    stride: usize,
+    mut t0: usize,
+    n_tok: usize,
+    out: &SharedOut,
+    k4: &impl Fn(&[u8], [&[A]; 4], &mut [f32; 4]),
+    k1: &impl Fn(&[u8], [&[A]; 1], &mut [f32; 1]),
+) {
     while t0 + 4 <= n_tok {
-        let x = [act(t0), act(t0 + 1), act(t0 + 2), act(t0 + 3)];
-        for r in rows.clone() {
-            let mut o = [0f32; 4];
-            k4(w.row(r), x, &mut o);
-            for (i, v) in o.into_iter().enumerate() {
-                out.write(t0 + i, r, v);
-            }
-        }
+        tile(w, rows.clone(), acts, stride, t0, out, k4);
         t0 += 4;
     }
     for t in t0..n_tok {
-        let x = [act(t)];
-        for r in rows.clone() {
-            let mut o = [0f32; 1];
-            k1(w.row(r), x, &mut o);
-            out.write(t, r, o[0]);
+        tile(w, rows.clone(), acts, stride, t, out, k1);
+    }
+}
+
+/// Rows `rows` against the tokens `t0..t0 + NT` with the kernel `k`.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn tile<A, const NT: usize>(
+    w: WeightView<'_>,
+    rows: std::ops::Range<usize>,
+    acts: &[A],
+    stride: usize,
+    t0: usize,
+    out: &SharedOut,
+    k: &impl Fn(&[u8], [&[A]; NT], &mut [f32; NT]),
+) {
+    let x: [&[A]; NT] = std::array::from_fn(|i| &acts[(t0 + i) * stride..(t0 + i + 1) * stride]);
+    for r in rows {
+        let mut o = [0f32; NT];
+        k(w.row(r), x, &mut o);
+        for (i, v) in o.into_iter().enumerate() {
+            out.write(t0 + i, r, v);
         }
     }
 }

@@ -32,8 +32,8 @@ fn shapes(cols: usize, odd_cols: usize) -> impl Iterator<Item = (GgmlType, usize
 /// terms), far below 1e-4 relative.
 #[test]
 fn simd_matmul_matches_reference() {
-    // 6 tokens: one tile of 4, then 2 single tokens.
-    let (rows, n_tok) = (37, 6);
+    // 14 tokens: a tile of 8 (AVX-512), one of 4, then 2 single tokens.
+    let (rows, n_tok) = (37, 14);
     for (ty, cols) in shapes(512, 544) {
         let x = rand_f32(1, n_tok * cols);
         let data = matrix(ty, rows, cols);
@@ -60,14 +60,16 @@ fn simd_matmul_matches_reference() {
 fn matmul_is_batch_and_thread_invariant() {
     let rows = 29;
     for (ty, cols) in shapes(256, 288) {
-        let x = rand_f32(2, 7 * cols);
+        // 15 tokens: tiles of 8 and 4 (AVX-512), 4 (the others), and single tokens
+        let n = 15;
+        let x = rand_f32(2, n * cols);
         let data = matrix(ty, rows, cols);
         let w = WeightView::new(ty, rows, cols, &data).expect("view");
         for b1 in backends(1) {
             let b3 = CpuBackend::with_simd(3, b1.simd()).expect("pool");
-            let mut batch = vec![0f32; 7 * rows];
-            b3.matmul(w, &x, 7, &mut batch);
-            for t in 0..7 {
+            let mut batch = vec![0f32; n * rows];
+            b3.matmul(w, &x, n, &mut batch);
+            for t in 0..n {
                 let mut one = vec![0f32; rows];
                 b1.matmul(w, &x[t * cols..(t + 1) * cols], 1, &mut one);
                 assert!(
@@ -170,7 +172,7 @@ fn check_attention(cap: usize, positions: Vec<u32>, window: Option<usize>, hd: u
 /// The K-quant SIMD kernels compute the reference's integers and float formula: bitwise equal.
 #[test]
 fn k_quant_simd_equals_reference_bitwise() {
-    let (rows, cols, n_tok) = (9, 768, 6); // one token tile of 4, then two single tokens
+    let (rows, cols, n_tok) = (9, 768, 14); // token tiles of 8 and 4, then two single tokens
     let x = rand_f32(21, n_tok * cols);
     for ty in TYPES.into_iter().filter(|t| t.block_elems() == 256) {
         let data = matrix(ty, rows, cols);
@@ -206,8 +208,15 @@ fn avx512_quantization_equals_scalar_bitwise() {
         let mut blocks = vec![BlockQ8::default(); nb];
         quantize_q8(&x, &mut blocks);
         let mut pairs = vec![PairQ8::default(); nb.div_ceil(2)];
+        let mut simd_blocks = vec![BlockQ8::default(); nb];
         // SAFETY: AVX-512 VNNI support was checked above.
-        unsafe { quantize_pairs(&x, &mut pairs) };
+        unsafe {
+            quantize_pairs(&x, &mut pairs);
+            super::avx512::quantize_q8(&x, &mut simd_blocks);
+        }
+        for (b, (s, r)) in simd_blocks.iter().zip(&blocks).enumerate() {
+            assert_eq!((s.d.to_bits(), s.s.to_bits(), s.qs), (r.d.to_bits(), r.s.to_bits(), r.qs), "block {b}");
+        }
         for (b, blk) in blocks.iter().enumerate() {
             let (p, h) = (&pairs[b / 2], 16 * (b % 2));
             assert_eq!(&p.qs[h..h + 16], &blk.qs[..16], "block {b}");
@@ -288,6 +297,80 @@ fn gelu_tanh_mul_simd_matches_reference() {
             let mut t = xs[100..100 + n].to_vec();
             b.gelu_tanh_mul(&mut t, &up[100..]);
             assert!(t.iter().zip(&y[100..]).all(|(a, c)| a.to_bits() == c.to_bits()), "{:?}: length {n}", b.simd());
+        }
+    }
+}
+
+/// The AVX-512 Q8_K quantizer holds exactly the scalar quantizer's values: an all-zero block,
+/// the largest magnitude twice with both signs (the first one's sign wins), rounding ties.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn avx512_q8k_quantization_equals_scalar_bitwise() {
+    use super::quant::{quantize_q8k, BlockQ8K};
+    if !SimdLevel::Avx512Vnni.supported() {
+        return;
+    }
+    let mut x = rand_f32(33, 6 * 256);
+    x[..256].fill(0.0);
+    (x[300], x[400]) = (-9.0, 9.0);
+    (x[600], x[601]) = (4.0, -4.0);
+    for (i, v) in x[768..1024].iter_mut().enumerate() {
+        // iscale = -127 / 127: every value i / 2 - 63.5 is a tie
+        *v = if i == 255 { 127.0 } else { (i as f32 - 127.0) / 2.0 };
+    }
+    let mut want = vec![BlockQ8K::default(); 6];
+    quantize_q8k(&x, &mut want);
+    let mut got = vec![BlockQ8K::default(); 6];
+    // SAFETY: AVX-512 VNNI support was checked above.
+    unsafe { super::avx512_k::quantize_q8k(&x, &mut got) };
+    for (b, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert_eq!((g.d.to_bits(), g.qs, g.bsums), (w.d.to_bits(), w.qs, w.bsums), "block {b}");
+    }
+}
+
+/// The AVX-512 Q8_0 kernel (two rows per vector) equals the AVX2 kernel bitwise, at an odd row
+/// count (a lone last row per chunk), alone and in token tiles, on 1 and 3 threads: greedy
+/// outputs computed on either level are the same.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn avx512_q8_0_equals_avx2_bitwise() {
+    if !SimdLevel::Avx512Vnni.supported() {
+        return;
+    }
+    let (rows, cols, n_tok) = (41, 640, 6);
+    let x = rand_f32(43, n_tok * cols);
+    let data = matrix(GgmlType::Q8_0, rows, cols);
+    let w = WeightView::new(GgmlType::Q8_0, rows, cols, &data).expect("view");
+    let run = |level, threads, n: usize| {
+        let mut o = vec![0f32; n * rows];
+        CpuBackend::with_simd(threads, level).expect("pool").matmul(w, &x[..n * cols], n, &mut o);
+        o.iter().map(|v| v.to_bits()).collect::<Vec<u32>>()
+    };
+    for (threads, n) in [(1, n_tok), (3, n_tok), (1, 1), (2, 4)] {
+        assert_eq!(run(SimdLevel::Avx512Vnni, threads, n), run(SimdLevel::Avx2, threads, n), "{threads} threads, {n} tokens");
+    }
+}
+
+/// A very tall matrix (as Gemma's 262k-row output projection) is split into longer chunks for a
+/// single token than for a batch (`CpuBackend::row_chunk`); an odd chunk length leaves the
+/// AVX-512 Q8_0 kernel lone rows at chunk ends. A token's logits are still bitwise the same
+/// alone and in a batch, on every level.
+#[test]
+fn tall_matrix_decode_chunks_are_batch_invariant() {
+    // 20100 rows / (2 threads * 64) = 157 rows per decode chunk
+    let (rows, n) = (20100, 5);
+    for (ty, cols) in [(GgmlType::Q8_0, 64), (GgmlType::Q5_0, 64), (GgmlType::Q4K, 256)] {
+        let x = rand_f32(47, n * cols);
+        let data = matrix(ty, rows, cols);
+        let w = WeightView::new(ty, rows, cols, &data).expect("view");
+        for b in backends(2) {
+            let mut batch = vec![0f32; n * rows];
+            b.matmul(w, &x, n, &mut batch);
+            for t in 0..n {
+                let mut one = vec![0f32; rows];
+                b.matmul(w, &x[t * cols..(t + 1) * cols], 1, &mut one);
+                assert!(one.iter().zip(&batch[t * rows..]).all(|(a, c)| a.to_bits() == c.to_bits()), "{ty:?} {:?}: token {t}", b.simd());
+            }
         }
     }
 }
