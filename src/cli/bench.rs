@@ -1,6 +1,9 @@
-//! `forge-cache bench`: a llama-bench-like table (pp128, pp512, tg128, tg128@d1024) for the CPU
-//! backend, the wgpu tier, the HIP tier or a split of them (`--backend`, `--tensor-split`). `--json` prints a
-//! list of rows `{test, threads, backend, tokens_per_s}`.
+//! `forge-cache bench`: a llama-bench-like table (pp128, pp512, pp4096, tg128, tg128@d1024,
+//! tg128@d4096) for the CPU backend, the wgpu tier, the HIP tier or a split of them (`--backend`,
+//! `--tensor-split`). `--json` prints a list of rows `{test, threads, backend, tokens_per_s}`;
+//! with `--bandwidth`, decode rows also carry the bytes one step reads (weights + KV at the
+//! test's mean context), the floor those bytes and the measured bandwidth imply, and the fraction
+//! of it reached.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -9,7 +12,7 @@ use anyhow::{bail, Context};
 use clap::Args;
 
 use forge_cache::backend::cpu::CpuBackend;
-use forge_cache::engine::bench::{bench, BenchTest};
+use forge_cache::engine::bench::{bench, decode_bytes, BenchTest};
 use forge_cache::engine::placement::place;
 use forge_cache::engine::Model;
 
@@ -26,11 +29,12 @@ pub struct BenchArgs {
     /// Timed repetitions per test (after one warm-up run).
     #[arg(long, short = 'r', default_value_t = 3)]
     pub reps: usize,
-    /// Run only these tests (comma-separated, e.g. `tg128,pp512`; names as printed).
+    /// Run only these tests (comma-separated, e.g. `tg128,pp512`; names as printed, or any
+    /// `ppN`, `tgN`, `tgN@dD`).
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
-    /// Also measure memory read bandwidth (1 GiB and a model-sized buffer) and print the decode
-    /// floor it implies for this model.
+    /// Also measure memory read bandwidth (1 GiB and a model-sized buffer) and report, per decode
+    /// test, the bytes a step reads, the floor they imply and the fraction of it reached.
     #[arg(long)]
     pub bandwidth: bool,
     /// Print a JSON list of rows instead of a table.
@@ -46,6 +50,15 @@ struct Row<'a> {
     threads: usize,
     backend: &'a str,
     tokens_per_s: f64,
+    /// Decode rows with `--bandwidth`: bytes one step reads (weights + KV at the mean context).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    bytes_per_token: Option<u64>,
+    /// Decode rows with `--bandwidth`: measured bandwidth / bytes_per_token.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    floor_tokens_per_s: Option<f64>,
+    /// Decode rows with `--bandwidth`: tokens_per_s / floor_tokens_per_s.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    floor_fraction: Option<f64>,
 }
 
 pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
@@ -66,10 +79,15 @@ pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
         (_, Some(_)) => format!("split {}", placement.to_string().split(' ').next().unwrap_or_default()),
     };
     let model_name = path.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
-    if !a.json {
-        println!("| model | backend | threads | test | t/s |");
-        println!("|---|---|---|---|---|");
-    }
+    let tests: Vec<BenchTest> = if a.only.is_empty() {
+        BenchTest::defaults()
+    } else {
+        a.only
+            .iter()
+            .map(|n| BenchTest::parse(n).with_context(|| format!("--only {n:?}: not a test name (ppN, tgN or tgN@dD, e.g. pp4096, tg128@d1024)")))
+            .collect::<anyhow::Result<_>>()?
+    };
+    let mut bandwidth = None;
     if a.bandwidth {
         let model_bytes = std::fs::metadata(&path)?.len();
         let big: Vec<u64> = (0..(1u64 << 27)).collect();
@@ -77,6 +95,8 @@ pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
         drop(big);
         let small: Vec<u64> = (0..model_bytes / 8).collect();
         let bw_small = cpu_ref.read_bandwidth(&small, 5);
+        drop(small);
+        let weights = decode_bytes(&model, 0).weights;
         eprintln!(
             "read bandwidth, {threads} threads: {:.1} GB/s over 1 GiB, {:.1} GB/s over {:.0} MiB (model size)",
             bw_big / 1e9,
@@ -84,25 +104,55 @@ pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
             model_bytes as f64 / (1 << 20) as f64
         );
         eprintln!(
-            "decode floor: {model_bytes} bytes / {:.1} GB/s = {:.2} ms per token = {:.0} tokens/s",
+            "decode floor at depth 0: {weights} weight bytes / {:.1} GB/s = {:.2} ms per token = {:.0} tokens/s (KV adds to it at depth)",
             bw_big / 1e9,
-            model_bytes as f64 / bw_big * 1e3,
-            bw_big / model_bytes as f64
+            weights as f64 / bw_big * 1e3,
+            bw_big / weights as f64
         );
+        bandwidth = Some(bw_big);
     }
-    let tests: Vec<BenchTest> = BenchTest::defaults().into_iter().filter(|t| a.only.is_empty() || a.only.contains(&t.name())).collect();
-    if tests.is_empty() {
-        bail!("--only {:?} matches none of pp128, pp512, tg128, tg128@d1024", a.only);
+    // Per test: bytes a decode step reads and the floor they imply (with --bandwidth).
+    let floor = |t: &BenchTest| -> Option<(u64, f64)> {
+        let bytes = decode_bytes(&model, t.mean_context()?).total();
+        Some((bytes, bandwidth? / bytes as f64))
+    };
+    if !a.json {
+        if bandwidth.is_some() {
+            println!("| model | backend | threads | test | t/s | bytes/token | floor t/s | of floor |");
+            println!("|---|---|---|---|---|---|---|---|");
+        } else {
+            println!("| model | backend | threads | test | t/s |");
+            println!("|---|---|---|---|---|");
+        }
     }
+    let mut i = 0;
     let results = bench(&model, &tests, a.reps, |r| {
         if !a.json {
-            println!("| {model_name} | {backend_name} | {threads} | {} | {:.2} ± {:.2} |", r.test, r.tokens_per_s, r.stddev);
+            let extra = match (bandwidth, floor(&tests[i])) {
+                (None, _) => String::new(),
+                (Some(_), None) => " | | |".to_string(),
+                (Some(_), Some((bytes, f))) => format!(" {:.1} MB | {f:.0} | {:.0}% |", bytes as f64 / 1e6, 100.0 * r.tokens_per_s / f),
+            };
+            println!("| {model_name} | {backend_name} | {threads} | {} | {:.2} ± {:.2} |{extra}", r.test, r.tokens_per_s, r.stddev);
         }
+        i += 1;
     })?;
     if a.json {
         let rows: Vec<Row> = results
             .iter()
-            .map(|r| Row { test: &r.test, threads, backend: &backend_name, tokens_per_s: r.tokens_per_s })
+            .zip(&tests)
+            .map(|(r, t)| {
+                let f = floor(t);
+                Row {
+                    test: &r.test,
+                    threads,
+                    backend: &backend_name,
+                    tokens_per_s: r.tokens_per_s,
+                    bytes_per_token: f.map(|f| f.0),
+                    floor_tokens_per_s: f.map(|f| f.1),
+                    floor_fraction: f.map(|f| r.tokens_per_s / f.1),
+                }
+            })
             .collect();
         println!("{}", serde_json::to_string(&rows)?);
     } else {

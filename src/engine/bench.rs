@@ -2,6 +2,7 @@
 //! `ppN` = prefill of N tokens from an empty cache (one batch, logits of the last token),
 //! `tgN` = N one-token decode steps from an empty cache, `tgN@dD` = the same after D tokens of
 //! context. Token ids are pseudo-random; every test runs once untimed, then `reps` times.
+//! [`decode_bytes`] is what one decode step reads (weights and KV), for the bandwidth floor.
 
 use std::time::Instant;
 
@@ -24,14 +25,40 @@ impl BenchTest {
         }
     }
 
-    /// The default set: pp128, pp512, tg128, tg128@d1024.
+    /// The default set: pp128, pp512, pp4096, tg128 and the depth sweep tg128@d1024,
+    /// tg128@d4096.
     pub fn defaults() -> Vec<BenchTest> {
         vec![
             BenchTest::Prefill { n: 128 },
             BenchTest::Prefill { n: 512 },
+            BenchTest::Prefill { n: 4096 },
             BenchTest::Decode { n: 128, depth: 0 },
             BenchTest::Decode { n: 128, depth: 1024 },
+            BenchTest::Decode { n: 128, depth: 4096 },
         ]
+    }
+
+    /// Parses a name as [`BenchTest::name`] prints it (`pp4096`, `tg128`, `tg64@d2048`), so
+    /// `--only` may name tests outside the default set.
+    pub fn parse(name: &str) -> Option<BenchTest> {
+        let num = |s: &str| s.parse::<usize>().ok().filter(|&n| n > 0);
+        if let Some(n) = name.strip_prefix("pp") {
+            return num(n).map(|n| BenchTest::Prefill { n });
+        }
+        let rest = name.strip_prefix("tg")?;
+        match rest.split_once("@d") {
+            Some((n, d)) => Some(BenchTest::Decode { n: num(n)?, depth: d.parse().ok()? }),
+            None => num(rest).map(|n| BenchTest::Decode { n, depth: 0 }),
+        }
+    }
+
+    /// Tokens of context a decode step of this test sees on average (depth + half the run);
+    /// `None` for prefill.
+    pub fn mean_context(&self) -> Option<usize> {
+        match *self {
+            BenchTest::Prefill { .. } => None,
+            BenchTest::Decode { n, depth } => Some(depth + n / 2),
+        }
     }
 
     fn tokens(&self) -> usize {
@@ -103,6 +130,43 @@ pub fn bench(
     Ok(out)
 }
 
+/// Bytes one decode step reads at `context` tokens of context: every weight tensor once (the
+/// token embedding only as the output projection when tied, else one row of it) plus the f16 K
+/// and V rows each layer attends to (a sliding window caps them). The decode floor is these
+/// bytes over the measured read bandwidth.
+pub fn decode_bytes(model: &Model, context: usize) -> DecodeBytes {
+    let c = &model.config;
+    let mut weights = 0u64;
+    for t in &model.gguf.tensors {
+        weights += if t.name == "token_embd.weight" && !c.tied_output { t.n_bytes / c.vocab_size.max(1) as u64 } else { t.n_bytes };
+    }
+    let kv: u64 = (0..c.n_layer)
+        .map(|l| {
+            let keys = match c.sliding_window {
+                Some(w) if c.swa_layers.get(l).copied().unwrap_or(false) => context.min(w),
+                _ => context,
+            };
+            (2 * keys * c.n_head_kv * c.head_dim * 2) as u64
+        })
+        .sum();
+    DecodeBytes { weights, kv }
+}
+
+/// What one decode step reads ([`decode_bytes`]).
+#[derive(Debug, Clone, Copy, serde::Serialize)]
+pub struct DecodeBytes {
+    /// Weight bytes (quantized, as stored).
+    pub weights: u64,
+    /// f16 K and V bytes over all layers.
+    pub kv: u64,
+}
+
+impl DecodeBytes {
+    pub fn total(&self) -> u64 {
+        self.weights + self.kv
+    }
+}
+
 /// A raw prompt of exactly `tokens` tokens (when the tokenizer allows; at least close): numbered
 /// delivery records that read like a ledger, varied by `seed`. For scheduling measurements and
 /// tests that need long prompts of a known length.
@@ -132,4 +196,22 @@ pub fn ledger_text(tok: &super::tokenizer::Tokenizer, tokens: usize, seed: u64) 
         text.push_str(" ok");
     }
     Ok(text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::BenchTest;
+
+    #[test]
+    fn names_round_trip_and_bad_names_are_refused() {
+        for t in BenchTest::defaults().into_iter().chain([BenchTest::Decode { n: 64, depth: 2048 }, BenchTest::Prefill { n: 4096 }]) {
+            assert_eq!(BenchTest::parse(&t.name()), Some(t), "{}", t.name());
+        }
+        assert_eq!(BenchTest::parse("tg128@d0"), Some(BenchTest::Decode { n: 128, depth: 0 }));
+        for bad in ["", "pp", "pp0", "tg", "tgx", "tg128@", "tg128@d", "tg128@dx", "pp-1", "xx128"] {
+            assert_eq!(BenchTest::parse(bad), None, "{bad}");
+        }
+        assert_eq!(BenchTest::Decode { n: 128, depth: 4096 }.mean_context(), Some(4160));
+        assert_eq!(BenchTest::Prefill { n: 4 }.mean_context(), None);
+    }
 }

@@ -259,29 +259,22 @@ fn dot_q5_1<const NT: usize>(w: &[u8], x: [&[BlockQ8]; NT], out: &mut [f32; NT])
     })
 }
 
-/// Most query heads sharing one KV head that `attend_group` takes at once.
+/// Most query heads sharing one KV head that `attend_range` takes at once.
 pub const MAX_GROUP: usize = 8;
 
-/// Attention of `g` query heads (`q`: [g, hd]) that share one KV head, over keys 0..n_keys:
-/// each key and value row is converted from f16 once for the whole group. Per head the
-/// arithmetic follows `ops::attend_head` (same tiles, key order and softmax), so a
-/// query's result never depends on the batch or on the other heads.
+/// Attention of `g` query heads (`q`: [g, hd]) that share one KV head, over the keys `range`
+/// (its start a multiple of `ops::ATT_TILE`, so tiles stay at absolute positions): each key and
+/// value row is converted from f16 once for the whole group. Per head the arithmetic follows
+/// `ops::attend_head` (same tiles, key order and softmax), so a query's result never depends on
+/// the batch or on the other heads. With `ml` ([g, 2]) the output is left unnormalized and each
+/// head's running max and sum are written to `ml[2h]`, `ml[2h + 1]`, for
+/// `CpuBackend::attention` to merge the segments of a long context.
 ///
 /// Keys are converted [`SUB`] at a time into a small f32 tile; scores are computed eight keys at
 /// a time (eight independent FMA chains, then one transposing reduction that adds exactly the
 /// pairs `hsum` adds, so each score is bitwise `dot8`'s), and each head's output accumulates a
 /// sub-tile's values in registers (`accumulate`: the same FMA per element, in key order, as one
 /// FMA per key).
-#[target_feature(enable = "avx2,fma,f16c")]
-#[allow(clippy::too_many_arguments)]
-pub fn attend_group(q: &[f32], keys: &[half::f16], vals: &[half::f16], n_keys: usize, hd: usize, scale: f32, out: &mut [f32]) {
-    attend_range(q, keys, vals, 0..n_keys, hd, scale, out, None)
-}
-
-/// [`attend_group`] over the keys `range` only (its start a multiple of `ops::ATT_TILE`, so
-/// tiles stay at absolute positions). With `ml` ([g, 2]) the output is left unnormalized and
-/// each head's running max and sum are written to `ml[2h]`, `ml[2h + 1]`, for
-/// `CpuBackend::attention` to merge the segments of a long context.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
 pub fn attend_range(

@@ -15,6 +15,8 @@ mod shared;
 pub mod team;
 
 #[cfg(target_arch = "x86_64")]
+mod attn512;
+#[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx2_k;
@@ -332,7 +334,7 @@ impl Backend for CpuBackend {
         let scale = 1.0 / (hd as f32).sqrt();
         let (q, k, v, positions, window) = (a.q, a.k_cache, a.v_cache, a.positions, a.window);
         #[cfg(target_arch = "x86_64")]
-        if matches!(self.simd, SimdLevel::Avx2 | SimdLevel::Avx512Vnni) && hd % 8 == 0 && hd <= 256 && group <= avx2::MAX_GROUP {
+        if range_kernel(self.simd, hd, group).is_some() {
             let n_seg = positions.iter().map(|&p| attention_keys(p, window).len().div_ceil(ops::ATT_SEG)).max().unwrap_or(1);
             if n_seg > 1 {
                 return self.attention_segmented(a, n_seg);
@@ -429,7 +431,9 @@ impl CpuBackend {
         let group = a.n_head / n_kv;
         let gw = group * hd;
         let scale = 1.0 / (hd as f32).sqrt();
-        let n_items = positions.len() * n_kv * n_seg;
+        let n_tok = positions.len();
+        let n_items = n_tok * n_kv * n_seg;
+        let Some(kernel) = range_kernel(self.simd, hd, group) else { unreachable!("attention_segmented without a range kernel") };
         let mut s = self.scratch.lock().unwrap_or_else(|p| p.into_inner());
         let s = &mut *s;
         // Sized for the whole cache the first time, so decode does not grow it step by step.
@@ -442,10 +446,16 @@ impl CpuBackend {
         let window = a.window;
         // Segments at positions relative to the query's first key (a function of its position).
         let segs = |t: usize| attention_keys(positions[t], window).len().div_ceil(SEG);
+        // Items in (KV head, segment, token) order: consecutive items read the same segment of K
+        // and V (up to 128 KiB at head_dim 64), which stays in the core's L2 across the tokens of
+        // a prefill batch. The order changes no arithmetic: item i's result depends on its own
+        // (token, head, segment) only, and lands in its own slot `tk * n_seg + seg`.
         self.team.for_chunks(n_items, 1, &|range| {
-            for i in range {
-                let (tk, seg) = (i / n_seg, i % n_seg);
-                let (t, kvh) = (tk / n_kv, tk % n_kv);
+            for item in range {
+                let (hs, t) = (item / n_tok, item % n_tok);
+                let (kvh, seg) = (hs / n_seg, hs % n_seg);
+                let tk = t * n_kv + kvh;
+                let i = tk * n_seg + seg;
                 if seg >= segs(t) {
                     continue;
                 }
@@ -458,14 +468,15 @@ impl CpuBackend {
                     // SAFETY: a query of one segment has one item (seg 0), which alone writes
                     // out[tk*gw..]; items are disjoint.
                     let o = unsafe { out.slice(tk * gw, gw) };
-                    // SAFETY: `Avx2`/`Avx512Vnni` are only set after detecting avx2, fma, f16c.
-                    unsafe { avx2::attend_range(qg, keys, vals, 0..n_keys, hd, scale, o, None) }
+                    // SAFETY: `range_kernel` returned a kernel only for a level whose features
+                    // were detected, and for this head size and group.
+                    unsafe { kernel(qg, keys, vals, 0..n_keys, hd, scale, o, None) }
                 } else {
                     // SAFETY: item i alone owns part[i*gw..][..gw] and ml[i*2g..][..2g].
                     let (o, m) = unsafe { (part.slice(i * gw, gw), ml.slice(i * 2 * group, 2 * group)) };
                     let r = seg * SEG..((seg + 1) * SEG).min(n_keys);
-                    // SAFETY: as above, the level guarantees avx2, fma and f16c.
-                    unsafe { avx2::attend_range(qg, keys, vals, r, hd, scale, o, Some(m)) }
+                    // SAFETY: as above.
+                    unsafe { kernel(qg, keys, vals, r, hd, scale, o, Some(m)) }
                 }
             }
         });
@@ -507,17 +518,33 @@ impl CpuBackend {
 /// Every level scans keys in position order with tiles at absolute positions.
 #[allow(clippy::too_many_arguments)]
 fn attend(simd: SimdLevel, q: &[f32], keys: &[f16], vals: &[f16], n_keys: usize, hd: usize, scale: f32, out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(kernel) = range_kernel(simd, hd, q.len() / hd) {
+        // SAFETY: `range_kernel` returns a kernel only for a detected level, head size and group.
+        return unsafe { kernel(q, keys, vals, 0..n_keys, hd, scale, out, None) };
+    }
+    let _ = simd;
+    for (qh, oh) in q.chunks_exact(hd).zip(out.chunks_exact_mut(hd)) {
+        ops::attend_head(qh, keys, vals, n_keys, scale, oh);
+    }
+}
+
+/// A group of query heads against a range of keys (`avx2::attend_range`'s contract).
+#[cfg(target_arch = "x86_64")]
+type RangeKernel = unsafe fn(&[f32], &[f16], &[f16], std::ops::Range<usize>, usize, f32, &mut [f32], Option<&mut [f32]>);
+
+/// The x86 attention kernel for `simd`, head size `hd` and `group` query heads per KV head:
+/// AVX-512 (`attn512`) at the `Avx512Vnni` level, AVX2 at `Avx2` (and for the head sizes the
+/// AVX-512 kernel does not take); `None` means the scalar reference. A function of the level and
+/// the model's shape only, so every token of every batch takes the same one.
+#[cfg(target_arch = "x86_64")]
+fn range_kernel(simd: SimdLevel, hd: usize, group: usize) -> Option<RangeKernel> {
+    let avx2_ok = hd % 8 == 0 && hd <= 256 && (1..=avx2::MAX_GROUP).contains(&group);
     match simd {
-        #[cfg(target_arch = "x86_64")]
-        SimdLevel::Avx2 | SimdLevel::Avx512Vnni if hd % 8 == 0 && hd <= 256 && q.len() / hd <= avx2::MAX_GROUP => {
-            // SAFETY: `Avx2` and `Avx512Vnni` are only set after detecting avx2, fma and f16c.
-            unsafe { avx2::attend_group(q, keys, vals, n_keys, hd, scale, out) }
-        }
-        _ => {
-            for (qh, oh) in q.chunks_exact(hd).zip(out.chunks_exact_mut(hd)) {
-                ops::attend_head(qh, keys, vals, n_keys, scale, oh);
-            }
-        }
+        SimdLevel::Avx512Vnni if attn512::supports(hd, group) => Some(attn512::attend_range),
+        // SAFETY (of calling it): both levels are only set after detecting avx2, fma and f16c.
+        SimdLevel::Avx2 | SimdLevel::Avx512Vnni if avx2_ok => Some(avx2::attend_range as RangeKernel),
+        _ => None,
     }
 }
 

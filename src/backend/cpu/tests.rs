@@ -154,8 +154,10 @@ fn check_attention(cap: usize, positions: Vec<u32>, window: Option<usize>, hd: u
     };
     let all = backends(2);
     let reference = run(&all[0], &q, &positions);
-    for b in &all {
+    for (b, b1) in all.iter().zip(backends(1)) {
         let batch = run(b, &q, &positions);
+        // One thread or two: the same bits (work splits never change a token's reduction order).
+        assert!(run(&b1, &q, &positions).iter().zip(&batch).all(|(a, c)| a.to_bits() == c.to_bits()), "{:?}: 1 vs 2 threads", b.simd());
         for (a, r) in batch.iter().zip(&reference) {
             assert!((a - r).abs() <= 1e-5, "{:?}: {a} vs {r}", b.simd());
         }
