@@ -32,6 +32,9 @@ pub struct BenchBlendArgs {
     /// Articles; each gives `--questions` prompts over the same three documents.
     #[arg(long, default_value_t = 8)]
     pub articles: usize,
+    /// Articles skipped first (in the file's order): measure on articles not used to choose a setting.
+    #[arg(long, default_value_t = 0)]
+    pub skip_articles: usize,
     /// Prompts (questions, each with its own order of the documents) per article.
     #[arg(long, default_value_t = 3)]
     pub questions: usize,
@@ -67,6 +70,7 @@ fn prompts(a: &BenchBlendArgs) -> anyhow::Result<Vec<(Vec<String>, Vec<Prompt>)>
     let s = |v: &serde_json::Value, k: &str| v[k].as_str().unwrap_or_default().to_string();
     let mut out = Vec::new();
     let mut titles: Vec<String> = Vec::new();
+    let mut eligible = 0;
     for c in &contexts {
         let t = s(c, "title");
         if !titles.contains(&t) {
@@ -79,6 +83,10 @@ fn prompts(a: &BenchBlendArgs) -> anyhow::Result<Vec<(Vec<String>, Vec<Prompt>)>
         let paras: Vec<&serde_json::Value> = contexts.iter().filter(|c| &s(c, "title") == title).take(3).collect();
         if paras.len() < 3 || paras.iter().any(|p| s(p, "context").len() > 1500) {
             continue; // keep prompts near 500 tokens
+        }
+        eligible += 1;
+        if eligible <= a.skip_articles {
+            continue;
         }
         let docs: Vec<String> = paras.iter().map(|p| s(p, "context")).collect();
         let mut mine = Vec::new();
