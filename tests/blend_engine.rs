@@ -122,6 +122,7 @@ fn check(model: RealModel) {
         let mut b = Blend { spans: vec![lead_span(&p, 5, 12), span(&p, at, len)], recompute: r, report: Default::default() };
         prefill(&m, &mut kv, &p, &mut b).expect("blend");
         assert_eq!((b.report.exact, b.report.recomputed, b.report.reused), (12, recomputed, 42 - recomputed), "{model:?}");
+        assert_eq!(b.report.other, p.len() - 42 - 5, "{model:?}: the lead came with the first span");
         let exact_to = if r == 1.0 { n } else { 17 };
         for l in 0..m.config.n_layer {
             for values in [false, true] {

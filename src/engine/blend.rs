@@ -79,7 +79,8 @@ pub struct BlendReport {
     pub loaded: usize,
     /// Tokens computed for the spans' own KV (their first sight, or what their caches lacked).
     pub span_computed: usize,
-    /// Prompt tokens outside the spans (always computed).
+    /// Prompt tokens outside the spans, computed (all but an exact first span's lead, which is
+    /// loaded with it).
     pub other: usize,
     /// Span tokens of an exact prefix (a first span whose own sequence is the prompt's start:
     /// its KV is the full prefill's, loaded and kept; counted in `reused`).
@@ -241,7 +242,8 @@ pub fn prefill(model: &Model, kv: &mut KvCache, prompt: &[u32], blend: &mut Blen
     let spans: usize = blend.spans.iter().map(|s| s.len()).sum();
     report.recomputed = chosen.min(moved);
     report.reused = spans - report.recomputed;
-    report.other = prompt.len() - spans;
+    // The lead of an exact first span came with it: not computed.
+    report.other = prompt.len() - spans - (exact - report.exact);
     blend.report = report;
     Ok(n)
 }
