@@ -21,6 +21,7 @@
 //! a device) are not supported: BLEND falls back to a full prefill and says why.
 
 use super::model::{Logits, Model, ModelError, SeqBatch};
+pub use super::prefix::{Blend, BlendReport, ReusedSpan};
 use super::prefix::PrefixCache;
 use super::KvCache;
 use super::config::RopeStyle;
@@ -30,64 +31,6 @@ use crate::backend::cpu::ops;
 /// recomputed in the layers after it (layer 0's keys depend on the token alone, so the first
 /// layer whose KV sees the other tokens is layer 1).
 pub const CHECK_LAYERS: usize = 2;
-
-/// One span of the prompt whose KV comes from elsewhere.
-#[derive(Debug)]
-pub struct ReusedSpan {
-    /// Position in the prompt of the span's first token.
-    pub at: usize,
-    /// The span's own sequence: `base` tokens of leading context, then the span's tokens (equal
-    /// to the prompt's at `at..`). Its KV is what `cache` holds.
-    pub tokens: Vec<u32>,
-    /// Leading tokens of `tokens` before the span (at least 1 with a non-empty span).
-    pub base: usize,
-    /// Loads the KV of `tokens` it holds; is told when the engine computed the rest.
-    pub cache: Box<dyn PrefixCache>,
-}
-
-impl ReusedSpan {
-    /// Tokens of the span.
-    pub fn len(&self) -> usize {
-        self.tokens.len().saturating_sub(self.base)
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-}
-
-/// What a prefix cache offers instead of a prefix: the spans and how much to recompute.
-#[derive(Debug, Default)]
-pub struct Blend {
-    /// Spans in prompt order, not overlapping.
-    pub spans: Vec<ReusedSpan>,
-    /// Fraction of the moved spans' tokens (not in an exact prefix) recomputed in every layer
-    /// after the check layers (0 ..= 1).
-    pub recompute: f32,
-    /// What the engine did, once admitted.
-    pub report: BlendReport,
-}
-
-/// What BLEND did for one prompt.
-#[derive(Debug, Default, Clone, PartialEq)]
-pub struct BlendReport {
-    /// Span tokens that kept the reused KV after the check layers.
-    pub reused: usize,
-    /// Span tokens recomputed in every layer.
-    pub recomputed: usize,
-    /// Span tokens whose own KV the span caches held.
-    pub loaded: usize,
-    /// Tokens computed for the spans' own KV (their first sight, or what their caches lacked).
-    pub span_computed: usize,
-    /// Prompt tokens outside the spans, computed (all but an exact first span's lead, which is
-    /// loaded with it).
-    pub other: usize,
-    /// Span tokens of an exact prefix (a first span whose own sequence is the prompt's start:
-    /// its KV is the full prefill's, loaded and kept; counted in `reused`).
-    pub exact: usize,
-    /// Why BLEND fell back to a full prefill (`None`: blended).
-    pub fallback: Option<String>,
-}
 
 /// Why a blend could not run (the prompt is then prefilled in full).
 #[derive(Debug, thiserror::Error)]
