@@ -56,6 +56,10 @@ pub struct BenchCheckArgs {
     /// Tokens of the first question's answer (the candidate).
     #[arg(long, default_value_t = 32)]
     pub max_tokens: usize,
+    /// Score only the first N answer tokens (as `serve --equivalent-prefix N`; 0: all); the
+    /// prefill arms then feed the prompt plus those tokens.
+    #[arg(long, default_value_t = 0)]
+    pub prefix: usize,
     /// Print one JSON object per pair as well.
     #[arg(long)]
     pub json: bool,
@@ -162,6 +166,7 @@ pub fn run(a: &BenchCheckArgs) -> anyhow::Result<()> {
         if f.stop == StopReason::Stop {
             answer.push(stop_ids[0]);
         }
+        answer.truncate(forge_cache::cache::equivalent::scored_len(answer.len(), a.prefix));
         if answer.len() < 2 {
             continue;
         }

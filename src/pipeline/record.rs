@@ -287,7 +287,8 @@ impl Pipeline {
     /// prompt is within the margin of F's), recorded and learned from.
     fn learn_equivalence(&self, plan: &Plan, answer: &Answer, id: i64) -> Result<(), crate::store::StoreError> {
         let (Some(sem), Some(check), Some(fresh)) = (&self.semantic, &plan.equivalence, &answer.logprobs) else { return Ok(()) };
-        let Some(fresh_ll) = equivalent::mean_ll(fresh) else { return Ok(()) };
+        // Judged on the prefix the candidate was scored on.
+        let Some(fresh_ll) = equivalent::mean_ll(&fresh[..equivalent::scored_len(fresh.len(), sem.equivalent.params.prefix)]) else { return Ok(()) };
         let mut own = answer.tokens.clone();
         if answer.stop == StopReason::Stop && fresh.len() > answer.tokens.len() {
             own.extend(plan.params.stop_ids.first());

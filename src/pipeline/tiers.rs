@@ -139,6 +139,7 @@ impl Pipeline {
             return Ok(None);
         }
         let t = Instant::now();
+        let prefix = sem.equivalent.params.prefix;
         // The first candidate's job loads the prompt's stored prefix (the chat template's
         // blocks) and publishes the rest of the prompt's KV; the others start after it, so the
         // new prompt is computed once for all of them (each recomputes only its last token).
@@ -150,7 +151,9 @@ impl Pipeline {
             let mut waiting = Vec::new();
             for i in batch {
                 let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-                let mut job = Job::score(plan.prompt_ids.clone(), candidates[i].1.tokens.clone(), plan.params.stop_ids.clone(), plan.tenant.clone(), tx);
+                let tokens = &candidates[i].1.tokens;
+                let scored = &tokens[..equivalent::scored_len(tokens.len(), prefix)];
+                let mut job = Job::score(plan.prompt_ids.clone(), scored.to_vec(), plan.params.stop_ids.clone(), plan.tenant.clone(), tx);
                 job.kv = match self.prepare_kv(plan) {
                     Some(Kv::Prefix(p)) => Some(Box::new(p)),
                     _ => None,
@@ -171,6 +174,7 @@ impl Pipeline {
                     report = scored.prefix.take().and_then(|p| p.into_any().downcast::<KvPlan>().ok()).map(|p| p.into_report());
                 }
                 let own = candidates[i].0.logprobs.as_deref().unwrap_or_default();
+                let own = &own[..equivalent::scored_len(own.len(), prefix)];
                 if let Some(s) = equivalent::score(&scored.logprobs, own) {
                     if best.is_none_or(|(_, b)| s.mean_margin > b.mean_margin) {
                         best = Some((i, s));
