@@ -66,6 +66,9 @@ async fn equivalent_serves_a_paraphrase_only_after_learning() {
         // Not served: the model's own answer (identical to BYPASS), and one more observation.
         assert_eq!(r.text, expected, "{v:?}: unserved EQUIVALENT answers are the model's own");
         assert_eq!(observations, i as i64 + 1);
+        // The check computed the prompt once: its KV (published by the scoring job) is loaded
+        // by the generation that followed, all but the last token.
+        assert_eq!(o.kv_tokens_reused as usize + 1, o.prompt_token_ids.len(), "{v:?}: the check's prompt KV is reused: {o:?}");
         assert!(o.equivalence_mean_margin.is_finite() && o.equivalence_worst_margin <= o.equivalence_mean_margin + 1e-6);
     }
     let at = served_eq.expect("after enough acceptable observations a paraphrase is served without decoding");

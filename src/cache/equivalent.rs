@@ -40,11 +40,16 @@ pub struct EquivalentParams {
     pub explore: f64,
     /// Nearest neighbours scored per request (in one batch).
     pub candidates: usize,
+    /// Answer tokens scored: the first `prefix` of the candidate (0: all of it). The score, the
+    /// fresh answer's likelihood it is judged against, and so the learned region are all of this
+    /// prefix: a store's observations are only comparable under one setting (change it with a
+    /// fresh store). The whole candidate is served.
+    pub prefix: usize,
 }
 
 impl Default for EquivalentParams {
     fn default() -> Self {
-        EquivalentParams { delta: 0.01, z: 1.645, margin: 0.1, explore: 0.1, candidates: 1 }
+        EquivalentParams { delta: 0.01, z: 1.645, margin: 0.1, explore: 0.1, candidates: 1, prefix: 0 }
     }
 }
 
@@ -70,6 +75,11 @@ pub fn score(here: &[f32], own: &[f32]) -> Option<Score> {
     let (sum, worst) = margins.fold((0.0, f64::INFINITY), |(s, w), m| (s + m, w.min(m)));
     let candidate_ll = here.iter().map(|&h| f64::from(h)).sum::<f64>() / n;
     Some(Score { mean_margin: sum / n, worst_margin: worst, candidate_ll })
+}
+
+/// How many of an answer's `n` tokens are scored under `prefix` ([`EquivalentParams::prefix`]).
+pub fn scored_len(n: usize, prefix: usize) -> usize {
+    if prefix == 0 { n } else { n.min(prefix) }
 }
 
 /// Mean of log-probabilities (a fresh answer's log-likelihood per token); `None` when empty.

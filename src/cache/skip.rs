@@ -157,6 +157,22 @@ impl DraftGate {
         Ok(self.decide(acc, replayable, row_share))
     }
 
+    /// Whether a replayable request would be skipped whatever its nearest neighbour's
+    /// similarity: the pool has its evidence and every band's acceptance (a band without checks
+    /// is judged by the pooled prior) is below the floor. Such a request's lookup cannot give it
+    /// drafts, so it may wait until the first token (`pipeline::deferred`).
+    pub fn skips_everywhere(&self, store: &Store, tenant: &str, model_id: &str, row_share: Option<f64>) -> Result<bool, StoreError> {
+        if !self.params.enabled || self.params.floor <= 0.0 {
+            return Ok(false);
+        }
+        let floor = self.floor(row_share);
+        let min = self.params.min_outcomes;
+        self.with_bands(store, tenant, model_id, |s| {
+            let below = |band: Tally| estimate(band, s.pooled, min).is_some_and(|a| a < floor);
+            below(Tally::default()) && s.by_band.values().all(|&b| below(b))
+        })
+    }
+
     fn decide(&self, acc: Option<f64>, replayable: bool, row_share: Option<f64>) -> Gate {
         let floor = self.floor(row_share);
         match acc {
@@ -191,6 +207,26 @@ mod tests {
 
     fn tally(checks: usize, fed: u64, accepted: u64) -> Tally {
         Tally { checks, fed, accepted }
+    }
+
+    #[test]
+    fn skips_everywhere_only_when_every_band_and_the_prior_are_below_the_floor() {
+        let dir = std::env::temp_dir().join(format!("forge-skip-everywhere-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let store = Store::open(dir.join("s.db")).unwrap();
+        let gate = DraftGate::new(SkipParams { learn_floor: false, floor: 0.25, min_outcomes: 2, ..SkipParams::default() });
+        assert!(!gate.skips_everywhere(&store, "t", "m", None).unwrap(), "no evidence: learning");
+        for _ in 0..4 {
+            gate.observe(&store, "t", "m", 0.81, 100, 5).unwrap();
+        }
+        assert!(gate.skips_everywhere(&store, "t", "m", None).unwrap(), "every band at 5% < 25%");
+        for _ in 0..2 {
+            gate.observe(&store, "t", "m", 0.97, 100, 90).unwrap();
+        }
+        assert!(!gate.skips_everywhere(&store, "t", "m", None).unwrap(), "the 0.95 band pays: its requests get drafts");
+        let off = DraftGate::new(SkipParams { enabled: false, ..SkipParams::default() });
+        assert!(!off.skips_everywhere(&store, "t", "m", None).unwrap());
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -4,6 +4,7 @@
 mod ab;
 mod bench;
 mod bench_blend;
+mod bench_check;
 mod bench_kv;
 mod bench_kv_replicas;
 mod bench_serve;
@@ -59,6 +60,9 @@ pub enum Command {
     Embed(embed::EmbedArgs),
     /// Measure prefill and decode speed (pp128, pp512, tg128, tg128@d1024), llama-bench style.
     Bench(bench::BenchArgs),
+    /// An EQUIVALENT check (scoring a stored answer under a new prompt) against a plain prefill of
+    /// the same prompt + answer, interleaved per QQP pair.
+    BenchCheck(bench_check::BenchCheckArgs),
     /// Time to first token with KV-block reuse: cold, warm (memory), after a restart (disk), on SQuAD documents;
     /// with --postgres, a second replica's, KV blocks per replica vs shared.
     BenchKv(bench_kv::BenchKvArgs),
@@ -95,6 +99,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Health(args) => health::run(&args),
         Command::Embed(args) => embed::run(&args),
         Command::Bench(args) => bench::run(&args),
+        Command::BenchCheck(args) => bench_check::run(&args),
         Command::BenchKv(args) => match &args.postgres {
             Some(url) => bench_kv_replicas::run_cli(&args, url),
             None => bench_kv::run(&args),

@@ -92,6 +92,10 @@ pub struct ServeArgs {
     /// EQUIVALENT: nearest answers scored per request (one batch).
     #[arg(long, default_value_t = EquivalentParams::default().candidates)]
     pub equivalent_candidates: usize,
+    /// EQUIVALENT: score only the first N tokens of a candidate (0: the whole answer). The
+    /// learned region is of this prefix's score: change it only with a fresh store.
+    #[arg(long, default_value_t = EquivalentParams::default().prefix)]
+    pub equivalent_prefix: usize,
     /// VERIFIED: skip drafts in similarity bands whose acceptance is below this (0 = never
     /// skip), until the engine has measured what a draft row costs against a decode step (then
     /// that share is the floor, unless --draft-floor-fixed).
@@ -216,6 +220,7 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
             margin: a.equivalent_margin,
             explore: a.equivalent_explore,
             candidates: a.equivalent_candidates,
+            prefix: a.equivalent_prefix,
         },
         skip: SkipParams {
             floor: a.draft_floor,

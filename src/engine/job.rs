@@ -54,7 +54,7 @@ impl Job {
 }
 
 /// What a scoring job found.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Scored {
     /// log p(continuation[i] | prompt, continuation[..i]), natural log.
     pub logprobs: Vec<f32>,
@@ -63,6 +63,11 @@ pub struct Scored {
     /// Submit to admission, and admission to the end.
     pub queue_time: Duration,
     pub run_time: Duration,
+    /// Prompt positions whose KV was loaded from the job's prefix cache instead of computed.
+    pub kv_reused: usize,
+    /// The job's prefix cache, back by value (it has seen the prompt's KV: a generation for the
+    /// same prompt that follows can load all of it).
+    pub prefix: Option<Box<dyn PrefixCache>>,
 }
 
 /// A candidate answer: the tokens the model is expected to generate, ending with a stop token

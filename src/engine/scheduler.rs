@@ -691,6 +691,8 @@ impl Engine<'_> {
                 computed: s.computed,
                 queue_time: s.admitted_at.duration_since(s.queued_at),
                 run_time: s.admitted_at.elapsed(),
+                kv_reused: s.kv_reused,
+                prefix: s.job.kv.take(),
             };
             let _ = s.send(Event::Scored(scored));
             return;

@@ -9,6 +9,10 @@
 //! (VERIFIED, PARTIAL, MODEL; drafts accepted) and what TRUST learns are the same whenever the
 //! drafts arrive, because a sequence that finishes first waits for them.
 //!
+//! The same path serves a greedy request of a tenant whose draft gate skips drafts at every
+//! similarity (`cache::skip`): its lookup could only find that drafts are skipped, so the
+//! embedding and the KNN search leave the first token's path too.
+//!
 //! Only in modes where the semantic tier can do nothing but offer drafts (AUTO, VERIFIED):
 //! TRUST and EQUIVALENT may answer without the model, so they look up first as before.
 
@@ -38,11 +42,25 @@ impl Pipeline {
         matches!(plan.mode, CacheMode::Auto | CacheMode::Verified) && self.semantic.is_some() && plan.scope.is_some() && plan.question.is_some()
     }
 
-    /// Whether the stored prefix `kv` leaves so little to compute that the lookup should wait
-    /// for the first token.
+    /// Whether the lookup should wait for the first token: the stored prefix `kv` leaves so
+    /// little to compute that the lookup would take longer, or (greedy requests) the draft gate
+    /// skips drafts at every similarity, so the lookup can give nothing before the first token
+    /// (it still runs: the question's embedding is filed, and the skipped drafts are replayed).
     pub(super) fn defers_lookup(&self, plan: &Plan, kv: Option<&Kv>) -> bool {
-        let Some(Kv::Prefix(k)) = kv else { return false };
-        self.lookup_may_wait(plan) && k.report().reused_tokens as f64 >= COVERED * plan.prompt_ids.len() as f64
+        if !self.lookup_may_wait(plan) {
+            return false;
+        }
+        if let Some(Kv::Prefix(k)) = kv {
+            if k.report().reused_tokens as f64 >= COVERED * plan.prompt_ids.len() as f64 {
+                return true;
+            }
+        }
+        let Some(sem) = &self.semantic else { return false };
+        plan.params.sampling.is_greedy()
+            && sem.drafts.skips_everywhere(&self.store, &plan.tenant, &self.model_id, self.scheduler.draft_row_share()).unwrap_or_else(|e| {
+                tracing::warn!(error = %e, "reading the draft gate failed; looking up first");
+                false
+            })
     }
 
     /// Starts the lookup of `plan` (a copy of the running request's): it waits until the first

@@ -138,7 +138,16 @@ impl Pipeline {
             equivalence_worst: equivalence.map(|e| e.worst_margin),
             equivalence_checks: p.equivalence_checks,
         })?;
-        if let (Some(kv), Some(report)) = (&self.kv, &a.kv) {
+        // An EQUIVALENT check published the prompt's blocks before this request's own job ran.
+        let merged;
+        let report = match (&a.kv, &p.check_kv) {
+            (Some(r), Some(c)) if !c.new_blocks.is_empty() => {
+                merged = ReportData { new_blocks: c.new_blocks.iter().chain(&r.new_blocks).cloned().collect(), ..r.clone() };
+                Some(&merged)
+            }
+            (r, _) => r.as_ref(),
+        };
+        if let (Some(kv), Some(report)) = (&self.kv, report) {
             let decode = |t: &[u32]| self.tokenizer().ok()?.decode(t, false).ok();
             match kv.finish(&p.tenant, report, id, &p.prompt_ids, decode) {
                 Ok(_) => self.metrics.kv_blocks(&p.tenant, report),
@@ -278,7 +287,8 @@ impl Pipeline {
     /// prompt is within the margin of F's), recorded and learned from.
     fn learn_equivalence(&self, plan: &Plan, answer: &Answer, id: i64) -> Result<(), crate::store::StoreError> {
         let (Some(sem), Some(check), Some(fresh)) = (&self.semantic, &plan.equivalence, &answer.logprobs) else { return Ok(()) };
-        let Some(fresh_ll) = equivalent::mean_ll(fresh) else { return Ok(()) };
+        // Judged on the prefix the candidate was scored on.
+        let Some(fresh_ll) = equivalent::mean_ll(&fresh[..equivalent::scored_len(fresh.len(), sem.equivalent.params.prefix)]) else { return Ok(()) };
         let mut own = answer.tokens.clone();
         if answer.stop == StopReason::Stop && fresh.len() > answer.tokens.len() {
             own.extend(plan.params.stop_ids.first());

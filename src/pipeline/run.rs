@@ -193,7 +193,7 @@ impl Pipeline {
 
     /// The KV plan of a request the model will compute: its longest stored prefix (memory, then
     /// disk), or for BLEND its documents' stored KV. Blocking.
-    fn prepare_kv(&self, plan: &Plan) -> Option<Kv> {
+    pub(super) fn prepare_kv(&self, plan: &Plan) -> Option<Kv> {
         let kv = self.kv.as_ref().filter(|_| plan.kv_reuse)?;
         if plan.mode == CacheMode::Blend {
             return Some(Kv::Blend(kv.prepare_blend(&plan.tenant, &plan.prompt_ids, &plan.chunks, plan.blend_recompute)));

@@ -14,6 +14,7 @@ use std::time::Instant;
 use super::error::ServiceError;
 use super::record::Answer;
 use super::validation::Plan;
+use super::run::Kv;
 use super::Pipeline;
 use super::validation::EquivalenceCheck;
 use crate::cache::equivalent::{self, Score};
@@ -22,6 +23,7 @@ use crate::cache::skip::Gate;
 use crate::engine::scheduler::{Draft, Event, Job};
 use crate::store::semantic::Neighbour;
 use crate::vocab::{CacheMode, ServedFrom, StopReason};
+use crate::workload::{KvPlan, ReportData};
 
 /// What the caches found for a request.
 pub(crate) enum Found {
@@ -137,25 +139,46 @@ impl Pipeline {
             return Ok(None);
         }
         let t = Instant::now();
-        let mut waiting = Vec::new();
-        for (_, d) in &candidates {
-            let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-            self.scheduler.submit(Job::score(plan.prompt_ids.clone(), d.tokens.clone(), plan.params.stop_ids.clone(), plan.tenant.clone(), tx))?;
-            waiting.push(rx);
-        }
+        let prefix = sem.equivalent.params.prefix;
+        // The first candidate's job loads the prompt's stored prefix (the chat template's
+        // blocks) and publishes the rest of the prompt's KV; the others start after it, so the
+        // new prompt is computed once for all of them (each recomputes only its last token).
         let mut best: Option<(usize, Score)> = None;
-        let mut computed = 0;
-        for (i, mut rx) in waiting.into_iter().enumerate() {
-            let scored = match rx.blocking_recv() {
-                Some(Event::Scored(s)) => s,
-                Some(Event::Failed(e)) => return Err(ServiceError::Job(e)),
-                _ => return Err(ServiceError::Internal("the engine stopped while scoring".into())),
-            };
-            computed += scored.computed;
-            let own = candidates[i].0.logprobs.as_deref().unwrap_or_default();
-            if let Some(s) = equivalent::score(&scored.logprobs, own) {
-                if best.is_none_or(|(_, b)| s.mean_margin > b.mean_margin) {
-                    best = Some((i, s));
+        let (mut computed, mut kv_reused) = (0, 0);
+        let mut report: Option<ReportData> = None;
+        let rest = (candidates.len() > 1).then_some(1..candidates.len());
+        for batch in std::iter::once(0..1).chain(rest) {
+            let mut waiting = Vec::new();
+            for i in batch {
+                let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+                let tokens = &candidates[i].1.tokens;
+                let scored = &tokens[..equivalent::scored_len(tokens.len(), prefix)];
+                let mut job = Job::score(plan.prompt_ids.clone(), scored.to_vec(), plan.params.stop_ids.clone(), plan.tenant.clone(), tx);
+                job.kv = match self.prepare_kv(plan) {
+                    Some(Kv::Prefix(p)) => Some(Box::new(p)),
+                    _ => None,
+                };
+                self.scheduler.submit(job)?;
+                waiting.push((i, rx));
+            }
+            for (i, mut rx) in waiting {
+                let mut scored = match rx.blocking_recv() {
+                    Some(Event::Scored(s)) => s,
+                    Some(Event::Failed(e)) => return Err(ServiceError::Job(e)),
+                    _ => return Err(ServiceError::Internal("the engine stopped while scoring".into())),
+                };
+                computed += scored.computed;
+                if i == 0 {
+                    // What the first job reused and published stands for the check.
+                    kv_reused = scored.kv_reused;
+                    report = scored.prefix.take().and_then(|p| p.into_any().downcast::<KvPlan>().ok()).map(|p| p.into_report());
+                }
+                let own = candidates[i].0.logprobs.as_deref().unwrap_or_default();
+                let own = &own[..equivalent::scored_len(own.len(), prefix)];
+                if let Some(s) = equivalent::score(&scored.logprobs, own) {
+                    if best.is_none_or(|(_, b)| s.mean_margin > b.mean_margin) {
+                        best = Some((i, s));
+                    }
                 }
             }
         }
@@ -171,8 +194,11 @@ impl Pipeline {
             a.tokens_computed = computed;
             a.equivalence = Some(score);
             a.prefill = t.elapsed();
+            a.kv_tokens_reused = kv_reused;
+            a.kv = report;
             return Ok(Some(a));
         }
+        plan.check_kv = report;
         plan.equivalence = Some(EquivalenceCheck { source: n.inference_id, similarity: n.similarity, tokens: d.tokens.clone(), score });
         Ok(None)
     }

@@ -87,6 +87,9 @@ pub struct Plan {
     pub(crate) equivalence: Option<EquivalenceCheck>,
     /// Candidates scored by EQUIVALENT.
     pub(crate) equivalence_checks: usize,
+    /// EQUIVALENT: what the check's prefix cache reused and computed (the prompt's blocks it
+    /// published are stored with this request's own, when it is recorded).
+    pub(crate) check_kv: Option<crate::workload::ReportData>,
     /// Whether the request may reuse and store KV blocks (not BYPASS, reuse configured).
     pub(crate) kv_reuse: bool,
     /// The documents' token spans in `prompt_ids`: (start, length), in order.
@@ -185,6 +188,7 @@ impl Pipeline {
             skipped: None,
             equivalence: None,
             equivalence_checks: 0,
+            check_kv: None,
             chunks,
             blend_recompute,
         };
