@@ -13,7 +13,9 @@
 //!
 //! Per key and KV head (head_dim 64, 3 query heads): 4 conversions of K and of V, 12 FMAs for
 //! the scores, 12 for the values, ~3 instructions of reduction per score and ~1 of exp: about a
-//! quarter of the AVX2 kernel's instructions.
+//! quarter of the AVX2 kernel's instructions. [`attend_rows`] takes up to [`MAX_ROWS`] query rows
+//! (prefill tokens) at once: they share the conversions and loads of each K/V tile, and the value
+//! FMAs of all their heads are interleaved, while each row keeps exactly its own call's arithmetic.
 
 use std::arch::x86_64::*;
 
