@@ -119,7 +119,10 @@ pub unsafe fn attend_rows(rows: &mut [Row<'_>], keys: &[f16], vals: &[f16], star
     while start < n_keys {
         let end = (start + T).min(n_keys);
         // Row r's end in this tile (<= start: the row is done, as its own call would have stopped).
-        let row_end: [usize; MAX_ROWS] = std::array::from_fn(|r| if r < nr { rows[r].end.min(end) } else { 0 });
+        let mut row_end = [0usize; MAX_ROWS];
+        for (re, row) in row_end.iter_mut().zip(rows.iter()) {
+            *re = row.end.min(end);
+        }
         let ninf = _mm512_set1_ps(f32::NEG_INFINITY);
         let mut tile_max = [[ninf; MAX_GROUP]; MAX_ROWS];
         for s0 in (start..end).step_by(SUB) {
@@ -177,7 +180,10 @@ pub unsafe fn attend_rows(rows: &mut [Row<'_>], keys: &[f16], vals: &[f16], star
             let n = (end - s0).min(SUB);
             f16_rows(&vals[s0 * hd..(s0 + n) * hd], &mut tile[..n * hd]);
             // Valid keys of this sub-tile per row (0: none), and the fewest any active row has.
-            let nk: [usize; MAX_ROWS] = std::array::from_fn(|r| row_end[r].saturating_sub(s0).min(SUB));
+            let mut nk = [0usize; MAX_ROWS];
+            for (k, re) in nk.iter_mut().zip(row_end) {
+                *k = re.saturating_sub(s0).min(SUB);
+            }
             let mut n_common = SUB;
             for r in 0..nr {
                 if nk[r] == 0 {
