@@ -13,7 +13,9 @@
 //!
 //! Per key and KV head (head_dim 64, 3 query heads): 4 conversions of K and of V, 12 FMAs for
 //! the scores, 12 for the values, ~3 instructions of reduction per score and ~1 of exp: about a
-//! quarter of the AVX2 kernel's instructions.
+//! quarter of the AVX2 kernel's instructions. [`attend_rows`] takes up to [`MAX_ROWS`] query rows
+//! (prefill tokens) at once: they share the conversions and loads of each K/V tile, and the value
+//! FMAs of all their heads are interleaved, while each row keeps exactly its own call's arithmetic.
 
 use std::arch::x86_64::*;
 
@@ -32,103 +34,229 @@ pub fn supports(hd: usize, g: usize) -> bool {
 /// Keys converted from f16 at a time into the f32 tile.
 const SUB: usize = 32;
 
+/// Most query rows (tokens) [`attend_rows`] takes at once.
+pub const MAX_ROWS: usize = 4;
+
+/// Query heads of all rows together: the most running outputs a call keeps.
+const MAX_HEADS: usize = MAX_ROWS * MAX_GROUP;
+
+/// One query row of [`attend_rows`]: `g` query heads sharing the KV head (`q`: [g, hd]), its keys
+/// `start..end` of the call. Without `ml` the normalized output goes to `out` ([g, hd]); with `ml`
+/// ([g, 2]) `out` is left unnormalized and each head's running max and sum go to `ml[2h]`,
+/// `ml[2h + 1]` for the segment merge in `CpuBackend::attention`.
+pub struct Row<'a> {
+    /// [g, hd]
+    pub q: &'a [f32],
+    /// One past the row's last key (absolute, in the slices the call gets).
+    pub end: usize,
+    /// [g, hd]
+    pub out: &'a mut [f32],
+    /// [g, 2], or `None` for a normalized output.
+    pub ml: Option<&'a mut [f32]>,
+}
+
 /// Attention of `g` query heads (`q`: [g, hd]) sharing one KV head over the keys `range` (its
-/// start a multiple of `ops::ATT_TILE`; `keys`, `vals`: [>= range.end, hd] f16 rows). Without
-/// `ml` the normalized output goes to `out` ([g, hd]); with `ml` ([g, 2]) `out` is left
-/// unnormalized and each head's running max and sum go to `ml[2h]`, `ml[2h + 1]` for the segment
-/// merge in `CpuBackend::attention`.
+/// start a multiple of `ops::ATT_TILE`; `keys`, `vals`: [>= range.end, hd] f16 rows): one
+/// [`Row`] of [`attend_rows`].
+///
+/// # Safety
+/// The CPU must have avx512f (the `Avx512Vnni` level checks it) and [`supports`]`(hd, g)`.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn attend_range(q: &[f32], keys: &[f16], vals: &[f16], range: std::ops::Range<usize>, hd: usize, scale: f32, out: &mut [f32], ml: Option<&mut [f32]>) {
+    let mut rows = [Row { q, end: range.end, out, ml }];
+    // SAFETY: the caller's contract is this one's.
+    unsafe { attend_rows(&mut rows, keys, vals, range.start, hd, scale) }
+}
+
+/// Attention of up to [`MAX_ROWS`] query rows against one KV head, each over its keys
+/// `start..row.end` (`start` a multiple of `ops::ATT_TILE`; `keys`, `vals`: [>= every end, hd] f16
+/// rows). The rows share each conversion of K and V to f32 and each load of it; every row's
+/// arithmetic is exactly what a call with that row alone does (tiles at the same absolute
+/// positions, the same FMA chains per score and per output element, the same sums key by key),
+/// so a token's result never depends on the rows beside it.
 ///
 /// # Safety
 /// The CPU must have avx512f (the `Avx512Vnni` level checks it) and [`supports`]`(hd, g)`.
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
-#[allow(clippy::too_many_arguments)]
-pub unsafe fn attend_range(q: &[f32], keys: &[f16], vals: &[f16], range: std::ops::Range<usize>, hd: usize, scale: f32, out: &mut [f32], ml: Option<&mut [f32]>) {
+pub unsafe fn attend_rows(rows: &mut [Row<'_>], keys: &[f16], vals: &[f16], start: usize, hd: usize, scale: f32) {
     const T: usize = ATT_TILE;
-    let g = q.len() / hd;
-    let n_keys = range.end;
-    assert!(supports(hd, g) && out.len() == q.len());
-    assert!(keys.len() >= n_keys * hd && vals.len() >= n_keys * hd && range.start % T == 0);
-    let mut scores = [[0f32; T]; MAX_GROUP];
-    let mut m = [f32::NEG_INFINITY; MAX_GROUP];
-    let mut l = [0f32; MAX_GROUP];
-    // Zeroed once: lanes past the last key of a short sub-tile read finite values, never NaN.
-    let mut tile = [0f32; SUB * 256];
-    // Each query head's 8-float chunks, duplicated into both halves of a register.
-    let mut qq = [_mm512_setzero_ps(); MAX_GROUP * 32];
-    for (h, qh) in q.chunks_exact(hd).enumerate() {
-        for (c, x) in qh.chunks_exact(8).enumerate() {
-            let v = _mm256_loadu_ps(x.as_ptr());
-            qq[h * 32 + c] = dup8(v);
+    let nr = rows.len();
+    assert!((1..=MAX_ROWS).contains(&nr) && start % T == 0);
+    let g = rows[0].q.len() / hd;
+    assert!(supports(hd, g));
+    let n_keys = rows.iter().map(|r| r.end).max().unwrap_or(0);
+    assert!(keys.len() >= n_keys * hd && vals.len() >= n_keys * hd);
+    for r in rows.iter() {
+        assert!(r.q.len() == g * hd && r.out.len() == g * hd && r.ml.as_ref().is_none_or(|m| m.len() >= 2 * g));
+    }
+    let c8 = hd / 8;
+    let mut scores = [[[0f32; T]; MAX_GROUP]; MAX_ROWS];
+    let mut m = [[f32::NEG_INFINITY; MAX_GROUP]; MAX_ROWS];
+    let mut l = [[0f32; MAX_GROUP]; MAX_ROWS];
+    let mut e = [[[0f32; SUB]; MAX_GROUP]; MAX_ROWS];
+    // f32 keys (pair layout) or values of one sub-tile. Its first SUB * hd floats are zeroed once:
+    // lanes past the last key of a short sub-tile read finite values, never NaN (masked anyway).
+    let mut tile_buf = [std::mem::MaybeUninit::<f32>::uninit(); SUB * 256];
+    for x in &mut tile_buf[..SUB * hd] {
+        x.write(0.0);
+    }
+    // SAFETY: the first SUB * hd floats were just written.
+    let tile = unsafe { std::slice::from_raw_parts_mut(tile_buf.as_mut_ptr() as *mut f32, SUB * hd) };
+    // Each (row, head)'s 8-float chunks of q, duplicated into both halves of a register.
+    let mut qq_buf = [std::mem::MaybeUninit::<__m512>::uninit(); MAX_HEADS * 32];
+    for (r, row) in rows.iter().enumerate() {
+        for (c, x) in row.q.chunks_exact(8).enumerate() {
+            qq_buf[(r * MAX_GROUP) * 32 + (c / c8) * 32 + c % c8].write(dup8(_mm256_loadu_ps(x.as_ptr())));
         }
     }
-    out.fill(0.0);
+    // Row r's head h: its hd/8 chunks at qq(r, h).
+    let qq = |r: usize, h: usize| -> *const __m512 { qq_buf[(r * MAX_GROUP + h) * 32..].as_ptr() as *const __m512 };
+    for r in rows.iter_mut() {
+        r.out.fill(0.0);
+    }
     let scale_v = _mm512_set1_ps(scale);
-    let mut start = range.start;
+    let mut start = start;
     while start < n_keys {
         let end = (start + T).min(n_keys);
-        let mut tile_max = [_mm512_set1_ps(f32::NEG_INFINITY); MAX_GROUP];
+        // Row r's end in this tile (<= start: the row is done, as its own call would have stopped).
+        let mut row_end = [0usize; MAX_ROWS];
+        for (re, row) in row_end.iter_mut().zip(rows.iter()) {
+            *re = row.end.min(end);
+        }
+        let ninf = _mm512_set1_ps(f32::NEG_INFINITY);
+        let mut tile_max = [[ninf; MAX_GROUP]; MAX_ROWS];
         for s0 in (start..end).step_by(SUB) {
             let n = (end - s0).min(SUB);
-            f16_pairs(&keys[s0 * hd..(s0 + n) * hd], hd, &mut tile);
-            for (h, tm) in tile_max.iter_mut().enumerate().take(g) {
-                let qh = &qq[h * 32..h * 32 + hd / 8];
-                for j in (0..n).step_by(16) {
-                    let valid = (n - j).min(16);
-                    // SAFETY: the tile holds SUB keys of hd (j + 16 <= SUB); scores[h] has T >= s0 - start + j + 16.
-                    let s = _mm512_mul_ps(dots16(qh, &tile[j * hd..(j + 16) * hd]), scale_v);
+            f16_pairs(&keys[s0 * hd..(s0 + n) * hd], hd, tile);
+            for r in 0..nr {
+                if row_end[r] <= s0 {
+                    continue;
+                }
+                let nk = (row_end[r] - s0).min(SUB);
+                for j in (0..nk).step_by(16) {
+                    let valid = (nk - j).min(16);
                     let mask: __mmask16 = if valid == 16 { 0xffff } else { (1u16 << valid) - 1 };
-                    let s = _mm512_mask_blend_ps(mask, _mm512_set1_ps(f32::NEG_INFINITY), s);
-                    _mm512_storeu_ps(scores[h].as_mut_ptr().add(s0 - start + j), s);
-                    *tm = _mm512_max_ps(*tm, s);
+                    let k16 = &tile[j * hd..(j + 16) * hd];
+                    let mut h = 0;
+                    while h < g {
+                        let mut s = [_mm512_setzero_ps(); 3];
+                        let w = (g - h).min(3);
+                        // SAFETY: qq(r, h..h + w) hold c8 chunks each (written above).
+                        unsafe {
+                            match w {
+                                3 => s = dots_n::<3>([qq(r, h), qq(r, h + 1), qq(r, h + 2)], c8, k16),
+                                2 => s[..2].copy_from_slice(&dots_n::<2>([qq(r, h), qq(r, h + 1)], c8, k16)),
+                                _ => s[0] = dots_n::<1>([qq(r, h)], c8, k16)[0],
+                            }
+                        }
+                        for (i, &si) in s.iter().enumerate().take(w) {
+                            let si = _mm512_mask_blend_ps(mask, _mm512_set1_ps(f32::NEG_INFINITY), _mm512_mul_ps(si, scale_v));
+                            // SAFETY: scores[r][h + i] has T >= s0 - start + j + 16 floats.
+                            unsafe { _mm512_storeu_ps(scores[r][h + i].as_mut_ptr().add(s0 - start + j), si) };
+                            tile_max[r][h + i] = _mm512_max_ps(tile_max[r][h + i], si);
+                        }
+                        h += w;
+                    }
                 }
             }
         }
-        let mut m_tile = [0f32; MAX_GROUP];
-        for h in 0..g {
-            let m_new = m[h].max(_mm512_reduce_max_ps(tile_max[h]));
-            let corr = (m[h] - m_new).exp();
-            l[h] *= corr;
-            for o in out[h * hd..(h + 1) * hd].iter_mut() {
-                *o *= corr;
+        let mut m_tile = [[0f32; MAX_GROUP]; MAX_ROWS];
+        for r in 0..nr {
+            if row_end[r] <= start {
+                continue;
             }
-            m[h] = m_new;
-            m_tile[h] = m_new;
+            for h in 0..g {
+                let m_new = m[r][h].max(_mm512_reduce_max_ps(tile_max[r][h]));
+                let corr = (m[r][h] - m_new).exp();
+                l[r][h] *= corr;
+                for o in rows[r].out[h * hd..(h + 1) * hd].iter_mut() {
+                    *o *= corr;
+                }
+                m[r][h] = m_new;
+                m_tile[r][h] = m_new;
+            }
         }
         for s0 in (start..end).step_by(SUB) {
             let n = (end - s0).min(SUB);
             f16_rows(&vals[s0 * hd..(s0 + n) * hd], &mut tile[..n * hd]);
-            for h in 0..g {
-                let mut e = [0f32; SUB];
-                let mv = _mm512_set1_ps(m_tile[h]);
-                for j in (0..n).step_by(16) {
-                    let valid = (n - j).min(16);
-                    let mask: __mmask16 = if valid == 16 { 0xffff } else { (1u16 << valid) - 1 };
-                    let s = _mm512_loadu_ps(scores[h].as_ptr().add(s0 - start + j));
-                    // Lanes past the last key: e = 0 exactly (exp16 clamps, so mask instead).
-                    let ev = _mm512_maskz_mov_ps(mask, exp16(_mm512_sub_ps(s, mv)));
-                    _mm512_storeu_ps(e.as_mut_ptr().add(j), ev);
+            // Valid keys of this sub-tile per row (0: none), and the fewest any active row has.
+            let mut nk = [0usize; MAX_ROWS];
+            for (k, re) in nk.iter_mut().zip(row_end) {
+                *k = re.saturating_sub(s0).min(SUB);
+            }
+            let mut n_common = SUB;
+            for r in 0..nr {
+                if nk[r] == 0 {
+                    continue;
                 }
-                // Key by key, as the AVX2 kernel and the reference add them.
-                for &ej in &e[..n] {
-                    l[h] += ej;
+                n_common = n_common.min(nk[r]);
+                for h in 0..g {
+                    let mv = _mm512_set1_ps(m_tile[r][h]);
+                    for j in (0..nk[r]).step_by(16) {
+                        let valid = (nk[r] - j).min(16);
+                        let mask: __mmask16 = if valid == 16 { 0xffff } else { (1u16 << valid) - 1 };
+                        // SAFETY: scores[r][h] holds T >= s0 - start + j + 16 floats, e[r][h] SUB >= j + 16.
+                        unsafe {
+                            let s = _mm512_loadu_ps(scores[r][h].as_ptr().add(s0 - start + j));
+                            // Lanes past the last key: e = 0 exactly (exp16 clamps, so mask instead).
+                            let ev = _mm512_maskz_mov_ps(mask, exp16(_mm512_sub_ps(s, mv)));
+                            _mm512_storeu_ps(e[r][h].as_mut_ptr().add(j), ev);
+                        }
+                    }
                 }
-                accumulate(&mut out[h * hd..(h + 1) * hd], &e[..n], &tile[..n * hd]);
+            }
+            // Key by key, as the AVX2 kernel and the reference add them (rows and heads interleaved).
+            for r in 0..nr {
+                for j in 0..nk[r] {
+                    for h in 0..g {
+                        l[r][h] += e[r][h][j];
+                    }
+                }
+            }
+            // Values: every (row, head) over the keys all active rows share, then each row's rest.
+            let mut outs = [std::ptr::null_mut::<f32>(); MAX_HEADS];
+            let mut es = [std::ptr::null::<f32>(); MAX_HEADS];
+            let mut cnt = 0;
+            for r in 0..nr {
+                if nk[r] == 0 {
+                    continue;
+                }
+                for h in 0..g {
+                    outs[cnt] = rows[r].out[h * hd..].as_mut_ptr();
+                    es[cnt] = e[r][h].as_ptr();
+                    cnt += 1;
+                }
+            }
+            // SAFETY: every pointer addresses hd floats of a distinct output head (rows own
+            // disjoint `out`s) and n_common <= SUB floats of its e; the tile holds n >= nk keys.
+            unsafe { accumulate_many(&outs[..cnt], &es[..cnt], tile.as_ptr(), hd, 0..n_common) };
+            let mut i = 0;
+            for r in 0..nr {
+                if nk[r] == 0 {
+                    continue;
+                }
+                if nk[r] > n_common {
+                    // SAFETY: as above, for this row's g heads.
+                    unsafe { accumulate_many(&outs[i..i + g], &es[i..i + g], tile.as_ptr(), hd, n_common..nk[r]) };
+                }
+                i += g;
             }
         }
         start = end;
     }
-    let lsum = l;
-    if let Some(ml) = ml {
-        for h in 0..g {
-            ml[2 * h] = m[h];
-            ml[2 * h + 1] = lsum[h];
+    for (r, row) in rows.iter_mut().enumerate() {
+        if let Some(ml) = row.ml.as_deref_mut() {
+            for h in 0..g {
+                ml[2 * h] = m[r][h];
+                ml[2 * h + 1] = l[r][h];
+            }
+            continue;
         }
-        return;
-    }
-    for h in 0..g {
-        let inv = if lsum[h] > 0.0 { 1.0 / lsum[h] } else { 0.0 };
-        for o in out[h * hd..(h + 1) * hd].iter_mut() {
-            *o *= inv;
+        for h in 0..g {
+            let inv = if l[r][h] > 0.0 { 1.0 / l[r][h] } else { 0.0 };
+            for o in row.out[h * hd..(h + 1) * hd].iter_mut() {
+                *o *= inv;
+            }
         }
     }
 }
@@ -176,34 +304,59 @@ fn f16_pairs(src: &[f16], hd: usize, dst: &mut [f32]) {
     }
 }
 
-/// Scores of a query (`qq`: its hd/8 chunks, each duplicated in both register halves) against
-/// 16 keys in the pair layout of [`f16_pairs`] (`k16`: [16 * hd] floats). Per key the FMA chain
-/// of `avx2::dot8` (8 lanes, chunks in order), then `avx2::hsum`'s additions (lane i + lane
-/// i + 4, then 0 + 2 and 1 + 3, then those two) for all 16 keys at once: every lane of the
-/// result is bitwise the AVX2 kernel's score. Lane j holds key j's.
+/// Scores of `N` queries (`qs[i]`: its `c8` 8-float chunks, each duplicated in both register
+/// halves) against 16 keys in the pair layout of [`f16_pairs`] (`k16`: [16 * 8 * c8] floats),
+/// sharing each load of the keys. Per query and key the FMA chain of `avx2::dot8` (8 lanes,
+/// chunks in order), then `avx2::hsum`'s additions (lane i + lane i + 4, then 0 + 2 and 1 + 3,
+/// then those two) for all 16 keys at once: every lane of the result is bitwise the AVX2
+/// kernel's score. Lane j holds key j's.
+///
+/// # Safety
+/// AVX-512F; each `qs[i]` points at `c8` initialized registers.
 #[inline(always)]
-fn dots16(qq: &[__m512], k16: &[f32]) -> __m512 {
-    let c8 = qq.len();
+unsafe fn dots_n<const N: usize>(qs: [*const __m512; N], c8: usize, k16: &[f32]) -> [__m512; N] {
     assert!(k16.len() == 16 * 8 * c8);
-    // SAFETY: AVX-512F enabled in every caller; pair p's chunk c is 16 floats at (p * c8 + c) * 16
-    // < k16.len() (asserted).
+    // SAFETY: pair p's chunk c is 16 floats at (p * c8 + c) * 16 < k16.len() (asserted); qs[i].add(c)
+    // for c < c8 is initialized (the caller's contract).
     unsafe {
-        let mut a = [_mm512_setzero_ps(); 8];
-        for (c, &qv) in qq.iter().enumerate() {
-            for (p, acc) in a.iter_mut().enumerate() {
-                *acc = _mm512_fmadd_ps(qv, _mm512_loadu_ps(k16.as_ptr().add((p * c8 + c) * 16)), *acc);
+        let mut a = [[_mm512_setzero_ps(); 8]; N];
+        for c in 0..c8 {
+            let mut qv = [_mm512_setzero_ps(); N];
+            for i in 0..N {
+                qv[i] = *qs[i].add(c);
+            }
+            for p in 0..8 {
+                let k = _mm512_loadu_ps(k16.as_ptr().add((p * c8 + c) * 16));
+                for i in 0..N {
+                    a[i][p] = _mm512_fmadd_ps(qv[i], k, a[i][p]);
+                }
             }
         }
+        let mut s = [_mm512_setzero_ps(); N];
+        for i in 0..N {
+            s[i] = reduce16(&a[i]);
+        }
+        s
+    }
+}
+
+/// The 8 pair accumulators of [`dots_n`] to 16 scores in key order.
+#[inline(always)]
+fn reduce16(a: &[__m512; 8]) -> __m512 {
+    // SAFETY: AVX-512F enabled in every caller.
+    unsafe {
         // w_m quarter j = key 4m + j, lanes i + (i + 4) of its chain (a[2m] holds keys 4m, 4m + 1).
-        let w: [__m512; 4] = std::array::from_fn(|m| {
+        let mut w = [_mm512_setzero_ps(); 4];
+        for (m, wm) in w.iter_mut().enumerate() {
             let (x, y) = (a[2 * m], a[2 * m + 1]);
-            _mm512_add_ps(_mm512_shuffle_f32x4::<0x88>(x, y), _mm512_shuffle_f32x4::<0xDD>(x, y))
-        });
+            *wm = _mm512_add_ps(_mm512_shuffle_f32x4::<0x88>(x, y), _mm512_shuffle_f32x4::<0xDD>(x, y));
+        }
         // z_n quarter j = [key 8n + j: 0 + 2, 1 + 3 | key 8n + 4 + j: 0 + 2, 1 + 3].
-        let z: [__m512; 2] = std::array::from_fn(|n| {
+        let mut z = [_mm512_setzero_ps(); 2];
+        for (n, zn) in z.iter_mut().enumerate() {
             let (x, y) = (w[2 * n], w[2 * n + 1]);
-            _mm512_add_ps(_mm512_shuffle_ps::<0x44>(x, y), _mm512_shuffle_ps::<0xEE>(x, y))
-        });
+            *zn = _mm512_add_ps(_mm512_shuffle_ps::<0x44>(x, y), _mm512_shuffle_ps::<0xEE>(x, y));
+        }
         // Lane 4j + i = key 4i + j: (0 + 2) + (1 + 3).
         let r = _mm512_add_ps(_mm512_shuffle_ps::<0x88>(z[0], z[1]), _mm512_shuffle_ps::<0xDD>(z[0], z[1]));
         // Back to key order: key k sits in lane 4(k % 4) + k / 4.
@@ -211,30 +364,84 @@ fn dots16(qq: &[__m512], k16: &[f32]) -> __m512 {
     }
 }
 
-/// out += Σ_j e[j] · v[j] (v: [e.len(), out.len()]), keys in order: one FMA per element and
-/// key, the running sums in registers 128 floats at a time.
+/// One query's scores against 16 keys ([`dots_n`] with one query).
+#[cfg(test)]
 #[inline(always)]
-fn accumulate(out: &mut [f32], e: &[f32], v: &[f32]) {
-    let hd = out.len();
-    assert!(v.len() == e.len() * hd && hd % 16 == 0);
-    for c0 in (0..hd).step_by(128) {
-        let w = (hd - c0).min(128) / 16;
-        // SAFETY: AVX-512F enabled in every caller; loads and stores touch out[c0..c0 + 16w] and
-        // v[j*hd + c0..j*hd + c0 + 16w], in bounds (c0 + 16w <= hd, j < e.len(): asserted).
-        unsafe {
-            let mut acc = [_mm512_setzero_ps(); 8];
-            for (i, a) in acc.iter_mut().enumerate().take(w) {
-                *a = _mm512_loadu_ps(out.as_ptr().add(c0 + 16 * i));
-            }
-            for (j, &ej) in e.iter().enumerate() {
-                let ev = _mm512_set1_ps(ej);
-                let row = v.as_ptr().add(j * hd + c0);
-                for (i, a) in acc.iter_mut().enumerate().take(w) {
-                    *a = _mm512_fmadd_ps(ev, _mm512_loadu_ps(row.add(16 * i)), *a);
+fn dots16(qq: &[__m512], k16: &[f32]) -> __m512 {
+    // SAFETY: AVX-512F enabled in every caller; qq holds its c8 chunks.
+    unsafe { dots_n::<1>([qq.as_ptr()], qq.len(), k16)[0] }
+}
+
+/// outs[i] += Σ_j es[i][j] · v[j] for j in `js` (v: rows of hd floats), keys in order: one FMA
+/// per element and key, as when each output is accumulated alone; up to 6 outputs share each
+/// load of a value row, their running sums in registers 64 floats at a time.
+///
+/// # Safety
+/// AVX-512F; each `outs[i]` addresses hd floats no other entry does, each `es[i]` >= js.end
+/// floats, `v` >= js.end * hd floats; hd a multiple of 16.
+#[inline(always)]
+unsafe fn accumulate_many(outs: &[*mut f32], es: &[*const f32], v: *const f32, hd: usize, js: std::ops::Range<usize>) {
+    debug_assert!(outs.len() == es.len() && hd % 16 == 0);
+    let mut i = 0;
+    while i < outs.len() {
+        let n = (outs.len() - i).min(6);
+        for c0 in (0..hd).step_by(64) {
+            let w = (hd - c0).min(64) / 16;
+            // SAFETY: the caller's contract, for outs[i..i + n] and columns c0..c0 + 16w <= hd.
+            unsafe {
+                match (n, w) {
+                    (6, 4) => acc_block::<6, 4>(&outs[i..], &es[i..], v, hd, c0, js.clone()),
+                    (3, 4) => acc_block::<3, 4>(&outs[i..], &es[i..], v, hd, c0, js.clone()),
+                    (4, 4) => acc_block::<4, 4>(&outs[i..], &es[i..], v, hd, c0, js.clone()),
+                    (2, 4) => acc_block::<2, 4>(&outs[i..], &es[i..], v, hd, c0, js.clone()),
+                    (n, 4) => {
+                        for k in i..i + n {
+                            acc_block::<1, 4>(&outs[k..], &es[k..], v, hd, c0, js.clone());
+                        }
+                    }
+                    (n, _) => {
+                        for k in i..i + n {
+                            acc_block::<1, 1>(&outs[k..], &es[k..], v, hd, c0, js.clone());
+                        }
+                    }
                 }
             }
-            for (i, a) in acc.iter().enumerate().take(w) {
-                _mm512_storeu_ps(out.as_mut_ptr().add(c0 + 16 * i), *a);
+        }
+        i += n;
+    }
+}
+
+/// [`accumulate_many`] for N outputs and 16·W columns from c0 (W = 1 walks them 16 at a time).
+#[inline(always)]
+unsafe fn acc_block<const N: usize, const W: usize>(outs: &[*mut f32], es: &[*const f32], v: *const f32, hd: usize, c0: usize, js: std::ops::Range<usize>) {
+    let cols = if W == 1 { (hd - c0).min(64) / 16 } else { 1 };
+    for cc in 0..cols {
+        let c = c0 + 16 * cc;
+        // SAFETY: the caller's contract (`accumulate_many`): columns c..c + 16W are inside hd.
+        unsafe {
+            let mut acc = [[_mm512_setzero_ps(); W]; N];
+            for k in 0..N {
+                for x in 0..W {
+                    acc[k][x] = _mm512_loadu_ps(outs[k].add(c + 16 * x));
+                }
+            }
+            for j in js.clone() {
+                let row = v.add(j * hd + c);
+                let mut vv = [_mm512_setzero_ps(); W];
+                for x in 0..W {
+                    vv[x] = _mm512_loadu_ps(row.add(16 * x));
+                }
+                for k in 0..N {
+                    let ev = _mm512_set1_ps(*es[k].add(j));
+                    for x in 0..W {
+                        acc[k][x] = _mm512_fmadd_ps(ev, vv[x], acc[k][x]);
+                    }
+                }
+            }
+            for k in 0..N {
+                for x in 0..W {
+                    _mm512_storeu_ps(outs[k].add(c + 16 * x), acc[k][x]);
+                }
             }
         }
     }
@@ -314,6 +521,49 @@ mod tests {
             let y: [f32; 4] = std::array::from_fn(|i| v[i] + v[i + 4]);
             let want = (y[0] + y[2]) + (y[1] + y[3]);
             assert_eq!(g.to_bits(), want.to_bits(), "key {j}: {g} vs {want}");
+        }
+    }
+
+    /// Rows of different lengths in one call (ending inside a sub-tile, at a tile edge, past the
+    /// others, one with no keys in the last tile), normalized or with (max, sum): each row's
+    /// output bitwise what a call with that row alone gives, at head sizes 64 and 256.
+    #[test]
+    fn attend_rows_equals_single_row_calls_bitwise() {
+        if !SimdLevel::Avx512Vnni.supported() {
+            return;
+        }
+        use crate::backend::cpu::testutil::rand_f32;
+        for (hd, g) in [(64, 3), (256, 4), (48, 2)] {
+            let n_keys = 300;
+            let keys: Vec<f16> = rand_f32(1, n_keys * hd).into_iter().map(f16::from_f32).collect();
+            let vals: Vec<f16> = rand_f32(2, n_keys * hd).into_iter().map(f16::from_f32).collect();
+            let q = rand_f32(3, MAX_ROWS * g * hd);
+            for (start, ends) in [(0, [130, 131, 256, 129]), (128, [300, 150, 129, 160]), (0, [1, 17, 32, 33])] {
+                for with_ml in [false, true] {
+                    let mut got = vec![0f32; MAX_ROWS * g * hd];
+                    let mut got_ml = vec![0f32; MAX_ROWS * 2 * g];
+                    {
+                        let mut rows: Vec<Row<'_>> = Vec::new();
+                        let (mut outs, mut mls) = (got.chunks_exact_mut(g * hd), got_ml.chunks_exact_mut(2 * g));
+                        for (r, &end) in ends.iter().enumerate() {
+                            let (out, ml) = (outs.next().unwrap(), mls.next().unwrap());
+                            rows.push(Row { q: &q[r * g * hd..(r + 1) * g * hd], end, out, ml: with_ml.then_some(ml) });
+                        }
+                        // SAFETY: avx512f checked above; supports(hd, g) holds for these shapes.
+                        unsafe { attend_rows(&mut rows, &keys, &vals, start, hd, 0.125) };
+                    }
+                    for (r, &end) in ends.iter().enumerate() {
+                        let mut want = vec![0f32; g * hd];
+                        let mut want_ml = vec![0f32; 2 * g];
+                        let ml = if with_ml { Some(&mut want_ml[..]) } else { None };
+                        // SAFETY: as above.
+                        unsafe { attend_range(&q[r * g * hd..(r + 1) * g * hd], &keys, &vals, start..end, hd, 0.125, &mut want, ml) };
+                        let same = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
+                        assert!(same(&got[r * g * hd..(r + 1) * g * hd], &want), "hd {hd}, row {r}, ends {ends:?}, ml {with_ml}");
+                        assert!(same(&got_ml[r * 2 * g..(r + 1) * 2 * g], &want_ml), "hd {hd}, row {r}: (max, sum)");
+                    }
+                }
+            }
         }
     }
 }

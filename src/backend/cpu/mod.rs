@@ -337,7 +337,8 @@ impl Backend for CpuBackend {
         #[cfg(target_arch = "x86_64")]
         if range_kernel(self.simd, hd, group).is_some() {
             let n_seg = positions.iter().map(|&p| attention_keys(p, window).len().div_ceil(ops::ATT_SEG)).max().unwrap_or(1);
-            if n_seg > 1 {
+            // Several tokens at the AVX-512 level: blocks of them share K/V tiles (`attn512::attend_rows`).
+            if n_seg > 1 || (positions.len() > 1 && rows_kernel(self.simd, hd, group)) {
                 return self.attention_segmented(a, n_seg);
             }
         }
@@ -422,9 +423,12 @@ impl CpuBackend {
         }
     }
 
-    /// Attention when some query sees more than one `ops::ATT_SEG` of keys (x86 SIMD levels):
-    /// work items (token, KV head, segment), then a merge of each query's segments in order.
-    /// A query with a single segment is computed whole, exactly as by `attend`.
+    /// Attention when some query sees more than one `ops::ATT_SEG` of keys (x86 SIMD levels), or
+    /// of several tokens at the AVX-512 level: work items (KV head, segment, block of tokens),
+    /// then a merge of each query's segments in order. A query with a single segment is computed
+    /// whole, exactly as by `attend`. At the AVX-512 level the tokens of a block that need the
+    /// segment go through `attn512::attend_rows` together (one conversion and load of each K/V
+    /// tile for all of them), which gives each token the arithmetic of its own call.
     #[cfg(target_arch = "x86_64")]
     fn attention_segmented(&self, a: AttentionArgs<'_>, n_seg: usize) {
         const SEG: usize = ops::ATT_SEG;
@@ -433,8 +437,10 @@ impl CpuBackend {
         let gw = group * hd;
         let scale = 1.0 / (hd as f32).sqrt();
         let n_tok = positions.len();
-        let n_items = n_tok * n_kv * n_seg;
         let Some(kernel) = range_kernel(self.simd, hd, group) else { unreachable!("attention_segmented without a range kernel") };
+        let block = if rows_kernel(self.simd, hd, group) { attn512::MAX_ROWS } else { 1 };
+        let n_blocks = n_tok.div_ceil(block);
+        let n_items = n_kv * n_seg * n_blocks;
         let mut s = self.scratch.lock().unwrap_or_else(|p| p.into_inner());
         let s = &mut *s;
         // Sized for the whole cache the first time, so decode does not grow it step by step.
@@ -447,37 +453,55 @@ impl CpuBackend {
         let window = a.window;
         // Segments at positions relative to the query's first key (a function of its position).
         let segs = |t: usize| attention_keys(positions[t], window).len().div_ceil(SEG);
-        // Items in (KV head, segment, token) order: consecutive items read the same segment of K
-        // and V (up to 128 KiB at head_dim 64), which stays in the core's L2 across the tokens of
-        // a prefill batch. The order changes no arithmetic: item i's result depends on its own
-        // (token, head, segment) only, and lands in its own slot `tk * n_seg + seg`.
+        // Items in (KV head, segment, token block) order: consecutive items read the same segment
+        // of K and V (up to 128 KiB at head_dim 64), which stays in the core's L2 across the
+        // tokens of a prefill batch. Neither the order nor the blocks change arithmetic: a
+        // token's result depends on its own (token, head, segment) only, and lands in its own
+        // slot `tk * n_seg + seg`.
         self.team.for_chunks(n_items, 1, &|range| {
             for item in range {
-                let (hs, t) = (item / n_tok, item % n_tok);
+                let (hs, blk) = (item / n_blocks, item % n_blocks);
                 let (kvh, seg) = (hs / n_seg, hs % n_seg);
-                let tk = t * n_kv + kvh;
-                let i = tk * n_seg + seg;
-                if seg >= segs(t) {
+                let mut rows: [attn512::Row<'_>; attn512::MAX_ROWS] = std::array::from_fn(|_| attn512::Row { q: &[], end: 0, out: &mut [], ml: None });
+                let mut toks = [0usize; attn512::MAX_ROWS];
+                let (mut n_rows, mut first_key, mut last_key, mut same_start) = (0, None, 0, true);
+                for t in blk * block..((blk + 1) * block).min(n_tok) {
+                    if seg >= segs(t) {
+                        continue;
+                    }
+                    let tk = t * n_kv + kvh;
+                    let i = tk * n_seg + seg;
+                    let r = attention_keys(positions[t], window);
+                    let qg = &a.q[tk * gw..(tk + 1) * gw];
+                    let row = if segs(t) == 1 {
+                        // SAFETY: a query of one segment has one item (seg 0), which alone writes
+                        // out[tk*gw..]; items are disjoint.
+                        attn512::Row { q: qg, end: r.len(), out: unsafe { out.slice(tk * gw, gw) }, ml: None }
+                    } else {
+                        // SAFETY: item (kvh, seg, blk) alone owns part[i*gw..][..gw] and ml[i*2g..][..2g].
+                        let (o, m) = unsafe { (part.slice(i * gw, gw), ml.slice(i * 2 * group, 2 * group)) };
+                        attn512::Row { q: qg, end: ((seg + 1) * SEG).min(r.len()), out: o, ml: Some(m) }
+                    };
+                    same_start &= *first_key.get_or_insert(r.start) == r.start;
+                    last_key = last_key.max(r.start + row.end);
+                    rows[n_rows] = row;
+                    toks[n_rows] = t;
+                    n_rows += 1;
+                }
+                let Some(first_key) = first_key else { continue };
+                if block > 1 && same_start {
+                    let (k0, k1) = ((kvh * cap + first_key) * hd, (kvh * cap + last_key) * hd);
+                    // SAFETY: `rows_kernel` checked the level's features, the head size and group.
+                    unsafe { attn512::attend_rows(&mut rows[..n_rows], &a.k_cache[k0..k1], &a.v_cache[k0..k1], seg * SEG, hd, scale) };
                     continue;
                 }
-                let r = attention_keys(positions[t], window);
-                let n_keys = r.len();
-                let (k0, k1) = ((kvh * cap + r.start) * hd, (kvh * cap + r.end) * hd);
-                let (keys, vals) = (&a.k_cache[k0..k1], &a.v_cache[k0..k1]);
-                let qg = &a.q[tk * gw..(tk + 1) * gw];
-                if segs(t) == 1 {
-                    // SAFETY: a query of one segment has one item (seg 0), which alone writes
-                    // out[tk*gw..]; items are disjoint.
-                    let o = unsafe { out.slice(tk * gw, gw) };
+                for (row, &t) in rows[..n_rows].iter_mut().zip(&toks) {
+                    let r = attention_keys(positions[t], window);
+                    let (k0, k1) = ((kvh * cap + r.start) * hd, (kvh * cap + r.end) * hd);
+                    let (keys, vals) = (&a.k_cache[k0..k1], &a.v_cache[k0..k1]);
                     // SAFETY: `range_kernel` returned a kernel only for a level whose features
                     // were detected, and for this head size and group.
-                    unsafe { kernel(qg, keys, vals, 0..n_keys, hd, scale, o, None) }
-                } else {
-                    // SAFETY: item i alone owns part[i*gw..][..gw] and ml[i*2g..][..2g].
-                    let (o, m) = unsafe { (part.slice(i * gw, gw), ml.slice(i * 2 * group, 2 * group)) };
-                    let r = seg * SEG..((seg + 1) * SEG).min(n_keys);
-                    // SAFETY: as above.
-                    unsafe { kernel(qg, keys, vals, r, hd, scale, o, Some(m)) }
+                    unsafe { kernel(row.q, keys, vals, seg * SEG..row.end, hd, scale, row.out, row.ml.as_deref_mut()) }
                 }
             }
         });
@@ -530,6 +554,13 @@ fn attend(simd: SimdLevel, q: &[f32], keys: &[f16], vals: &[f16], n_keys: usize,
     }
 }
 
+/// Whether tokens go through `attn512::attend_rows` in blocks (the AVX-512 level, for the head
+/// sizes and groups its kernel takes): a function of the level and the model's shape only.
+#[cfg(target_arch = "x86_64")]
+fn rows_kernel(simd: SimdLevel, hd: usize, group: usize) -> bool {
+    simd == SimdLevel::Avx512Vnni && attn512::supports(hd, group)
+}
+
 /// A group of query heads against a range of keys (`avx2::attend_range`'s contract).
 #[cfg(target_arch = "x86_64")]
 type RangeKernel = unsafe fn(&[f32], &[f16], &[f16], std::ops::Range<usize>, usize, f32, &mut [f32], Option<&mut [f32]>);
@@ -550,6 +581,6 @@ fn range_kernel(simd: SimdLevel, hd: usize, group: usize) -> Option<RangeKernel>
 }
 
 #[cfg(test)]
-mod testutil;
-#[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod testutil;

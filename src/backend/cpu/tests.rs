@@ -98,6 +98,13 @@ fn long_context_attention_matches_reference_and_is_batch_invariant() {
     check_attention(1300, [0, 3, 510, 511, 512, 513, 700, 1023, 1024, 1025, 1299].into(), None, 64);
 }
 
+/// A prefill batch of consecutive positions (the AVX-512 level attends blocks of tokens
+/// together) across tile (128), sub-tile and segment (512, 1024) edges: alone and batched equal.
+#[test]
+fn prefill_blocks_across_tile_and_segment_edges_match_reference() {
+    check_attention(1100, (120..133).chain(500..530).chain(1019..1030).collect(), None, 64);
+}
+
 /// Sliding windows (Gemma's local layers): short windows inside one tile, a window of 600 that
 /// spans segments, at head size 256 (Gemma 3); alone, batched, against the reference.
 #[test]
