@@ -1,8 +1,10 @@
 //! What the scheduler is given and gives back: a [`Job`] (a generation, or a scoring job), its
 //! drafts, the [`Event`]s streamed to its submitter, and how it ended ([`Finished`], [`Scored`],
-//! [`JobError`]); [`SubmitError`] when the queue refuses it. The engine thread that runs jobs is
+//! [`JobError`]); [`SubmitError`] when the queue refuses it; the channel for drafts that arrive
+//! after the job started ([`LateSender`] / [`LateReceiver`]). The engine thread that runs jobs is
 //! `engine::scheduler`.
 
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
 use tokio::sync::mpsc::UnboundedSender;
@@ -41,7 +43,7 @@ pub struct Job {
     /// Drafts to come after the job started (the semantic lookup runs once the first token is
     /// chosen, off its path): from [`super::scheduler::Scheduler::late_drafts`]. The job's
     /// outcome waits for them.
-    pub late: Option<super::scheduler::LateReceiver>,
+    pub late: Option<LateReceiver>,
 }
 
 impl Job {
@@ -145,4 +147,147 @@ pub enum SubmitError {
     QueueFull(usize),
     #[error("the engine has stopped")]
     Stopped,
+}
+
+// Drafts that arrive after the job started: the channel between the submitter's lookup and the
+// engine (attaching them is `scheduler::late`).
+
+
+#[derive(Debug)]
+enum State {
+    /// No token chosen yet.
+    Waiting,
+    /// The first token is chosen: the submitter may look for drafts.
+    FirstChosen,
+    Delivered(Vec<Draft>),
+    /// The engine took the drafts.
+    Taken,
+    /// The job left the engine before taking drafts.
+    Gone,
+}
+
+#[derive(Debug)]
+struct Slot {
+    state: Mutex<State>,
+    changed: Condvar,
+}
+
+impl Slot {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn set(&self, f: impl FnOnce(&mut State)) {
+        f(&mut self.lock());
+        self.changed.notify_all();
+    }
+}
+
+/// The engine's end, carried by [`Job::late`].
+#[derive(Debug)]
+pub struct LateReceiver {
+    slot: Arc<Slot>,
+}
+
+/// The submitter's end. Dropped without [`LateSender::send`], it delivers no drafts (the job
+/// never waits for it in vain).
+pub struct LateSender {
+    slot: Arc<Slot>,
+    /// wakes the engine thread (the scheduler's queue signal)
+    wake: Arc<dyn Fn() + Send + Sync>,
+    sent: bool,
+}
+
+/// After [`LateSender::send`]: whether the engine took the drafts.
+pub struct LateTicket {
+    slot: Arc<Slot>,
+}
+
+/// A new channel; `wake` tells the engine thread that drafts arrived.
+pub(super) fn late_pair(wake: Arc<dyn Fn() + Send + Sync>) -> (LateSender, LateReceiver) {
+    let slot = Arc::new(Slot { state: Mutex::new(State::Waiting), changed: Condvar::new() });
+    (LateSender { slot: slot.clone(), wake, sent: false }, LateReceiver { slot })
+}
+
+impl LateSender {
+    /// Blocks until the job's first token is chosen (`true`) or the job left the engine first
+    /// (`false`: nothing to attach drafts to).
+    pub fn wait_first(&self) -> bool {
+        let mut s = self.slot.lock();
+        loop {
+            match *s {
+                State::Waiting => s = self.slot.changed.wait(s).unwrap_or_else(|e| e.into_inner()),
+                State::FirstChosen => return true,
+                _ => return false,
+            }
+        }
+    }
+
+    /// Hands the drafts (best first; may be empty) to the job and wakes the engine.
+    pub fn send(mut self, drafts: Vec<Draft>) -> LateTicket {
+        self.deliver(drafts);
+        LateTicket { slot: self.slot.clone() }
+    }
+
+    fn deliver(&mut self, drafts: Vec<Draft>) {
+        self.sent = true;
+        self.slot.set(|s| {
+            if matches!(s, State::Waiting | State::FirstChosen) {
+                *s = State::Delivered(drafts);
+            }
+        });
+        (self.wake)();
+    }
+}
+
+impl Drop for LateSender {
+    fn drop(&mut self) {
+        if !self.sent {
+            self.deliver(Vec::new());
+        }
+    }
+}
+
+impl LateTicket {
+    /// The engine attached the drafts before the job ended.
+    pub fn taken(&self) -> bool {
+        matches!(*self.slot.lock(), State::Taken)
+    }
+}
+
+impl LateReceiver {
+    pub(super) fn first_chosen(&self) {
+        self.slot.set(|s| {
+            if matches!(s, State::Waiting) {
+                *s = State::FirstChosen;
+            }
+        });
+    }
+
+    /// The drafts, once delivered (then `Taken`).
+    pub(super) fn take(&self) -> Option<Vec<Draft>> {
+        let mut s = self.slot.lock();
+        if !matches!(*s, State::Delivered(_)) {
+            return None;
+        }
+        match std::mem::replace(&mut *s, State::Taken) {
+            State::Delivered(d) => Some(d),
+            _ => None,
+        }
+    }
+
+    /// The drafts are there (a parked sequence may finish).
+    pub(super) fn ready(&self) -> bool {
+        matches!(*self.slot.lock(), State::Delivered(_))
+    }
+}
+
+impl Drop for LateReceiver {
+    fn drop(&mut self) {
+        self.slot.set(|s| {
+            if !matches!(s, State::Taken) {
+                *s = State::Gone;
+            }
+        });
+    }
 }

@@ -46,7 +46,7 @@ use std::time::{Duration, Instant};
 use super::fair::{self, RowCost, StepClock, Want};
 use super::generate::GenerateError;
 pub use super::job::{Draft, Event, Finished, Job, JobError, Scored, SubmitError};
-pub use late::{LateReceiver, LateSender, LateTicket};
+pub use super::job::{LateReceiver, LateSender, LateTicket};
 pub use replay::replay_drafts;
 use replay::{draft_end, find_continuation};
 use crate::background::Background;
@@ -198,7 +198,12 @@ impl Scheduler {
 
     /// A channel for drafts that come after the job started ([`Job::late`]; see `late`).
     pub fn late_drafts(&self) -> (LateSender, LateReceiver) {
-        late::pair(self.queue.clone())
+        let queue = self.queue.clone();
+        // Under the queue's lock, so that an engine about to wait sees the drafts or the signal.
+        super::job::late_pair(Arc::new(move || {
+            let _w = queue.lock();
+            queue.arrived.notify_all();
+        }))
     }
 
     /// Jobs waiting for a slot.

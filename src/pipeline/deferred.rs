@@ -20,7 +20,7 @@ use std::sync::Arc;
 
 use tokio::task::JoinHandle;
 
-use super::run::Kv;
+use super::kv::Kv;
 use super::tiers::Found;
 use super::validation::Plan;
 use super::Pipeline;

@@ -15,7 +15,8 @@
 //! 4. `record` — the one place an outcome is recorded: `inferences`, KV blocks, facts, the exact
 //!    cache, the semantic index and TRUST's evidence, the metrics and the request's log line.
 //!
-//! Also here: `tenants` (which tenant a call belongs to, from headers or API keys, for both
+//! Also here: `kv` (the KV a computed request reuses, passed between the stages), `deferred` (a
+//! semantic lookup run after the first token), `tenants` (which tenant a call belongs to, from headers or API keys, for both
 //! front ends), `metrics` (Prometheus counters, gauges and histograms) and the errors.
 //!
 //! Threads: the engine runs on its own thread ([`crate::engine::scheduler`]) with the CPU
@@ -25,6 +26,7 @@
 
 mod deferred;
 pub mod error;
+mod kv;
 pub mod metrics;
 mod record;
 pub mod request;

@@ -15,11 +15,11 @@ use tracing::Instrument;
 use super::error::ServiceError;
 use super::record::Answer;
 use super::request::{Chunk, Generation, Outcome, Request};
+use super::kv::Kv;
 use super::tiers::Found;
 use super::validation::Plan;
 use super::Pipeline;
 use crate::engine::scheduler::{Event, Job};
-use crate::engine::PrefixCache;
 use crate::vocab::{CacheMode, ServedFrom, StopReason};
 use crate::workload::{BlendPlan, KvPlan, ReportData};
 
@@ -47,21 +47,6 @@ impl Drop for InFlight {
 enum Served {
     Cached(String, Vec<u32>, Outcome),
     Model(Plan, Vec<crate::engine::scheduler::Draft>, Option<Kv>, bool),
-}
-
-/// What a computed request reuses: a stored prefix, or (BLEND) its documents' KV.
-pub(super) enum Kv {
-    Prefix(KvPlan),
-    Blend(BlendPlan),
-}
-
-impl Kv {
-    fn into_cache(self) -> Box<dyn PrefixCache> {
-        match self {
-            Kv::Prefix(p) => Box::new(p),
-            Kv::Blend(b) => Box::new(b),
-        }
-    }
 }
 
 fn chunk(text: String, token_ids: Vec<u32>, outcome: Option<Outcome>) -> Chunk {

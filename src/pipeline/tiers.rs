@@ -14,7 +14,7 @@ use std::time::Instant;
 use super::error::ServiceError;
 use super::record::Answer;
 use super::validation::Plan;
-use super::run::Kv;
+use super::kv::Kv;
 use super::Pipeline;
 use super::validation::EquivalenceCheck;
 use crate::cache::equivalent::{self, Score};

@@ -1,9 +1,10 @@
 //! Drafts that arrive after the job started (the semantic lookup taken off the first token's
-//! path). A job submitted with a [`LateReceiver`] runs without drafts; its first token is
-//! chosen from the prompt's logits alone, and only then is the submitter told
-//! ([`LateSender::wait_first`]) to look for drafts: the lookup (an embedding, a KNN search)
-//! does not delay the first token. When the drafts arrive ([`LateSender::send`]) the engine
-//! attaches them between two steps:
+//! path), attached by the engine; the channel itself is [`crate::engine::job::LateReceiver`] /
+//! [`crate::engine::job::LateSender`]. A job submitted with a [`LateReceiver`] runs without
+//! drafts; its first token is chosen from the prompt's logits alone, and only then is the
+//! submitter told (`LateSender::wait_first`) to look for drafts: the lookup (an embedding, a KNN
+//! search) does not delay the first token. When the drafts arrive (`LateSender::send`) the
+//! engine attaches them between two steps:
 //!
 //! - the best draft is compared with the tokens chosen so far, as if it had been fed at
 //!   admission: accepted up to the first difference (for greedy decoding, comparing the chosen
@@ -16,150 +17,9 @@
 //! admission: the same answer is then VERIFIED, PARTIAL or MODEL whenever the drafts arrive.
 //! Attaching never changes a token: the model's own choices are only compared, never replaced.
 
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-
-use super::{Queue, Seq, FIRST_DRAFT_WINDOW};
-use crate::engine::job::Draft;
+use super::{Seq, FIRST_DRAFT_WINDOW};
+use crate::engine::job::LateReceiver;
 use crate::vocab::StopReason;
-
-#[derive(Debug)]
-enum State {
-    /// No token chosen yet.
-    Waiting,
-    /// The first token is chosen: the submitter may look for drafts.
-    FirstChosen,
-    Delivered(Vec<Draft>),
-    /// The engine took the drafts.
-    Taken,
-    /// The job left the engine before taking drafts.
-    Gone,
-}
-
-#[derive(Debug)]
-struct Slot {
-    state: Mutex<State>,
-    changed: Condvar,
-}
-
-impl Slot {
-    fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn set(&self, f: impl FnOnce(&mut State)) {
-        f(&mut self.lock());
-        self.changed.notify_all();
-    }
-}
-
-/// The engine's end, carried by [`crate::engine::job::Job::late`].
-#[derive(Debug)]
-pub struct LateReceiver {
-    slot: Arc<Slot>,
-}
-
-/// The submitter's end. Dropped without [`LateSender::send`], it delivers no drafts (the job
-/// never waits for it in vain).
-pub struct LateSender {
-    slot: Arc<Slot>,
-    queue: Arc<Queue>,
-    sent: bool,
-}
-
-/// After [`LateSender::send`]: whether the engine took the drafts.
-pub struct LateTicket {
-    slot: Arc<Slot>,
-}
-
-pub(super) fn pair(queue: Arc<Queue>) -> (LateSender, LateReceiver) {
-    let slot = Arc::new(Slot { state: Mutex::new(State::Waiting), changed: Condvar::new() });
-    (LateSender { slot: slot.clone(), queue, sent: false }, LateReceiver { slot })
-}
-
-impl LateSender {
-    /// Blocks until the job's first token is chosen (`true`) or the job left the engine first
-    /// (`false`: nothing to attach drafts to).
-    pub fn wait_first(&self) -> bool {
-        let mut s = self.slot.lock();
-        loop {
-            match *s {
-                State::Waiting => s = self.slot.changed.wait(s).unwrap_or_else(|e| e.into_inner()),
-                State::FirstChosen => return true,
-                _ => return false,
-            }
-        }
-    }
-
-    /// Hands the drafts (best first; may be empty) to the job and wakes the engine.
-    pub fn send(mut self, drafts: Vec<Draft>) -> LateTicket {
-        self.deliver(drafts);
-        LateTicket { slot: self.slot.clone() }
-    }
-
-    fn deliver(&mut self, drafts: Vec<Draft>) {
-        self.sent = true;
-        self.slot.set(|s| {
-            if matches!(s, State::Waiting | State::FirstChosen) {
-                *s = State::Delivered(drafts);
-            }
-        });
-        // Under the queue's lock, so that an engine about to wait sees the drafts or the signal.
-        let _w = self.queue.lock();
-        self.queue.arrived.notify_all();
-    }
-}
-
-impl Drop for LateSender {
-    fn drop(&mut self) {
-        if !self.sent {
-            self.deliver(Vec::new());
-        }
-    }
-}
-
-impl LateTicket {
-    /// The engine attached the drafts before the job ended.
-    pub fn taken(&self) -> bool {
-        matches!(*self.slot.lock(), State::Taken)
-    }
-}
-
-impl LateReceiver {
-    pub(super) fn first_chosen(&self) {
-        self.slot.set(|s| {
-            if matches!(s, State::Waiting) {
-                *s = State::FirstChosen;
-            }
-        });
-    }
-
-    /// The drafts, once delivered (then `Taken`).
-    pub(super) fn take(&self) -> Option<Vec<Draft>> {
-        let mut s = self.slot.lock();
-        if !matches!(*s, State::Delivered(_)) {
-            return None;
-        }
-        match std::mem::replace(&mut *s, State::Taken) {
-            State::Delivered(d) => Some(d),
-            _ => None,
-        }
-    }
-
-    /// The drafts are there (a parked sequence may finish).
-    pub(super) fn ready(&self) -> bool {
-        matches!(*self.slot.lock(), State::Delivered(_))
-    }
-}
-
-impl Drop for LateReceiver {
-    fn drop(&mut self) {
-        self.slot.set(|s| {
-            if !matches!(s, State::Taken) {
-                *s = State::Gone;
-            }
-        });
-    }
-}
 
 impl Seq {
     /// Takes the late drafts if they arrived and attaches them. Between steps only: the last
