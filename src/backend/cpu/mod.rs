@@ -13,6 +13,7 @@ pub mod quant;
 pub mod quant_k;
 mod shared;
 pub mod team;
+pub mod x16;
 
 #[cfg(target_arch = "x86_64")]
 mod attn512;
@@ -35,7 +36,7 @@ use self::quant::{act_format, ActFormat, BlockQ8, BlockQ8K};
 use self::shared::{SharedOut, SharedSlice};
 use self::team::Team;
 pub use super::simd::SimdLevel;
-use super::{attention_keys, AttentionArgs, Backend, Op, WeightView};
+use super::{attention_keys, AttentionArgs, Backend, Op, Prepared, WeightView};
 use crate::gguf::{GgmlType, QK, QK_K};
 
 /// Quantized activations of the current matmul, reused across calls (no allocation once warm).
@@ -48,6 +49,8 @@ struct Scratch {
     /// [n_tok, (cols / 32).div_ceil(2)] (the AVX-512 layout of `q8`)
     #[cfg(target_arch = "x86_64")]
     pairs: Vec<avx512::PairQ8>,
+    /// [n_tok, cols / 32] (what the repacked kernels of `x16` read)
+    q8o: Vec<x16::BlockQ8O>,
     /// segmented attention: unnormalized outputs [n_tok, n_kv_head, segments, group * head_dim]
     att: Vec<f32>,
     /// segmented attention: (max, sum) per query head [n_tok, n_kv_head, segments, group, 2]
@@ -120,6 +123,15 @@ impl CpuBackend {
         }
     }
 
+    /// `w`'s rows repacked for this level's kernels (`x16`), if `prepare` made them.
+    fn packed<'a>(&self, w: &WeightView<'a>) -> Option<&'a x16::PackedQ5x16> {
+        if self.simd != SimdLevel::Avx512Vnni {
+            return None;
+        }
+        let p = w.prepared?.data.downcast_ref::<x16::PackedQ5x16>()?;
+        (p.rows == w.rows && p.cols == w.cols).then_some(p)
+    }
+
     /// Whether the AVX-512 level has a pair kernel for `ty` (never on other architectures).
     fn has_pair_kernel(ty: GgmlType) -> bool {
         #[cfg(target_arch = "x86_64")]
@@ -164,11 +176,16 @@ impl CpuBackend {
     /// One parallel region over the rows of every matrix in `ws` (at most [`MAX_MULTI`]; chunks
     /// never span two matrices); `rows(m, range, out)` computes rows `range` of matrix m for
     /// every token. Allocates nothing.
+    /// With a repacked matrix among `ws`, chunks are whole groups of `x16::ROWS` rows (its rows are
+    /// a multiple of that, so every chunk of it is).
     fn rows_parallel(&self, ws: &[WeightView<'_>], n_tok: usize, outs: &mut [&mut [f32]], rows: &(dyn Fn(usize, std::ops::Range<usize>, &SharedOut) + Sync)) {
         assert!(ws.len() <= MAX_MULTI && ws.len() == outs.len());
         let mut it = outs.iter_mut().zip(ws);
         let shared: [Option<SharedOut>; MAX_MULTI] = std::array::from_fn(|_| it.next().map(|(o, w)| SharedOut::new(o, w.rows)));
-        let chunk = self.row_chunk(ws.iter().map(|w| w.rows).sum(), n_tok);
+        let mut chunk = self.row_chunk(ws.iter().map(|w| w.rows).sum(), n_tok);
+        if ws.iter().any(|w| self.packed(w).is_some()) {
+            chunk = chunk.next_multiple_of(x16::ROWS);
+        }
         let total: usize = ws.iter().map(|w| w.rows.div_ceil(chunk)).sum();
         self.team.for_chunks(total, 1, &|range| {
             for mut c in range {
@@ -203,6 +220,16 @@ impl Backend for CpuBackend {
         }
     }
 
+    /// At the AVX-512 level, Q5_0 matrices of whole 16-row groups are repacked (`x16`: the same
+    /// bytes as the tensor, results bitwise the scalar reference's).
+    fn prepare(&self, w: WeightView<'_>) -> Option<Prepared> {
+        if self.simd != SimdLevel::Avx512Vnni || !x16::PackedQ5x16::fits(&w) {
+            return None;
+        }
+        let p = x16::PackedQ5x16::new(&w);
+        Some(Prepared { bytes: p.bytes(), data: Box::new(p) })
+    }
+
     fn matmul(&self, w: WeightView<'_>, x: &[f32], n_tok: usize, out: &mut [f32]) {
         self.matmul_multi(&[w], x, n_tok, &mut [out]);
     }
@@ -230,7 +257,17 @@ impl Backend for CpuBackend {
                 // At the AVX-512 level, the types with a pair kernel read pairs; the others (Q8_0
                 // among them: its kernel there takes blocks, see `avx512`) read blocks. A call whose
                 // matrices need both gets both.
-                let pairs_for = |w: &WeightView<'_>| self.simd == SimdLevel::Avx512Vnni && Self::has_pair_kernel(w.ty);
+                let pairs_for = |w: &WeightView<'_>| self.simd == SimdLevel::Avx512Vnni && Self::has_pair_kernel(w.ty) && self.packed(w).is_none();
+                #[cfg(target_arch = "x86_64")]
+                let q8o: &[x16::BlockQ8O] = if ws.iter().any(|w| self.packed(w).is_some()) {
+                    s.q8o.resize(n_tok * nb, x16::BlockQ8O::default());
+                    // SAFETY: `packed` is only `Some` at the `Avx512Vnni` level, set only after
+                    // detecting every feature `x16::quantize_q8o` enables.
+                    self.quantize(x, n_tok, cols, nb, &mut s.q8o[..n_tok * nb], |x, b| unsafe { x16::quantize_q8o(x, b) });
+                    &s.q8o[..n_tok * nb]
+                } else {
+                    &[]
+                };
                 #[cfg(target_arch = "x86_64")]
                 let pairs: &[avx512::PairQ8] = if ws.iter().any(pairs_for) {
                     let np = nb.div_ceil(2);
@@ -242,7 +279,7 @@ impl Backend for CpuBackend {
                 } else {
                     &[]
                 };
-                let q8: &[BlockQ8] = if ws.iter().any(|w| !pairs_for(w)) {
+                let q8: &[BlockQ8] = if ws.iter().any(|w| !pairs_for(w) && self.packed(w).is_none()) {
                     s.q8.resize(n_tok * nb, BlockQ8::default());
                     let q: fn(&[f32], &mut [BlockQ8]) = match self.simd {
                         #[cfg(target_arch = "x86_64")]
@@ -257,6 +294,11 @@ impl Backend for CpuBackend {
                     &[]
                 };
                 self.rows_parallel(ws, n_tok, outs, &|m, rows, out| {
+                    #[cfg(target_arch = "x86_64")]
+                    if let Some(p) = self.packed(&ws[m]) {
+                        // SAFETY: as for `quantize_q8o` above.
+                        return unsafe { x16::matmul_rows_q5_0(p, rows, q8o, n_tok, out) };
+                    }
                     #[cfg(target_arch = "x86_64")]
                     if pairs_for(&ws[m]) {
                         // SAFETY: `SimdLevel::Avx512Vnni` is only set after detecting every feature
