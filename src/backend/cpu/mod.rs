@@ -14,6 +14,7 @@ pub mod quant_k;
 mod shared;
 pub mod team;
 pub mod x16;
+pub mod x16k;
 
 #[cfg(target_arch = "x86_64")]
 mod attn512;
@@ -123,13 +124,17 @@ impl CpuBackend {
         }
     }
 
-    /// `w`'s rows repacked for this level's kernels (`x16`), if `prepare` made them.
-    fn packed<'a>(&self, w: &WeightView<'a>) -> Option<&'a x16::PackedQ5x16> {
+    /// `w`'s rows repacked for this level's kernels (`x16`, `x16k`), if `prepare` made them.
+    fn packed<'a>(&self, w: &WeightView<'a>) -> Option<Packed<'a>> {
         if self.simd != SimdLevel::Avx512Vnni {
             return None;
         }
-        let p = w.prepared?.data.downcast_ref::<x16::PackedQ5x16>()?;
-        (p.rows == w.rows && p.cols == w.cols).then_some(p)
+        let data = &w.prepared?.data;
+        if let Some(p) = data.downcast_ref::<x16::PackedQ5x16>() {
+            return (p.rows == w.rows && p.cols == w.cols && w.ty == GgmlType::Q5_0).then_some(Packed::Q5_0(p));
+        }
+        let p = data.downcast_ref::<x16k::PackedQ4Kx16>()?;
+        (p.rows == w.rows && p.cols == w.cols && w.ty == GgmlType::Q4K).then_some(Packed::Q4K(p))
     }
 
     /// Whether the AVX-512 level has a pair kernel for `ty` (never on other architectures).
@@ -204,6 +209,12 @@ impl CpuBackend {
     }
 }
 
+/// A matrix repacked for the AVX-512 level's interleaved kernels.
+enum Packed<'a> {
+    Q5_0(&'a x16::PackedQ5x16),
+    Q4K(&'a x16k::PackedQ4Kx16),
+}
+
 /// Most matrices one `matmul_multi` region takes (Q, K, V); longer lists are split.
 const MAX_MULTI: usize = 3;
 
@@ -220,14 +231,21 @@ impl Backend for CpuBackend {
         }
     }
 
-    /// At the AVX-512 level, Q5_0 matrices of whole 16-row groups are repacked (`x16`: the same
-    /// bytes as the tensor, results bitwise the scalar reference's).
+    /// At the AVX-512 level, Q5_0 and Q4_K matrices of whole 16-row groups are repacked (`x16`,
+    /// `x16k`: as many bytes as the tensor, +8% for Q4_K; results bitwise the scalar reference's).
     fn prepare(&self, w: WeightView<'_>) -> Option<Prepared> {
-        if self.simd != SimdLevel::Avx512Vnni || !x16::PackedQ5x16::fits(&w) {
+        if self.simd != SimdLevel::Avx512Vnni {
             return None;
         }
-        let p = x16::PackedQ5x16::new(&w);
-        Some(Prepared { bytes: p.bytes(), data: Box::new(p) })
+        if x16::PackedQ5x16::fits(&w) {
+            let p = x16::PackedQ5x16::new(&w);
+            return Some(Prepared { bytes: p.bytes(), data: Box::new(p) });
+        }
+        if x16k::PackedQ4Kx16::fits(&w) {
+            let p = x16k::PackedQ4Kx16::new(&w);
+            return Some(Prepared { bytes: p.bytes(), data: Box::new(p) });
+        }
+        None
     }
 
     fn matmul(&self, w: WeightView<'_>, x: &[f32], n_tok: usize, out: &mut [f32]) {
@@ -295,7 +313,7 @@ impl Backend for CpuBackend {
                 };
                 self.rows_parallel(ws, n_tok, outs, &|m, rows, out| {
                     #[cfg(target_arch = "x86_64")]
-                    if let Some(p) = self.packed(&ws[m]) {
+                    if let Some(Packed::Q5_0(p)) = self.packed(&ws[m]) {
                         // SAFETY: as for `quantize_q8o` above.
                         return unsafe { x16::matmul_rows_q5_0(p, rows, q8o, n_tok, out) };
                     }
@@ -322,6 +340,13 @@ impl Backend for CpuBackend {
                 self.quantize(x, n_tok, cols, nb, &mut s.q8k[..n_tok * nb], q);
                 let q8k = &s.q8k[..n_tok * nb];
                 self.rows_parallel(ws, n_tok, outs, &|m, rows, out| match self.simd {
+                    #[cfg(target_arch = "x86_64")]
+                    SimdLevel::Avx512Vnni if matches!(self.packed(&ws[m]), Some(Packed::Q4K(_))) => {
+                        let Some(Packed::Q4K(p)) = self.packed(&ws[m]) else { unreachable!() };
+                        // SAFETY: `packed` is only `Some` at the `Avx512Vnni` level, set only
+                        // after detecting every feature `x16k::matmul_rows_q4k` enables.
+                        unsafe { x16k::matmul_rows_q4k(p, rows, q8k, n_tok, out) }
+                    }
                     #[cfg(target_arch = "x86_64")]
                     // SAFETY: `Avx512Vnni` is only set after detecting every feature
                     // `avx512_k::matmul_rows_q8k` enables.
