@@ -133,8 +133,11 @@ impl CpuBackend {
         if let Some(p) = data.downcast_ref::<x16::PackedQ5x16>() {
             return (p.rows == w.rows && p.cols == w.cols && w.ty == GgmlType::Q5_0).then_some(Packed::Q5_0(p));
         }
-        let p = data.downcast_ref::<x16k::PackedQ4Kx16>()?;
-        (p.rows == w.rows && p.cols == w.cols && w.ty == GgmlType::Q4K).then_some(Packed::Q4K(p))
+        if let Some(p) = data.downcast_ref::<x16k::PackedQ4Kx16>() {
+            return (p.rows == w.rows && p.cols == w.cols && w.ty == GgmlType::Q4K).then_some(Packed::Q4K(p));
+        }
+        let p = data.downcast_ref::<x16k::PackedQ6Kx16>()?;
+        (p.rows == w.rows && p.cols == w.cols && w.ty == GgmlType::Q6K).then_some(Packed::Q6K(p))
     }
 
     /// Whether the AVX-512 level has a pair kernel for `ty` (never on other architectures).
@@ -213,6 +216,7 @@ impl CpuBackend {
 enum Packed<'a> {
     Q5_0(&'a x16::PackedQ5x16),
     Q4K(&'a x16k::PackedQ4Kx16),
+    Q6K(&'a x16k::PackedQ6Kx16),
 }
 
 /// Most matrices one `matmul_multi` region takes (Q, K, V); longer lists are split.
@@ -231,8 +235,9 @@ impl Backend for CpuBackend {
         }
     }
 
-    /// At the AVX-512 level, Q5_0 and Q4_K matrices of whole 16-row groups are repacked (`x16`,
-    /// `x16k`: as many bytes as the tensor, +8% for Q4_K; results bitwise the scalar reference's).
+    /// At the AVX-512 level, Q5_0, Q4_K and Q6_K matrices of whole 16-row groups are repacked
+    /// (`x16`, `x16k`: as many bytes as the tensor, +8% for Q4_K, +30% for Q6_K; results bitwise
+    /// the scalar reference's).
     fn prepare(&self, w: WeightView<'_>) -> Option<Prepared> {
         if self.simd != SimdLevel::Avx512Vnni {
             return None;
@@ -243,6 +248,10 @@ impl Backend for CpuBackend {
         }
         if x16k::PackedQ4Kx16::fits(&w) {
             let p = x16k::PackedQ4Kx16::new(&w);
+            return Some(Prepared { bytes: p.bytes(), data: Box::new(p) });
+        }
+        if x16k::PackedQ6Kx16::fits(&w) {
+            let p = x16k::PackedQ6Kx16::new(&w);
             return Some(Prepared { bytes: p.bytes(), data: Box::new(p) });
         }
         None
@@ -341,12 +350,14 @@ impl Backend for CpuBackend {
                 let q8k = &s.q8k[..n_tok * nb];
                 self.rows_parallel(ws, n_tok, outs, &|m, rows, out| match self.simd {
                     #[cfg(target_arch = "x86_64")]
-                    SimdLevel::Avx512Vnni if matches!(self.packed(&ws[m]), Some(Packed::Q4K(_))) => {
-                        let Some(Packed::Q4K(p)) = self.packed(&ws[m]) else { unreachable!() };
+                    SimdLevel::Avx512Vnni if matches!(self.packed(&ws[m]), Some(Packed::Q4K(_) | Packed::Q6K(_))) => match self.packed(&ws[m]) {
                         // SAFETY: `packed` is only `Some` at the `Avx512Vnni` level, set only
-                        // after detecting every feature `x16k::matmul_rows_q4k` enables.
-                        unsafe { x16k::matmul_rows_q4k(p, rows, q8k, n_tok, out) }
-                    }
+                        // after detecting every feature these kernels enable.
+                        Some(Packed::Q4K(p)) => unsafe { x16k::matmul_rows_q4k(p, rows, q8k, n_tok, out) },
+                        // SAFETY: as above.
+                        Some(Packed::Q6K(p)) => unsafe { x16k::matmul_rows_q6k(p, rows, q8k, n_tok, out) },
+                        _ => unreachable!("checked by the guard"),
+                    },
                     #[cfg(target_arch = "x86_64")]
                     // SAFETY: `Avx512Vnni` is only set after detecting every feature
                     // `avx512_k::matmul_rows_q8k` enables.
