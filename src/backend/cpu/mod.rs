@@ -383,11 +383,25 @@ impl Backend for CpuBackend {
         }
     }
 
+    /// Rows split over the team in chunks of 16 (a row's arithmetic is the same in any chunk).
     fn rmsnorm(&self, x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
         let d = weight.len();
-        for (o, xs) in out.chunks_exact_mut(d).zip(x.chunks_exact(d)) {
-            ops::rmsnorm(xs, weight, eps, o);
+        let n = x.len() / d;
+        if n < 2 * NORM_ROWS || self.team.threads() == 1 {
+            for (o, xs) in out.chunks_exact_mut(d).zip(x.chunks_exact(d)) {
+                ops::rmsnorm(xs, weight, eps, o);
+            }
+            return;
         }
+        let shared = SharedSlice::new(&mut out[..n * d]);
+        let shared = &shared;
+        self.team.for_chunks(n, NORM_ROWS, &|rows| {
+            // SAFETY: row ranges are disjoint; each is handed to one thread.
+            let o = unsafe { shared.slice(rows.start * d, rows.len() * d) };
+            for (o, xs) in o.chunks_exact_mut(d).zip(x[rows.start * d..rows.end * d].chunks_exact(d)) {
+                ops::rmsnorm(xs, weight, eps, o);
+            }
+        });
     }
 
     fn layernorm(&self, x: &[f32], weight: &[f32], bias: &[f32], eps: f32, out: &mut [f32]) {
@@ -446,17 +460,20 @@ impl Backend for CpuBackend {
         }
     }
 
+    /// Split over the team in blocks of `GELU_BLOCK` (each element's arithmetic is the same in
+    /// any block: the SIMD kernel's lanes are independent and its tail is padded).
     fn gelu_tanh_mul(&self, gate: &mut [f32], up: &[f32]) {
-        match self.simd {
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: `Avx2` and `Avx512Vnni` are only set after detecting avx2 and fma.
-            SimdLevel::Avx2 | SimdLevel::Avx512Vnni => unsafe { avx2::gelu_tanh_mul(gate, up) },
-            _ => {
-                for (g, u) in gate.iter_mut().zip(up) {
-                    *g = ops::gelu_tanh(*g) * u;
-                }
-            }
+        let n = gate.len();
+        if self.team.threads() > 1 && n >= 2 * GELU_BLOCK {
+            let shared = SharedSlice::new(gate);
+            let shared = &shared;
+            return self.team.for_chunks(n.div_ceil(GELU_BLOCK), 1, &|blocks| {
+                let (a, b) = (blocks.start * GELU_BLOCK, (blocks.end * GELU_BLOCK).min(n));
+                // SAFETY: block ranges are disjoint; each is handed to one thread.
+                self.gelu_tanh_mul_block(unsafe { shared.slice(a, b - a) }, &up[a..b]);
+            });
         }
+        self.gelu_tanh_mul_block(gate, up)
     }
 
     fn gelu(&self, x: &mut [f32]) {
@@ -485,7 +502,23 @@ impl Backend for CpuBackend {
 /// Elements per parallel GELU work item (a multiple of 4).
 const GELU_BLOCK: usize = 2048;
 
+/// Rows per parallel RMSNorm work item.
+const NORM_ROWS: usize = 16;
+
 impl CpuBackend {
+    fn gelu_tanh_mul_block(&self, gate: &mut [f32], up: &[f32]) {
+        match self.simd {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `Avx2` and `Avx512Vnni` are only set after detecting avx2 and fma.
+            SimdLevel::Avx2 | SimdLevel::Avx512Vnni => unsafe { avx2::gelu_tanh_mul(gate, up) },
+            _ => {
+                for (g, u) in gate.iter_mut().zip(up) {
+                    *g = ops::gelu_tanh(*g) * u;
+                }
+            }
+        }
+    }
+
     fn gelu_block(&self, x: &mut [f32]) {
         match self.simd {
             #[cfg(target_arch = "x86_64")]
