@@ -246,11 +246,35 @@ pub(super) fn warmup() -> GenerateRequest {
     GenerateRequest { prompt: "Hello.".into(), max_tokens: Some(2), cache_mode: CacheMode::Bypass as i32, ..Default::default() }
 }
 
-pub fn run(a: &BenchKvArgs) -> anyhow::Result<()> {
+/// The model and the articles every bench-kv variant starts from.
+pub(super) fn load_articles(a: &BenchKvArgs) -> anyhow::Result<(PathBuf, Vec<Article>)> {
     let model = forge_cache::models::resolve_llm(a.model.as_deref()).map_err(anyhow::Error::msg)?;
     if !model.exists() {
         bail!(forge_cache::models::missing_hint(&model));
     }
+    let tok = Tokenizer::from_gguf(&GgufFile::open(&model)?)?;
+    let arts = articles(a, &tok)?;
+    Ok((model, arts))
+}
+
+/// BYPASS answers (no reuse) to each article's question 1: what every reusing run must reproduce.
+pub(super) async fn references(a: &BenchKvArgs, model: &std::path::Path, arts: &[Article]) -> anyhow::Result<Vec<Generated>> {
+    let dir = Scratch::new("ref")?;
+    let mut config = ServerConfig::new(model, dir.0.join("ref.db"));
+    config.threads = a.threads;
+    config.kv = None;
+    let s = server::start(config, "127.0.0.1:0").await?;
+    let mut c = Client::connect(&s.url()).await?;
+    let mut refs = Vec::new();
+    for art in arts {
+        refs.push(c.generate(request(art, 1, a.max_tokens, CacheMode::Bypass)).await?);
+    }
+    s.stop().await?;
+    Ok(refs)
+}
+
+/// bench-kv on one machine (`--postgres` runs `bench_kv_replicas` instead, dispatched by the CLI).
+pub fn run(a: &BenchKvArgs) -> anyhow::Result<()> {
     let codecs: Vec<Codec> = a.codecs.iter().map(|c| Codec::parse(c)).collect::<Result<_, _>>()?;
     let storages: Vec<Storage> = a
         .storages
@@ -261,25 +285,11 @@ pub fn run(a: &BenchKvArgs) -> anyhow::Result<()> {
             other => Err(anyhow::anyhow!("--storages takes file and/or blob, not {other:?}")),
         })
         .collect::<anyhow::Result<_>>()?;
-    let tok = Tokenizer::from_gguf(&GgufFile::open(&model)?)?;
-    let arts = articles(a, &tok)?;
+    let (model, arts) = load_articles(a)?;
     let mut rows = Vec::new();
     super::runtime()?.block_on(async {
         // BYPASS references (no reuse) for the warm and the restart questions.
-        let dir = Scratch::new("ref")?;
-        let mut config = ServerConfig::new(&model, dir.0.join("ref.db"));
-        config.threads = a.threads;
-        config.kv = None;
-        let s = server::start(config, "127.0.0.1:0").await?;
-        let mut c = Client::connect(&s.url()).await?;
-        let mut refs = Vec::new();
-        for art in &arts {
-            refs.push(c.generate(request(art, 1, a.max_tokens, CacheMode::Bypass)).await?);
-        }
-        s.stop().await?;
-        if let Some(url) = &a.postgres {
-            return super::bench_kv_replicas::run(a, &model, url, &arts, &refs).await;
-        }
+        let refs = references(a, &model, &arts).await?;
         for (art, r) in arts.iter().zip(&refs) {
             let mut runs: Vec<(Storage, Codec)> = storages.iter().map(|&s| (s, Codec::F16)).collect();
             runs.extend(codecs.iter().filter(|&&c| c != Codec::F16).map(|&c| (Storage::File, c)));
@@ -300,7 +310,7 @@ pub fn run(a: &BenchKvArgs) -> anyhow::Result<()> {
         }
         anyhow::Ok(())
     })?;
-    if !a.json && a.postgres.is_none() {
+    if !a.json {
         println!("storage  codec  articles  cold ttft ms  warm ttft ms  restart ttft ms  cold/warm (min)  cold/restart (min)  restart/warm  disk read ms  store ms  agreement (warm, restart; min)");
         let mut keys: Vec<(&str, &str)> = rows.iter().map(|m| (m.storage, m.codec)).collect();
         keys.dedup();

@@ -19,7 +19,7 @@ use forge_cache::server::proto::CacheMode;
 use forge_cache::server::{self, RunningServer, ServerConfig};
 use forge_cache::workload::{KvConfig, Storage};
 
-use super::bench_kv::{request, warmup, Article, BenchKvArgs};
+use super::bench_kv::{load_articles, references, request, warmup, Article, BenchKvArgs};
 
 /// One round of one kind on one article.
 #[derive(serde::Serialize)]
@@ -67,7 +67,17 @@ async fn ask(s: &RunningServer, tenant: &str, art: &Article, q: usize, max_token
 
 /// Runs the rounds and prints them (one JSON object each with `--json`), then min / median per
 /// kind.
-pub(super) async fn run(a: &BenchKvArgs, model: &std::path::Path, url: &str, arts: &[Article], refs: &[Generated]) -> anyhow::Result<()> {
+/// `bench-kv --postgres URL`: the articles and BYPASS references as bench-kv makes them, then the
+/// replica rounds.
+pub(super) fn run_cli(a: &BenchKvArgs, url: &str) -> anyhow::Result<()> {
+    let (model, arts) = load_articles(a)?;
+    super::runtime()?.block_on(async {
+        let refs = references(a, &model, &arts).await?;
+        run(a, &model, url, &arts, &refs).await
+    })
+}
+
+async fn run(a: &BenchKvArgs, model: &std::path::Path, url: &str, arts: &[Article], refs: &[Generated]) -> anyhow::Result<()> {
     if !forge_cache::store::is_postgres_url(url) {
         bail!("--postgres takes a postgres:// URL, not {url:?}");
     }

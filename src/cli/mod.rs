@@ -95,7 +95,10 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Health(args) => health::run(&args),
         Command::Embed(args) => embed::run(&args),
         Command::Bench(args) => bench::run(&args),
-        Command::BenchKv(args) => bench_kv::run(&args),
+        Command::BenchKv(args) => match &args.postgres {
+            Some(url) => bench_kv_replicas::run_cli(&args, url),
+            None => bench_kv::run(&args),
+        },
         Command::BenchBlend(args) => bench_blend::run(&args),
         Command::BenchTtft(args) => bench_serve::run_ttft(&args),
         Command::BenchRestart(args) => bench_serve::run_restart(&args),

@@ -4,7 +4,7 @@
 
 use rusqlite::{named_params, OptionalExtension};
 
-use super::{now_sql, SqliteStore, StoreError};
+use super::{now_sql, parse_stop_reason, SqliteStore, StoreError};
 use crate::vocab::{CacheMode, ServedFrom, StopReason};
 
 /// Everything recorded about one request.
@@ -73,10 +73,6 @@ pub(crate) fn token_ids(id: i64, column: &str, json: &str) -> Result<Vec<u32>, S
     serde_json::from_str(json).map_err(|e| StoreError::Malformed(format!("inference {id} {column}: {e}")))
 }
 
-pub(crate) fn parse_stop_reason(s: &str) -> Result<StopReason, StoreError> {
-    StopReason::parse(s).ok_or_else(|| StoreError::Malformed(format!("stop_reason {s:?}")))
-}
-
 impl SqliteStore {
     /// Records a request and what it implies, in one transaction: a REFRESH answer supersedes
     /// the earlier answers under its cache key; an EXACT replay counts as a reuse of the source
@@ -112,7 +108,7 @@ impl SqliteStore {
                 ":backend": r.backend, ":ttft_ms": r.ttft_ms, ":kv_tokens_reused": r.kv_tokens_reused as i64,
                 ":draft_tokens": r.draft_tokens as i64, ":draft_accepted": r.draft_accepted as i64,
                 ":candidates_tried": r.candidates_tried as i64,
-                ":response_logprobs": r.response_logprobs.map(super::semantic::blob),
+                ":response_logprobs": r.response_logprobs.map(super::blob),
                 ":equivalence_mean": r.equivalence_mean, ":equivalence_worst": r.equivalence_worst,
                 ":equivalence_checks": r.equivalence_checks as i64,
             },

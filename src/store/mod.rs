@@ -53,6 +53,16 @@ macro_rules! now_sql {
 }
 pub(crate) use now_sql;
 
+/// Little-endian f32 bytes: sqlite-vec's vector format (and `response_logprobs`).
+pub(crate) fn blob(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+/// A stored stop reason read back; an unknown word is a malformed row, not a panic.
+pub(crate) fn parse_stop_reason(s: &str) -> Result<crate::vocab::StopReason, StoreError> {
+    crate::vocab::StopReason::parse(s).ok_or_else(|| StoreError::Malformed(format!("stop_reason {s:?}")))
+}
+
 /// The migrations, in order; `user_version` = how many have been applied. A test checks that
 /// every file in `migrations/` is listed here.
 pub const MIGRATIONS: &[(&str, &str)] = &[

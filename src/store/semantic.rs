@@ -4,8 +4,7 @@
 
 use rusqlite::{params, OptionalExtension};
 
-use super::inferences::parse_stop_reason;
-use super::{SqliteStore, StoreError};
+use super::{blob, parse_stop_reason, SqliteStore, StoreError};
 use crate::vocab::StopReason;
 
 /// An earlier answer whose prompt is near a new one.
@@ -47,11 +46,6 @@ pub struct Outcome {
     pub source_inference_id: i64,
     pub similarity: f64,
     pub correct: bool,
-}
-
-/// Little-endian f32 bytes: sqlite-vec's vector format (and `response_logprobs`).
-pub(crate) fn blob(v: &[f32]) -> Vec<u8> {
-    v.iter().flat_map(|x| x.to_le_bytes()).collect()
 }
 
 impl SqliteStore {

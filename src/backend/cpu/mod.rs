@@ -7,6 +7,7 @@
 //! tiles share weight unpacking, never accumulators); attention splits (token, head) pairs.
 //! That is what makes results batch invariant.
 
+pub mod blocks;
 pub mod f32mm;
 pub mod ops;
 pub mod quant;

@@ -12,35 +12,7 @@ use crate::backend::WeightView;
 use crate::gguf::types::{e8m0_half, f16_at, q4k_scale_min, q5_high_bits, q5_pair, IQ4NL_VALUES, MXFP4_VALUES};
 use crate::gguf::{GgmlType, QK, QK_K};
 
-/// 32 activations: x ≈ d * qs; `s = d * sum(qs)` (used by Q4_1's offset term).
-#[derive(Clone, Copy, Debug)]
-#[repr(C)]
-pub struct BlockQ8 {
-    pub d: f32,
-    pub s: f32,
-    pub qs: [i8; QK],
-}
-
-/// 256 activations with per-16 sums (K-quants' mins / offsets).
-#[derive(Clone, Copy, Debug)]
-#[repr(C)]
-pub struct BlockQ8K {
-    pub d: f32,
-    pub qs: [i8; QK_K],
-    pub bsums: [i16; QK_K / 16],
-}
-
-impl Default for BlockQ8 {
-    fn default() -> Self {
-        BlockQ8 { d: 0.0, s: 0.0, qs: [0; QK] }
-    }
-}
-
-impl Default for BlockQ8K {
-    fn default() -> Self {
-        BlockQ8K { d: 0.0, qs: [0; QK_K], bsums: [0; QK_K / 16] }
-    }
-}
+pub use super::blocks::{BlockQ8, BlockQ8K};
 
 /// Which activation format a weight type's dot product consumes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -3,7 +3,7 @@
 //! block. Integer sums are exact; the float formula per block is GGML's
 //! (`ggml_vec_dot_q*_K_q8_K_generic`), and the SIMD kernels repeat it, so they match bitwise.
 
-use super::quant::BlockQ8K;
+use super::blocks::BlockQ8K;
 use crate::gguf::types::kquant::q3k_scales;
 use crate::gguf::types::{f16_at, q4k_scale_min};
 

@@ -36,9 +36,11 @@ use super::facts::{
     checked_fact, checked_invalidation, question_hash, Fact, InvalidateRequest, LearnReport, PutFactReport, INFERENCE_CONFIDENCE, MAX_MODEL_CONFIDENCE,
     REPEAT_GAIN,
 };
-use super::inferences::{parse_stop_reason, token_ids, CachedAnswer, NewInference};
+use super::inferences::{token_ids, CachedAnswer, NewInference};
+use super::parse_stop_reason;
 use super::model_files::{fingerprint, ModelIdentity};
-use super::semantic::{blob, floats, EquivalenceObservation, Neighbour, Outcome};
+use super::semantic::{floats, EquivalenceObservation, Neighbour, Outcome};
+use super::blob;
 use super::StoreError;
 use crate::vocab::{CacheMode, ServedFrom};
 

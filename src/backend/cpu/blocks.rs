@@ -1,0 +1,42 @@
+//! The 8-bit activation block formats every quantized dot product consumes: [`BlockQ8`] for the
+//! 32-element block types, [`BlockQ8K`] for K-quants. Plain data at the bottom of the CPU backend,
+//! so the scalar references (`quant`, `quant_k`) and the SIMD kernels all depend on it and on
+//! nothing above.
+
+use crate::gguf::{QK, QK_K};
+
+/// 32 activations: x ≈ d * qs; `s = d * sum(qs)` (used by Q4_1's offset term).
+#[derive(Clone, Copy, Debug)]
+#[repr(C)]
+pub struct BlockQ8 {
+    /// scale: x ≈ d · qs
+    pub d: f32,
+    /// d · Σ qs (Q4_1's and Q5_1's offset term)
+    pub s: f32,
+    /// [32] quantized values
+    pub qs: [i8; QK],
+}
+
+/// 256 activations with per-16 sums (K-quants' mins / offsets).
+#[derive(Clone, Copy, Debug)]
+#[repr(C)]
+pub struct BlockQ8K {
+    /// scale: x ≈ d · qs
+    pub d: f32,
+    /// [256] quantized values
+    pub qs: [i8; QK_K],
+    /// [16] Σ qs over each run of 16 values (the K-quants' min / offset terms)
+    pub bsums: [i16; QK_K / 16],
+}
+
+impl Default for BlockQ8 {
+    fn default() -> Self {
+        BlockQ8 { d: 0.0, s: 0.0, qs: [0; QK] }
+    }
+}
+
+impl Default for BlockQ8K {
+    fn default() -> Self {
+        BlockQ8K { d: 0.0, qs: [0; QK_K], bsums: [0; QK_K / 16] }
+    }
+}
