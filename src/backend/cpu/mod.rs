@@ -52,6 +52,7 @@ struct Scratch {
     #[cfg(target_arch = "x86_64")]
     pairs: Vec<avx512::PairQ8>,
     /// [n_tok, cols / 32] (what the repacked kernels of `x16` read)
+    #[cfg(target_arch = "x86_64")]
     q8o: Vec<x16::BlockQ8O>,
     /// segmented attention: unnormalized outputs [n_tok, n_kv_head, segments, group * head_dim]
     att: Vec<f32>,
@@ -213,7 +214,8 @@ impl CpuBackend {
     }
 }
 
-/// A matrix repacked for the AVX-512 level's interleaved kernels.
+/// A matrix repacked for the AVX-512 level's interleaved kernels (x86-64 only reads them).
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 enum Packed<'a> {
     Q5_0(&'a x16::PackedQ5x16),
     Q4K(&'a x16k::PackedQ4Kx16),

@@ -18,6 +18,7 @@
 //! bytes of scale, 4 of fifth bits, 16 of nibbles; here 16 rows' scales (32 bytes), their fifth
 //! bits as 8 byte masks (64 bytes) and nibbles (256 bytes) — 352 bytes per 16 rows.
 
+pub use super::blocks::BlockQ8O;
 use crate::backend::WeightView;
 use crate::gguf::{GgmlType, QK};
 
@@ -79,17 +80,6 @@ impl PackedQ5x16 {
     pub fn bytes(&self) -> usize {
         std::mem::size_of_val(self.blocks.as_slice())
     }
-}
-
-/// A token's 32-value activation block for the repacked kernels: `quant::quantize_q8`'s `qs` and
-/// `d`, and Q5_0's offset term (weights are u - 16: Σ(u - 16)·x = Σu·x + off).
-#[derive(Clone, Copy, Debug, Default)]
-#[repr(C)]
-pub struct BlockQ8O {
-    pub qs: [i8; 32],
-    pub d: f32,
-    /// -16 · Σ qs
-    pub off: i32,
 }
 
 #[cfg(target_arch = "x86_64")]
