@@ -85,7 +85,40 @@ impl PackedQ5x16 {
 #[cfg(target_arch = "x86_64")]
 pub use simd::{matmul_rows_q5_0, quantize_q8o};
 #[cfg(target_arch = "x86_64")]
-pub(super) use simd::{group_tiles, store16};
+pub(super) use simd::store16;
+
+/// The driver every repacked kernel shares: for each group of 16 rows in `rows`, tokens in tiles
+/// of 8, then one of 4, then single tokens; `$tile::<N>(w, acts, nb, t0, r0, out)` writes rows
+/// `r0..r0 + 16` of tokens `t0..t0 + N` from the group's blocks `w` (`nb` per row). Every token
+/// gets the same instructions in every tile size. A macro, not a function taking the kernels:
+/// passed as values, they were called through `Fn::call` shims that were not inlined into the
+/// caller's `#[target_feature]` function, so every intrinsic became a call (decode 10x slower).
+#[cfg(target_arch = "x86_64")]
+macro_rules! group_tiles {
+    ($tile:ident, $blocks:expr, $n_rows:expr, $nb:expr, $rows:expr, $acts:expr, $n_tok:expr, $out:expr) => {{
+        let (blocks, n_rows, nb, rows, acts, n_tok, out) = ($blocks, $n_rows, $nb, $rows, $acts, $n_tok, $out);
+        assert!(rows.start % ROWS == 0 && rows.end % ROWS == 0 && rows.end <= n_rows, "rows {rows:?} of {n_rows}");
+        assert!(acts.len() >= n_tok * nb && blocks.len() == n_rows / ROWS * nb);
+        for g in rows.start / ROWS..rows.end / ROWS {
+            let w = &blocks[g * nb..(g + 1) * nb];
+            let mut t0 = 0;
+            while t0 + 8 <= n_tok {
+                $tile::<8>(w, acts, nb, t0, g * ROWS, out);
+                t0 += 8;
+            }
+            if t0 + 4 <= n_tok {
+                $tile::<4>(w, acts, nb, t0, g * ROWS, out);
+                t0 += 4;
+            }
+            while t0 < n_tok {
+                $tile::<1>(w, acts, nb, t0, g * ROWS, out);
+                t0 += 1;
+            }
+        }
+    }};
+}
+#[cfg(target_arch = "x86_64")]
+pub(super) use group_tiles;
 
 #[cfg(target_arch = "x86_64")]
 mod simd {
@@ -110,45 +143,7 @@ mod simd {
     /// rows (`acts`: [n_tok, cols / 32]), in token tiles of 8, then 4, then single tokens.
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
     pub fn matmul_rows_q5_0(p: &PackedQ5x16, rows: std::ops::Range<usize>, acts: &[BlockQ8O], n_tok: usize, out: &SharedOut) {
-        group_tiles(&p.blocks, p.rows, p.cols / QK, rows, acts, n_tok, out, tile::<8>, tile::<4>, tile::<1>)
-    }
-
-    /// The driver every repacked kernel shares: for each group of 16 rows in `rows`, tokens in
-    /// tiles of 8 (`k8`), then one of 4 (`k4`), then single tokens (`k1`); a kernel `kN(w, acts,
-    /// nb, t0, r0, out)` writes rows `r0..r0 + 16` of tokens `t0..t0 + N` from the group's
-    /// blocks `w` (`nb` per row). Every token gets the same instructions in every tile size.
-    #[inline(always)]
-    #[allow(clippy::too_many_arguments)]
-    pub(in crate::backend::cpu) fn group_tiles<W, A>(
-        blocks: &[W],
-        n_rows: usize,
-        nb: usize,
-        rows: std::ops::Range<usize>,
-        acts: &[A],
-        n_tok: usize,
-        out: &SharedOut,
-        k8: impl Fn(&[W], &[A], usize, usize, usize, &SharedOut),
-        k4: impl Fn(&[W], &[A], usize, usize, usize, &SharedOut),
-        k1: impl Fn(&[W], &[A], usize, usize, usize, &SharedOut),
-    ) {
-        assert!(rows.start % ROWS == 0 && rows.end % ROWS == 0 && rows.end <= n_rows, "rows {rows:?} of {n_rows}");
-        assert!(acts.len() >= n_tok * nb && blocks.len() == n_rows / ROWS * nb);
-        for g in rows.start / ROWS..rows.end / ROWS {
-            let w = &blocks[g * nb..(g + 1) * nb];
-            let mut t0 = 0;
-            while t0 + 8 <= n_tok {
-                k8(w, acts, nb, t0, g * ROWS, out);
-                t0 += 8;
-            }
-            if t0 + 4 <= n_tok {
-                k4(w, acts, nb, t0, g * ROWS, out);
-                t0 += 4;
-            }
-            while t0 < n_tok {
-                k1(w, acts, nb, t0, g * ROWS, out);
-                t0 += 1;
-            }
-        }
+        group_tiles!(tile, &p.blocks, p.rows, p.cols / QK, rows, acts, n_tok, out)
     }
 
     /// Stores token t's 16 row results at rows `r0..r0 + 16`.

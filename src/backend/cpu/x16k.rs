@@ -180,7 +180,7 @@ mod simd {
     use std::arch::x86_64::*;
 
     use super::{BlockQ4Kx16, BlockQ6Kx16, PackedQ4Kx16, PackedQ6Kx16};
-    use crate::backend::cpu::x16::{group_tiles, store16};
+    use crate::backend::cpu::x16::{group_tiles, store16, ROWS};
     use crate::backend::cpu::quant::BlockQ8K;
     use crate::backend::cpu::shared::SharedOut;
     use crate::gguf::QK_K;
@@ -189,14 +189,14 @@ mod simd {
     /// rows (`acts`: [n_tok, cols / 256]), in token tiles of 8, then 4, then single tokens.
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
     pub fn matmul_rows_q4k(p: &PackedQ4Kx16, rows: std::ops::Range<usize>, acts: &[BlockQ8K], n_tok: usize, out: &SharedOut) {
-        group_tiles(&p.blocks, p.rows, p.cols / QK_K, rows, acts, n_tok, out, tile::<8>, tile::<4>, tile::<1>)
+        group_tiles!(tile, &p.blocks, p.rows, p.cols / QK_K, rows, acts, n_tok, out)
     }
 
     /// Rows `rows` (whole groups of 16) of a repacked Q6_K matrix against `n_tok` Q8_K activation
     /// rows (`acts`: [n_tok, cols / 256]), in token tiles of 8, then 4, then single tokens.
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
     pub fn matmul_rows_q6k(p: &PackedQ6Kx16, rows: std::ops::Range<usize>, acts: &[BlockQ8K], n_tok: usize, out: &SharedOut) {
-        group_tiles(&p.blocks, p.rows, p.cols / QK_K, rows, acts, n_tok, out, tile6::<8>, tile6::<4>, tile6::<1>)
+        group_tiles!(tile6, &p.blocks, p.rows, p.cols / QK_K, rows, acts, n_tok, out)
     }
 
     /// Q6_K: per 16-element group, 4 `vpdpbusd` give each row Σ q·x and one `vpmulld` scales
