@@ -69,6 +69,12 @@ fn span(p: &[u32], at: usize, len: usize) -> ReusedSpan {
     ReusedSpan { at, tokens, base: 1, cache: Box::new(Empty) }
 }
 
+/// A span whose own sequence is the prompt up to its end (its leading context is the prompt
+/// before it): an exact prefix.
+fn lead_span(p: &[u32], at: usize, len: usize) -> ReusedSpan {
+    ReusedSpan { at, tokens: p[..at + len].to_vec(), base: at, cache: Box::new(Empty) }
+}
+
 fn check(model: RealModel) {
     let m = model.load();
     let p = prompt(&m);
@@ -108,6 +114,25 @@ fn check(model: RealModel) {
     let last = m.config.n_layer - 1;
     assert_eq!(diff(&kv, &reference, last, true, 0..5).0, 0.0, "{model:?}: tokens before the spans are exact");
     assert!(diff(&kv, &reference, last, true, at..at + len).0 > 0.0, "{model:?}: span tokens kept reused KV");
+
+    // A first span that is the prompt's start is an exact prefix: kept, never recomputed, and
+    // its positions are the full prefill's in every layer; the ratio counts the moved spans only.
+    for (r, recomputed) in [(0.0, 0), (1.0, len)] {
+        let mut kv = m.new_kv(p.len());
+        let mut b = Blend { spans: vec![lead_span(&p, 5, 12), span(&p, at, len)], recompute: r, report: Default::default() };
+        prefill(&m, &mut kv, &p, &mut b).expect("blend");
+        assert_eq!((b.report.exact, b.report.recomputed, b.report.reused), (12, recomputed, 42 - recomputed), "{model:?}");
+        assert_eq!(b.report.other, p.len() - 42 - 5, "{model:?}: the lead came with the first span");
+        let exact_to = if r == 1.0 { n } else { 17 };
+        for l in 0..m.config.n_layer {
+            for values in [false, true] {
+                assert_eq!(diff(&kv, &reference, l, values, 0..exact_to).0, 0.0, "{model:?}: layer {l} at {r}");
+            }
+        }
+        if r == 0.0 {
+            assert!(diff(&kv, &reference, last, true, at..at + len).0 > 0.0, "{model:?}: the moved span kept reused KV");
+        }
+    }
 }
 
 #[test]

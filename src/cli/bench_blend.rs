@@ -32,6 +32,9 @@ pub struct BenchBlendArgs {
     /// Articles; each gives `--questions` prompts over the same three documents.
     #[arg(long, default_value_t = 8)]
     pub articles: usize,
+    /// Articles skipped first (in the file's order): measure on articles not used to choose a setting.
+    #[arg(long, default_value_t = 0)]
+    pub skip_articles: usize,
     /// Prompts (questions, each with its own order of the documents) per article.
     #[arg(long, default_value_t = 3)]
     pub questions: usize,
@@ -67,6 +70,7 @@ fn prompts(a: &BenchBlendArgs) -> anyhow::Result<Vec<(Vec<String>, Vec<Prompt>)>
     let s = |v: &serde_json::Value, k: &str| v[k].as_str().unwrap_or_default().to_string();
     let mut out = Vec::new();
     let mut titles: Vec<String> = Vec::new();
+    let mut eligible = 0;
     for c in &contexts {
         let t = s(c, "title");
         if !titles.contains(&t) {
@@ -79,6 +83,10 @@ fn prompts(a: &BenchBlendArgs) -> anyhow::Result<Vec<(Vec<String>, Vec<Prompt>)>
         let paras: Vec<&serde_json::Value> = contexts.iter().filter(|c| &s(c, "title") == title).take(3).collect();
         if paras.len() < 3 || paras.iter().any(|p| s(p, "context").len() > 1500) {
             continue; // keep prompts near 500 tokens
+        }
+        eligible += 1;
+        if eligible <= a.skip_articles {
+            continue;
         }
         let docs: Vec<String> = paras.iter().map(|p| s(p, "context")).collect();
         let mut mine = Vec::new();
@@ -168,6 +176,33 @@ fn loadavg() -> String {
     std::fs::read_to_string("/proc/loadavg").map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" ")).unwrap_or_else(|_| "unknown".into())
 }
 
+/// The mean of `blend - full` per prompt and its paired bootstrap 95% interval (2,000
+/// resamples of the prompts, a fixed generator: the same data give the same interval).
+pub fn paired_delta(full: &[f64], blend: &[f64]) -> (f64, f64, f64) {
+    let d: Vec<f64> = full.iter().zip(blend).map(|(f, b)| b - f).collect();
+    let n = d.len();
+    if n == 0 {
+        return (f64::NAN, f64::NAN, f64::NAN);
+    }
+    let mean = d.iter().sum::<f64>() / n as f64;
+    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+    let mut means: Vec<f64> = (0..2000)
+        .map(|_| {
+            let mut sum = 0.0;
+            for _ in 0..n {
+                // xorshift64*
+                x ^= x >> 12;
+                x ^= x << 25;
+                x ^= x >> 27;
+                sum += d[(x.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 33) as usize % n];
+            }
+            sum / n as f64
+        })
+        .collect();
+    means.sort_by(f64::total_cmp);
+    (mean, means[50], means[1949])
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
@@ -199,6 +234,8 @@ pub fn run(a: &BenchBlendArgs) -> anyhow::Result<()> {
         let mut recomputed = vec![0usize; n];
         let mut reused = vec![0usize; n];
         let mut count = 0;
+        let total: usize = sets.iter().map(|s| s.1.len()).sum();
+        let started = std::time::Instant::now();
         for (docs, set) in &sets {
             // The documents seen once: their chunks' KV is stored.
             ask(&p, docs, "What are these documents about?", CacheMode::Blend, Some(0.0), 4).await?;
@@ -225,28 +262,43 @@ pub fn run(a: &BenchBlendArgs) -> anyhow::Result<()> {
                     }
                 }
                 count += 1;
-                eprint!("\r{count} prompts");
+                let mean_now = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
+                let deltas: Vec<String> = f1s.iter().map(|f| format!("{:+.1}", mean_now(f) - mean_now(&full_f1))).collect();
+                eprint!(
+                    "\r{count}/{total} prompts, {:.0} s, ΔF1 so far {} (load {})   ",
+                    started.elapsed().as_secs_f64(),
+                    deltas.join(" "),
+                    loadavg()
+                );
             }
         }
         eprintln!();
         let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
         println!("prompts: {count} (3 SQuAD v1.1 dev paragraphs each, shuffled orders, greedy, {} tokens)", a.max_tokens);
         println!("full prefill: F1 {:.1}, median TTFT {:.0} ms", mean(&full_f1), median(full_ttft.clone()));
-        println!("ratio  agreement  F1     ΔF1    median TTFT ms  full/blend TTFT (median of per-prompt ratios)  doc tokens recomputed/reused");
+        println!("ratio  agreement  F1     ΔF1 [paired bootstrap 95%]  median TTFT ms  full/blend TTFT: median (min..max of per-prompt ratios)  doc tokens recomputed/reused");
         for (i, r) in a.ratios.iter().enumerate() {
+            let (d, lo, hi) = paired_delta(&full_f1, &f1s[i]);
+            let s = &speedups[i];
             println!(
-                "{:>4}%  {:>3}/{:<3}    {:>5.1}  {:>+5.1}  {:>14.0}  {:>6.2}x  {}/{}",
+                "{:>4}%  {:>3}/{:<3}    {:>5.1}  {:>+5.1} [{:+.1}, {:+.1}]  {:>14.0}  {:>6.2}x ({:.2}..{:.2})  {}/{}",
                 r,
                 agree[i],
                 count,
                 mean(&f1s[i]),
-                mean(&f1s[i]) - mean(&full_f1),
+                d,
+                lo,
+                hi,
                 median(ttfts[i].clone()),
-                median(speedups[i].clone()),
+                median(s.clone()),
+                s.iter().copied().fold(f64::INFINITY, f64::min),
+                s.iter().copied().fold(0.0, f64::max),
                 recomputed[i],
                 reused[i]
             );
         }
+        println!("ratio: fraction of the moved documents' tokens recomputed (the first document, an exact prefix, is kept as it is)");
+        println!("elapsed {:.0} s", started.elapsed().as_secs_f64());
         anyhow::Ok(())
     });
     let _ = std::fs::remove_dir_all(&dir);
@@ -256,7 +308,17 @@ pub fn run(a: &BenchBlendArgs) -> anyhow::Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::f1;
+    use super::{f1, paired_delta};
+
+    #[test]
+    fn paired_bootstrap_interval() {
+        let full = vec![100.0, 0.0, 100.0, 0.0, 50.0, 100.0, 0.0, 0.0];
+        assert_eq!(paired_delta(&full, &full), (0.0, 0.0, 0.0));
+        let blend = vec![0.0, 0.0, 100.0, 0.0, 50.0, 100.0, 0.0, 0.0];
+        let (d, lo, hi) = paired_delta(&full, &blend);
+        assert_eq!(d, -12.5);
+        assert!(lo < d && d <= hi && hi <= 0.0 && lo >= -100.0, "{lo} {d} {hi}");
+    }
 
     #[test]
     fn squad_f1() {

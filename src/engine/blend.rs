@@ -21,6 +21,7 @@
 //! a device) are not supported: BLEND falls back to a full prefill and says why.
 
 use super::model::{Logits, Model, ModelError, SeqBatch};
+pub use super::prefix::{Blend, BlendReport, ReusedSpan};
 use super::prefix::PrefixCache;
 use super::KvCache;
 use super::config::RopeStyle;
@@ -30,59 +31,6 @@ use crate::backend::cpu::ops;
 /// recomputed in the layers after it (layer 0's keys depend on the token alone, so the first
 /// layer whose KV sees the other tokens is layer 1).
 pub const CHECK_LAYERS: usize = 2;
-
-/// One span of the prompt whose KV comes from elsewhere.
-#[derive(Debug)]
-pub struct ReusedSpan {
-    /// Position in the prompt of the span's first token.
-    pub at: usize,
-    /// The span's own sequence: `base` tokens of leading context, then the span's tokens (equal
-    /// to the prompt's at `at..`). Its KV is what `cache` holds.
-    pub tokens: Vec<u32>,
-    /// Leading tokens of `tokens` before the span (at least 1 with a non-empty span).
-    pub base: usize,
-    /// Loads the KV of `tokens` it holds; is told when the engine computed the rest.
-    pub cache: Box<dyn PrefixCache>,
-}
-
-impl ReusedSpan {
-    /// Tokens of the span.
-    pub fn len(&self) -> usize {
-        self.tokens.len().saturating_sub(self.base)
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-}
-
-/// What a prefix cache offers instead of a prefix: the spans and how much to recompute.
-#[derive(Debug, Default)]
-pub struct Blend {
-    /// Spans in prompt order, not overlapping.
-    pub spans: Vec<ReusedSpan>,
-    /// Fraction of the spans' tokens recomputed in every layer after the check layers (0 ..= 1).
-    pub recompute: f32,
-    /// What the engine did, once admitted.
-    pub report: BlendReport,
-}
-
-/// What BLEND did for one prompt.
-#[derive(Debug, Default, Clone, PartialEq)]
-pub struct BlendReport {
-    /// Span tokens that kept the reused KV after the check layers.
-    pub reused: usize,
-    /// Span tokens recomputed in every layer.
-    pub recomputed: usize,
-    /// Span tokens whose own KV the span caches held.
-    pub loaded: usize,
-    /// Tokens computed for the spans' own KV (their first sight, or what their caches lacked).
-    pub span_computed: usize,
-    /// Prompt tokens outside the spans (always computed).
-    pub other: usize,
-    /// Why BLEND fell back to a full prefill (`None`: blended).
-    pub fallback: Option<String>,
-}
 
 /// Why a blend could not run (the prompt is then prefilled in full).
 #[derive(Debug, thiserror::Error)]
@@ -137,10 +85,27 @@ pub fn prefill(model: &Model, kv: &mut KvCache, prompt: &[u32], blend: &mut Blen
         }
         end = s.at + span.len();
     }
+    let t0 = std::time::Instant::now();
     let mut state = model.new_state(n);
     let mut report = BlendReport::default();
-    // 1–2: each span's own KV, re-rotated into place.
-    for s in blend.spans.iter_mut() {
+    // 1–2: each span's own KV, re-rotated into place. A first span whose own sequence is the
+    // prompt's start (its leading context is the prompt before it) is an exact prefix: its KV
+    // is loaded (or computed) straight into `kv` and no layer computes its positions again.
+    let mut exact = 0;
+    for (i, s) in blend.spans.iter_mut().enumerate() {
+        if i == 0 && s.at == s.base && prompt[..s.tokens.len()] == s.tokens[..] {
+            let got = s.cache.load(kv, &s.tokens);
+            if got < s.tokens.len() {
+                let mut seq = [SeqBatch { kv: &mut *kv, tokens: &s.tokens[got..], logits: Logits::None }];
+                model.forward(&mut state, &mut seq)?;
+                s.cache.publish(kv, &s.tokens, &[]);
+            }
+            report.loaded += got.saturating_sub(s.base);
+            report.span_computed += s.tokens.len() - got;
+            report.exact = s.len();
+            exact = s.tokens.len();
+            continue;
+        }
         let mut own = model.new_kv(s.tokens.len());
         let got = s.cache.load(&mut own, &s.tokens);
         if got < s.tokens.len() {
@@ -152,8 +117,11 @@ pub fn prefill(model: &Model, kv: &mut KvCache, prompt: &[u32], blend: &mut Blen
         report.span_computed += s.tokens.len() - got;
         place(model, &own, s.base, s.at, s.len(), kv);
     }
-    // 3: the check layers over every token.
+    let t1 = std::time::Instant::now();
+    // 3: the check layers over every token after the exact prefix.
     model.embed_all(&mut state, &prompt[..n])?;
+    let all: Vec<u32> = (exact as u32..n as u32).collect();
+    model.keep_rows(&mut state, &all, 0);
     let last = CHECK_LAYERS - 1;
     let mut before: (Vec<half::f16>, Vec<half::f16>) = (Vec::new(), Vec::new());
     for li in 0..CHECK_LAYERS {
@@ -161,16 +129,24 @@ pub fn prefill(model: &Model, kv: &mut KvCache, prompt: &[u32], blend: &mut Blen
             let (k, v) = kv.layer(li);
             before = (k.to_vec(), v.to_vec());
         }
-        model.cpu_layer(li, &mut state, &mut [SeqBatch { kv: &mut *kv, tokens: &prompt[..n], logits: Logits::None }], n);
+        model.cpu_layer(li, &mut state, &mut [SeqBatch { kv: &mut *kv, tokens: &prompt[exact..n], logits: Logits::None }], n - exact);
     }
+    let t2 = std::time::Instant::now();
+    // Per moved span token (not in the exact prefix): its KV's deviation in the last check layer.
     let mut dev: Vec<(f32, u32)> = Vec::new();
     let mut in_span = vec![false; n];
+    let edge = edge_tokens();
+    let mut forced: Vec<u32> = Vec::new();
     {
         let (k, v) = kv.layer(last);
         let (heads, hd) = kv.head_shape();
         for s in &blend.spans {
-            for p in s.at..s.at + s.len() {
+            for p in s.at.max(exact)..s.at + s.len() {
                 in_span[p] = true;
+                if p < s.at + edge {
+                    forced.push(p as u32);
+                    continue;
+                }
                 let mut d = 0f32;
                 for h in 0..heads {
                     let r = (h * kv.capacity + p) * hd..(h * kv.capacity + p + 1) * hd;
@@ -184,34 +160,48 @@ pub fn prefill(model: &Model, kv: &mut KvCache, prompt: &[u32], blend: &mut Blen
         }
     }
     drop(before);
-    let total = dev.len();
-    let chosen = ((blend.recompute.clamp(0.0, 1.0) as f64) * total as f64).round() as usize;
-    // Largest deviation first; ties by position (deterministic).
+    let moved = dev.len() + forced.len();
+    let chosen = ((blend.recompute.clamp(0.0, 1.0) as f64) * moved as f64).round() as usize;
+    // The first tokens of each moved span first (they lost the context they were computed
+    // after), then the largest deviation; ties by position (deterministic).
     dev.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
     let mut keep = vec![false; n];
-    for &(_, p) in &dev[..chosen.min(total)] {
+    for p in forced.iter().copied().chain(dev.iter().map(|d| d.1)).take(chosen) {
         keep[p as usize] = true;
     }
-    let rows: Vec<u32> = (0..n).filter(|&p| !in_span[p] || keep[p]).map(|p| p as u32).collect();
+    let rows: Vec<u32> = (exact..n).filter(|&p| !in_span[p] || keep[p]).map(|p| p as u32).collect();
     let tokens: Vec<u32> = rows.iter().map(|&p| prompt[p as usize]).collect();
     // 4: the other layers over the chosen rows.
-    model.keep_rows(&mut state, &rows);
+    let t3 = std::time::Instant::now();
+    model.keep_rows(&mut state, &rows, exact);
     for li in CHECK_LAYERS..c.n_layer {
         model.cpu_layer(li, &mut state, &mut [SeqBatch { kv: &mut *kv, tokens: &tokens, logits: Logits::None }], rows.len());
     }
+    let t4 = std::time::Instant::now();
+    tracing::debug!(load_ms = (t1 - t0).as_secs_f64() * 1e3, check_ms = (t2 - t1).as_secs_f64() * 1e3,
+        select_ms = (t3 - t2).as_secs_f64() * 1e3, rest_ms = (t4 - t3).as_secs_f64() * 1e3, rows = rows.len(), exact, n, "BLEND prefill");
     kv.truncate(0);
     kv.advance(n);
-    report.recomputed = chosen.min(total);
-    report.reused = total - report.recomputed;
-    report.other = prompt.len() - total;
+    let spans: usize = blend.spans.iter().map(|s| s.len()).sum();
+    report.recomputed = chosen.min(moved);
+    report.reused = spans - report.recomputed;
+    // The lead of an exact first span came with it: not computed.
+    report.other = prompt.len() - spans - (exact - report.exact);
     blend.report = report;
     Ok(n)
+}
+
+/// Leading tokens of each moved span always among the recomputed (`FORGE_BLEND_EDGE`, default
+/// 0): a span's first tokens were computed right after its leading context and lost it.
+fn edge_tokens() -> usize {
+    std::env::var("FORGE_BLEND_EDGE").ok().and_then(|v| v.parse().ok()).unwrap_or(0)
 }
 
 /// Writes `len` positions of `own` from `base` on into `kv` at `at..` (every host layer; `at` >=
 /// `base`): keys rotated by `at - base` positions with each layer's RoPE (rotations compose:
 /// θ is linear in the position), values as they are.
 pub fn place(model: &Model, own: &KvCache, base: usize, at: usize, len: usize, kv: &mut KvCache) {
+    use half::slice::HalfFloatSliceExt;
     let c = &model.config;
     let (heads, hd) = kv.head_shape();
     let shift = at.saturating_sub(base) as u32;
@@ -221,29 +211,28 @@ pub fn place(model: &Model, own: &KvCache, base: usize, at: usize, len: usize, k
     let mut windowed = vec![0f32; hd];
     ops::rope_row(shift, c.rope_dims, c.rope_base_swa, 1.0, None, &mut windowed);
     let swa = model.swa_rope();
-    let positions: Vec<u32> = (at..at + len).map(|p| p as u32).collect();
-    let (mut k, mut v) = (vec![0f32; len * heads * hd], vec![0f32; len * heads * hd]);
+    let mut k = vec![0f32; len * hd];
+    let (own_cap, cap) = (own.capacity, kv.capacity);
     for li in 0..c.n_layer {
         if !own.on_host(li) || !kv.on_host(li) {
             continue;
         }
+        let cs = if swa && c.window(li).is_some() { &windowed } else { &global };
         let (sk, sv) = own.layer(li);
-        for t in 0..len {
-            for h in 0..heads {
-                let src = (h * own.capacity + base + t) * hd;
-                let dst = (t * heads + h) * hd;
-                for d in 0..hd {
-                    k[dst + d] = sk[src + d].to_f32();
-                    v[dst + d] = sv[src + d].to_f32();
-                }
-                let cs = if swa && c.window(li).is_some() { &windowed } else { &global };
-                let head = &mut k[dst..dst + hd];
+        let (dk, dv) = kv.layer_mut(li);
+        for h in 0..heads {
+            // Positions are contiguous within a head: one run of `len * hd` each side.
+            let src = (h * own_cap + base) * hd..(h * own_cap + base + len) * hd;
+            let dst = (h * cap + at) * hd..(h * cap + at + len) * hd;
+            dv[dst.clone()].copy_from_slice(&sv[src.clone()]);
+            sk[src].convert_to_f32_slice(&mut k);
+            for head in k.chunks_exact_mut(hd) {
                 match c.rope_style {
                     RopeStyle::Adjacent => ops::rope_head(head, cs),
                     RopeStyle::Neox => ops::rope_head_neox(head, cs, c.rope_dims),
                 }
             }
+            dk[dst].convert_from_f32_slice(&k);
         }
-        kv.store_at(li, &positions, &k, &v);
     }
 }

@@ -170,6 +170,13 @@ impl KvCache {
         (&self.k[r.clone()], &self.v[r])
     }
 
+    /// Keys and values of one host layer, to write in place (BLEND's re-rotation): as
+    /// [`KvCache::layer`].
+    pub fn layer_mut(&mut self, layer: usize) -> (&mut [f16], &mut [f16]) {
+        let r = self.layer_range(layer);
+        (&mut self.k[r.clone()], &mut self.v[r])
+    }
+
     /// Stores rows `k`, `v` ([n_tok, n_head_kv * head_dim]) at positions `start..start+n_tok`.
     pub fn store(&mut self, layer: usize, start: usize, k: &[f32], v: &[f32]) {
         let row = self.n_head_kv * self.head_dim;

@@ -333,17 +333,18 @@ impl Model {
         Ok(())
     }
 
-    /// BLEND's selective recompute: keeps the residual rows `rows` (ascending positions of the
-    /// rows [`Model::embed_all`] wrote) as rows 0.. at their positions, with their RoPE rows.
-    pub(super) fn keep_rows(&self, state: &mut RunState, rows: &[u32]) {
+    /// BLEND's selective recompute: keeps the residual rows of positions `rows` (ascending; row
+    /// `p - first` holds position `p`, as [`Model::embed_all`] wrote them with `first` = 0) as
+    /// rows 0.. at their positions, with their RoPE rows.
+    pub(super) fn keep_rows(&self, state: &mut RunState, rows: &[u32], first: usize) {
         let e = self.config.n_embd;
         for (j, &p) in rows.iter().enumerate() {
-            let p = p as usize;
-            debug_assert!(p >= j);
-            if p != j {
-                state.x.copy_within(p * e..(p + 1) * e, j * e);
+            let src = p as usize - first;
+            debug_assert!(src >= j);
+            if src != j {
+                state.x.copy_within(src * e..(src + 1) * e, j * e);
             }
-            state.pos[j] = p as u32;
+            state.pos[j] = p;
         }
         self.fill_rope(state, rows.len());
     }

@@ -67,7 +67,7 @@ pub enum WorkloadError {
 }
 
 /// BLEND's default recompute ratio (docs/perf.md, "BLEND": chosen from the SQuAD numbers).
-pub const DEFAULT_BLEND_RECOMPUTE: f32 = 0.15;
+pub const DEFAULT_BLEND_RECOMPUTE: f32 = 0.30;
 
 /// How the service reuses KV blocks.
 #[derive(Debug, Clone, PartialEq)]
