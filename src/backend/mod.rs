@@ -57,13 +57,21 @@ pub struct WeightView<'a> {
     pub cols: usize,
     /// [rows, row_bytes(cols)]
     pub data: &'a [u8],
+    /// The same matrix in the layout of a backend's kernels, if [`Backend::prepare`] made one
+    /// (only the backend that made it reads it; others ignore it).
+    pub prepared: Option<&'a Prepared>,
 }
 
 impl<'a> WeightView<'a> {
     /// Checks that `data` holds exactly `rows` rows of `cols` elements of `ty`.
     pub fn new(ty: GgmlType, rows: usize, cols: usize, data: &'a [u8]) -> Option<Self> {
         let rb = ty.row_bytes(cols)?;
-        (rb.checked_mul(rows)? == data.len()).then_some(WeightView { ty, rows, cols, data })
+        (rb.checked_mul(rows)? == data.len()).then_some(WeightView { ty, rows, cols, data, prepared: None })
+    }
+
+    /// The same view with a backend's prepared copy attached.
+    pub fn with_prepared(self, prepared: Option<&'a Prepared>) -> Self {
+        WeightView { prepared, ..self }
     }
 
     pub fn row_bytes(&self) -> usize {
@@ -73,6 +81,22 @@ impl<'a> WeightView<'a> {
     pub fn row(&self, r: usize) -> &'a [u8] {
         let rb = self.row_bytes();
         &self.data[r * rb..(r + 1) * rb]
+    }
+}
+
+/// A backend's own copy of a weight matrix, laid out for its kernels (the CPU's AVX-512 level:
+/// rows interleaved 16 at a time, `cpu::x16`), made once at load by [`Backend::prepare`] and
+/// kept by the model beside the mapped weights. Opaque to everyone but the backend that made it.
+pub struct Prepared {
+    /// the backend's layout (it downcasts)
+    pub data: Box<dyn std::any::Any + Send + Sync>,
+    /// bytes of memory it holds
+    pub bytes: usize,
+}
+
+impl std::fmt::Debug for Prepared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Prepared({} bytes)", self.bytes)
     }
 }
 
@@ -122,6 +146,14 @@ pub trait Backend: Send + Sync {
 
     /// Whether this backend can run `op` on weights / data of type `ty`.
     fn supports(&self, op: Op, ty: GgmlType) -> bool;
+
+    /// A copy of `w` in a layout this backend's kernels read faster, made once when a model
+    /// loads (the caller keeps it and attaches it to later views of `w`); `None`: the mapped
+    /// layout is used as it is. Must not change any result.
+    fn prepare(&self, w: WeightView<'_>) -> Option<Prepared> {
+        let _ = w;
+        None
+    }
 
     /// `out[t, r] = sum_c W[r, c] * x[t, c]` for `n_tok` tokens.
     /// x: [n_tok, w.cols], out: [n_tok, w.rows]

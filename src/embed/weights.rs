@@ -88,8 +88,8 @@ impl Linear {
     /// The matrix: in `half` ([`Weights::half_bytes`]) when rounded to F16, else in `map`.
     pub fn view<'a>(&self, map: &'a [u8], half: &'a [u8]) -> WeightView<'a> {
         match &self.half {
-            Some(r) => WeightView { ty: GgmlType::F16, rows: self.rows, cols: self.cols, data: &half[r.clone()] },
-            None => WeightView { ty: self.w.ty, rows: self.rows, cols: self.cols, data: &map[self.w.range.clone()] },
+            Some(r) => WeightView { ty: GgmlType::F16, rows: self.rows, cols: self.cols, data: &half[r.clone()], prepared: None },
+            None => WeightView { ty: self.w.ty, rows: self.rows, cols: self.cols, data: &map[self.w.range.clone()], prepared: None },
         }
     }
 

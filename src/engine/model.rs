@@ -124,13 +124,17 @@ impl Model {
     pub fn load(path: impl AsRef<Path>, backend: Arc<dyn Backend>) -> Result<Model, ModelError> {
         let gguf = GgufFile::open(path)?;
         let config = ModelConfig::from_gguf(&gguf)?;
-        let weights = Weights::load(&gguf, &config)?;
+        let mut weights = Weights::load(&gguf, &config)?;
         for l in &weights.layers {
             for m in [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down] {
                 if !backend.supports(crate::backend::Op::MatMul, m.ty()) {
                     return Err(ModelError::Unsupported { ty: m.ty().name(), backend: backend.name() });
                 }
             }
+        }
+        let prepared = weights.prepare(&gguf, &*backend);
+        if prepared > 0 {
+            tracing::debug!(bytes = prepared, "weights repacked for the backend's kernels");
         }
         Ok(Model { config, gguf, weights, backend, segments: Vec::new() })
     }

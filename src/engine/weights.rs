@@ -7,8 +7,9 @@
 
 use std::cell::RefCell;
 use std::collections::BTreeSet;
+use std::sync::Arc;
 
-use crate::backend::WeightView;
+use crate::backend::{Backend, Prepared, WeightView};
 use crate::gguf::{GgmlType, GgufError, GgufFile, TensorInfo};
 
 use super::config::ModelConfig;
@@ -22,13 +23,15 @@ pub struct Matrix {
     pub cols: usize,
     /// First row of this matrix within the tensor (non-zero for the parts of a fused matrix).
     pub row0: usize,
+    /// The backend's own copy in its kernels' layout ([`Backend::prepare`]), made at load.
+    pub prepared: Option<Arc<Prepared>>,
 }
 
 impl Matrix {
-    pub fn view<'a>(&self, g: &'a GgufFile) -> WeightView<'a> {
+    pub fn view<'a>(&'a self, g: &'a GgufFile) -> WeightView<'a> {
         let rb = self.info.ty.row_bytes(self.cols).unwrap_or(0);
         let data = &g.data(&self.info)[self.row0 * rb..(self.row0 + self.rows) * rb];
-        WeightView { ty: self.info.ty, rows: self.rows, cols: self.cols, data }
+        WeightView { ty: self.info.ty, rows: self.rows, cols: self.cols, data, prepared: self.prepared.as_deref() }
     }
 
     pub fn ty(&self) -> GgmlType {
@@ -37,7 +40,7 @@ impl Matrix {
 
     /// Rows `r..r + n` of this matrix as a matrix of its own.
     fn rows(&self, r: usize, n: usize) -> Matrix {
-        Matrix { info: self.info.clone(), rows: n, cols: self.cols, row0: self.row0 + r }
+        Matrix { info: self.info.clone(), rows: n, cols: self.cols, row0: self.row0 + r, prepared: None }
     }
 }
 
@@ -98,7 +101,7 @@ impl Loader<'_> {
     fn matrix(&self, name: &str, cols: usize, rows: usize) -> Result<Matrix, GgufError> {
         let info = self.g.tensor_with_shape(name, &[cols as u64, rows as u64])?.info.clone();
         self.used.borrow_mut().insert(name.to_string());
-        Ok(Matrix { info, rows, cols, row0: 0 })
+        Ok(Matrix { info, rows, cols, row0: 0, prepared: None })
     }
 
     fn vector(&self, name: &str, n: usize) -> Result<Vec<f32>, GgufError> {
@@ -169,5 +172,18 @@ impl Weights {
             return Err(GgufError::UnexpectedTensor { name: t.name.clone(), arch: c.arch.name().to_string() });
         }
         Ok(Weights { token_embd, layers, output_norm, output, rope_freqs })
+    }
+
+    /// Asks `backend` for its own layout of every layer matrix ([`Backend::prepare`]) and keeps
+    /// what it makes; returns the bytes those copies hold.
+    pub fn prepare(&mut self, g: &GgufFile, backend: &dyn Backend) -> usize {
+        let mut bytes = 0;
+        for l in &mut self.layers {
+            for m in [&mut l.wq, &mut l.wk, &mut l.wv, &mut l.wo, &mut l.w_gate, &mut l.w_up, &mut l.w_down] {
+                m.prepared = backend.prepare(m.view(g)).map(Arc::new);
+                bytes += m.prepared.as_ref().map_or(0, |p| p.bytes);
+            }
+        }
+        bytes
     }
 }

@@ -74,6 +74,13 @@ pub fn quantize_q8(x: &[f32], out: &mut [BlockQ8]) {
 /// One block of `quant::quantize_block_q8`, vectorized (bitwise the same result).
 #[inline(always)]
 fn quantize_block(xs: &[f32]) -> BlockQ8 {
+    quantize_block_sum(xs).0
+}
+
+/// [`quantize_block`] and the sum of its `qs`. Only inlined into functions with this level's
+/// features enabled (as everything here).
+#[inline(always)]
+pub(super) fn quantize_block_sum(xs: &[f32]) -> (BlockQ8, i32) {
     assert!(xs.len() == QK);
     let mut b = BlockQ8::default();
     // SAFETY: AVX-512F/BW/VL are enabled in the caller; the loads read xs[0..32] (asserted), the
@@ -92,8 +99,8 @@ fn quantize_block(xs: &[f32]) -> BlockQ8 {
         _mm_storeu_si128(b.qs.as_mut_ptr().add(16) as *mut __m128i, _mm512_cvtepi32_epi8(rhi));
         b.d = half::f16::from_f32(d).to_f32();
         b.s = half::f16::from_f32(d * sum as f32).to_f32();
+        (b, sum)
     }
-    b
 }
 
 /// Lays out two quantized blocks as a [`PairQ8`].

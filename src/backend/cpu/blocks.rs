@@ -40,3 +40,16 @@ impl Default for BlockQ8K {
         BlockQ8K { d: 0.0, qs: [0; QK_K], bsums: [0; QK_K / 16] }
     }
 }
+
+/// 32 activations for the repacked Q5_0 kernel (`x16`): `BlockQ8`'s `qs` and `d` (same
+/// quantizer) and Q5_0's offset term as an integer (weights are u - 16: Σ(u - 16)·x = Σu·x + off).
+#[derive(Clone, Copy, Debug, Default)]
+#[repr(C)]
+pub struct BlockQ8O {
+    /// [32] quantized values
+    pub qs: [i8; QK],
+    /// scale: x ≈ d · qs
+    pub d: f32,
+    /// -16 · Σ qs
+    pub off: i32,
+}

@@ -14,6 +14,8 @@ pub mod quant;
 pub mod quant_k;
 mod shared;
 pub mod team;
+pub mod x16;
+pub mod x16k;
 
 #[cfg(target_arch = "x86_64")]
 mod attn512;
@@ -36,7 +38,7 @@ use self::quant::{act_format, ActFormat, BlockQ8, BlockQ8K};
 use self::shared::{SharedOut, SharedSlice};
 use self::team::Team;
 pub use super::simd::SimdLevel;
-use super::{attention_keys, AttentionArgs, Backend, Op, WeightView};
+use super::{attention_keys, AttentionArgs, Backend, Op, Prepared, WeightView};
 use crate::gguf::{GgmlType, QK, QK_K};
 
 /// Quantized activations of the current matmul, reused across calls (no allocation once warm).
@@ -49,6 +51,9 @@ struct Scratch {
     /// [n_tok, (cols / 32).div_ceil(2)] (the AVX-512 layout of `q8`)
     #[cfg(target_arch = "x86_64")]
     pairs: Vec<avx512::PairQ8>,
+    /// [n_tok, cols / 32] (what the repacked kernels of `x16` read)
+    #[cfg(target_arch = "x86_64")]
+    q8o: Vec<x16::BlockQ8O>,
     /// segmented attention: unnormalized outputs [n_tok, n_kv_head, segments, group * head_dim]
     att: Vec<f32>,
     /// segmented attention: (max, sum) per query head [n_tok, n_kv_head, segments, group, 2]
@@ -121,6 +126,22 @@ impl CpuBackend {
         }
     }
 
+    /// `w`'s rows repacked for this level's kernels (`x16`, `x16k`), if `prepare` made them.
+    fn packed<'a>(&self, w: &WeightView<'a>) -> Option<Packed<'a>> {
+        if self.simd != SimdLevel::Avx512Vnni {
+            return None;
+        }
+        let data = &w.prepared?.data;
+        if let Some(p) = data.downcast_ref::<x16::PackedQ5x16>() {
+            return (p.rows == w.rows && p.cols == w.cols && w.ty == GgmlType::Q5_0).then_some(Packed::Q5_0(p));
+        }
+        if let Some(p) = data.downcast_ref::<x16k::PackedQ4Kx16>() {
+            return (p.rows == w.rows && p.cols == w.cols && w.ty == GgmlType::Q4K).then_some(Packed::Q4K(p));
+        }
+        let p = data.downcast_ref::<x16k::PackedQ6Kx16>()?;
+        (p.rows == w.rows && p.cols == w.cols && w.ty == GgmlType::Q6K).then_some(Packed::Q6K(p))
+    }
+
     /// Whether the AVX-512 level has a pair kernel for `ty` (never on other architectures).
     fn has_pair_kernel(ty: GgmlType) -> bool {
         #[cfg(target_arch = "x86_64")]
@@ -165,11 +186,16 @@ impl CpuBackend {
     /// One parallel region over the rows of every matrix in `ws` (at most [`MAX_MULTI`]; chunks
     /// never span two matrices); `rows(m, range, out)` computes rows `range` of matrix m for
     /// every token. Allocates nothing.
+    /// With a repacked matrix among `ws`, chunks are whole groups of `x16::ROWS` rows (its rows are
+    /// a multiple of that, so every chunk of it is).
     fn rows_parallel(&self, ws: &[WeightView<'_>], n_tok: usize, outs: &mut [&mut [f32]], rows: &(dyn Fn(usize, std::ops::Range<usize>, &SharedOut) + Sync)) {
         assert!(ws.len() <= MAX_MULTI && ws.len() == outs.len());
         let mut it = outs.iter_mut().zip(ws);
         let shared: [Option<SharedOut>; MAX_MULTI] = std::array::from_fn(|_| it.next().map(|(o, w)| SharedOut::new(o, w.rows)));
-        let chunk = self.row_chunk(ws.iter().map(|w| w.rows).sum(), n_tok);
+        let mut chunk = self.row_chunk(ws.iter().map(|w| w.rows).sum(), n_tok);
+        if ws.iter().any(|w| self.packed(w).is_some()) {
+            chunk = chunk.next_multiple_of(x16::ROWS);
+        }
         let total: usize = ws.iter().map(|w| w.rows.div_ceil(chunk)).sum();
         self.team.for_chunks(total, 1, &|range| {
             for mut c in range {
@@ -188,6 +214,14 @@ impl CpuBackend {
     }
 }
 
+/// A matrix repacked for the AVX-512 level's interleaved kernels (x86-64 only reads them).
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+enum Packed<'a> {
+    Q5_0(&'a x16::PackedQ5x16),
+    Q4K(&'a x16k::PackedQ4Kx16),
+    Q6K(&'a x16k::PackedQ6Kx16),
+}
+
 /// Most matrices one `matmul_multi` region takes (Q, K, V); longer lists are split.
 const MAX_MULTI: usize = 3;
 
@@ -202,6 +236,28 @@ impl Backend for CpuBackend {
             // Activations are f32 on the CPU.
             _ => ty == GgmlType::F32,
         }
+    }
+
+    /// At the AVX-512 level, Q5_0, Q4_K and Q6_K matrices of whole 16-row groups are repacked
+    /// (`x16`, `x16k`: as many bytes as the tensor, +8% for Q4_K, +30% for Q6_K; results bitwise
+    /// the scalar reference's).
+    fn prepare(&self, w: WeightView<'_>) -> Option<Prepared> {
+        if self.simd != SimdLevel::Avx512Vnni {
+            return None;
+        }
+        if x16::PackedQ5x16::fits(&w) {
+            let p = x16::PackedQ5x16::new(&w);
+            return Some(Prepared { bytes: p.bytes(), data: Box::new(p) });
+        }
+        if x16k::PackedQ4Kx16::fits(&w) {
+            let p = x16k::PackedQ4Kx16::new(&w);
+            return Some(Prepared { bytes: p.bytes(), data: Box::new(p) });
+        }
+        if x16k::PackedQ6Kx16::fits(&w) {
+            let p = x16k::PackedQ6Kx16::new(&w);
+            return Some(Prepared { bytes: p.bytes(), data: Box::new(p) });
+        }
+        None
     }
 
     fn matmul(&self, w: WeightView<'_>, x: &[f32], n_tok: usize, out: &mut [f32]) {
@@ -231,7 +287,17 @@ impl Backend for CpuBackend {
                 // At the AVX-512 level, the types with a pair kernel read pairs; the others (Q8_0
                 // among them: its kernel there takes blocks, see `avx512`) read blocks. A call whose
                 // matrices need both gets both.
-                let pairs_for = |w: &WeightView<'_>| self.simd == SimdLevel::Avx512Vnni && Self::has_pair_kernel(w.ty);
+                let pairs_for = |w: &WeightView<'_>| self.simd == SimdLevel::Avx512Vnni && Self::has_pair_kernel(w.ty) && self.packed(w).is_none();
+                #[cfg(target_arch = "x86_64")]
+                let q8o: &[x16::BlockQ8O] = if ws.iter().any(|w| self.packed(w).is_some()) {
+                    s.q8o.resize(n_tok * nb, x16::BlockQ8O::default());
+                    // SAFETY: `packed` is only `Some` at the `Avx512Vnni` level, set only after
+                    // detecting every feature `x16::quantize_q8o` enables.
+                    self.quantize(x, n_tok, cols, nb, &mut s.q8o[..n_tok * nb], |x, b| unsafe { x16::quantize_q8o(x, b) });
+                    &s.q8o[..n_tok * nb]
+                } else {
+                    &[]
+                };
                 #[cfg(target_arch = "x86_64")]
                 let pairs: &[avx512::PairQ8] = if ws.iter().any(pairs_for) {
                     let np = nb.div_ceil(2);
@@ -243,7 +309,7 @@ impl Backend for CpuBackend {
                 } else {
                     &[]
                 };
-                let q8: &[BlockQ8] = if ws.iter().any(|w| !pairs_for(w)) {
+                let q8: &[BlockQ8] = if ws.iter().any(|w| !pairs_for(w) && self.packed(w).is_none()) {
                     s.q8.resize(n_tok * nb, BlockQ8::default());
                     let q: fn(&[f32], &mut [BlockQ8]) = match self.simd {
                         #[cfg(target_arch = "x86_64")]
@@ -258,6 +324,11 @@ impl Backend for CpuBackend {
                     &[]
                 };
                 self.rows_parallel(ws, n_tok, outs, &|m, rows, out| {
+                    #[cfg(target_arch = "x86_64")]
+                    if let Some(Packed::Q5_0(p)) = self.packed(&ws[m]) {
+                        // SAFETY: as for `quantize_q8o` above.
+                        return unsafe { x16::matmul_rows_q5_0(p, rows, q8o, n_tok, out) };
+                    }
                     #[cfg(target_arch = "x86_64")]
                     if pairs_for(&ws[m]) {
                         // SAFETY: `SimdLevel::Avx512Vnni` is only set after detecting every feature
@@ -281,6 +352,15 @@ impl Backend for CpuBackend {
                 self.quantize(x, n_tok, cols, nb, &mut s.q8k[..n_tok * nb], q);
                 let q8k = &s.q8k[..n_tok * nb];
                 self.rows_parallel(ws, n_tok, outs, &|m, rows, out| match self.simd {
+                    #[cfg(target_arch = "x86_64")]
+                    SimdLevel::Avx512Vnni if matches!(self.packed(&ws[m]), Some(Packed::Q4K(_) | Packed::Q6K(_))) => match self.packed(&ws[m]) {
+                        // SAFETY: `packed` is only `Some` at the `Avx512Vnni` level, set only
+                        // after detecting every feature these kernels enable.
+                        Some(Packed::Q4K(p)) => unsafe { x16k::matmul_rows_q4k(p, rows, q8k, n_tok, out) },
+                        // SAFETY: as above.
+                        Some(Packed::Q6K(p)) => unsafe { x16k::matmul_rows_q6k(p, rows, q8k, n_tok, out) },
+                        _ => unreachable!("checked by the guard"),
+                    },
                     #[cfg(target_arch = "x86_64")]
                     // SAFETY: `Avx512Vnni` is only set after detecting every feature
                     // `avx512_k::matmul_rows_q8k` enables.
@@ -306,11 +386,25 @@ impl Backend for CpuBackend {
         }
     }
 
+    /// Rows split over the team in chunks of 16 (a row's arithmetic is the same in any chunk).
     fn rmsnorm(&self, x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
         let d = weight.len();
-        for (o, xs) in out.chunks_exact_mut(d).zip(x.chunks_exact(d)) {
-            ops::rmsnorm(xs, weight, eps, o);
+        let n = x.len() / d;
+        if n < 2 * NORM_ROWS || self.team.threads() == 1 {
+            for (o, xs) in out.chunks_exact_mut(d).zip(x.chunks_exact(d)) {
+                ops::rmsnorm(xs, weight, eps, o);
+            }
+            return;
         }
+        let shared = SharedSlice::new(&mut out[..n * d]);
+        let shared = &shared;
+        self.team.for_chunks(n, NORM_ROWS, &|rows| {
+            // SAFETY: row ranges are disjoint; each is handed to one thread.
+            let o = unsafe { shared.slice(rows.start * d, rows.len() * d) };
+            for (o, xs) in o.chunks_exact_mut(d).zip(x[rows.start * d..rows.end * d].chunks_exact(d)) {
+                ops::rmsnorm(xs, weight, eps, o);
+            }
+        });
     }
 
     fn layernorm(&self, x: &[f32], weight: &[f32], bias: &[f32], eps: f32, out: &mut [f32]) {
@@ -370,17 +464,20 @@ impl Backend for CpuBackend {
         }
     }
 
+    /// Split over the team in blocks of `GELU_BLOCK` (each element's arithmetic is the same in
+    /// any block: the SIMD kernel's lanes are independent and its tail is padded).
     fn gelu_tanh_mul(&self, gate: &mut [f32], up: &[f32]) {
-        match self.simd {
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: `Avx2` and `Avx512Vnni` are only set after detecting avx2 and fma.
-            SimdLevel::Avx2 | SimdLevel::Avx512Vnni => unsafe { avx2::gelu_tanh_mul(gate, up) },
-            _ => {
-                for (g, u) in gate.iter_mut().zip(up) {
-                    *g = ops::gelu_tanh(*g) * u;
-                }
-            }
+        let n = gate.len();
+        if self.team.threads() > 1 && n >= 2 * GELU_BLOCK {
+            let shared = SharedSlice::new(gate);
+            let shared = &shared;
+            return self.team.for_chunks(n.div_ceil(GELU_BLOCK), 1, &|blocks| {
+                let (a, b) = (blocks.start * GELU_BLOCK, (blocks.end * GELU_BLOCK).min(n));
+                // SAFETY: block ranges are disjoint; each is handed to one thread.
+                self.gelu_tanh_mul_block(unsafe { shared.slice(a, b - a) }, &up[a..b]);
+            });
         }
+        self.gelu_tanh_mul_block(gate, up)
     }
 
     fn gelu(&self, x: &mut [f32]) {
@@ -409,7 +506,23 @@ impl Backend for CpuBackend {
 /// Elements per parallel GELU work item (a multiple of 4).
 const GELU_BLOCK: usize = 2048;
 
+/// Rows per parallel RMSNorm work item.
+const NORM_ROWS: usize = 16;
+
 impl CpuBackend {
+    fn gelu_tanh_mul_block(&self, gate: &mut [f32], up: &[f32]) {
+        match self.simd {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `Avx2` and `Avx512Vnni` are only set after detecting avx2 and fma.
+            SimdLevel::Avx2 | SimdLevel::Avx512Vnni => unsafe { avx2::gelu_tanh_mul(gate, up) },
+            _ => {
+                for (g, u) in gate.iter_mut().zip(up) {
+                    *g = ops::gelu_tanh(*g) * u;
+                }
+            }
+        }
+    }
+
     fn gelu_block(&self, x: &mut [f32]) {
         match self.simd {
             #[cfg(target_arch = "x86_64")]

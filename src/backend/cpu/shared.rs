@@ -31,6 +31,17 @@ impl SharedOut {
     }
 }
 
+impl SharedOut {
+    /// Writes `out[t, r0..r0 + v.len()] = v`. Callers must own those rows.
+    #[inline]
+    pub fn write_run(&self, t: usize, r0: usize, v: &[f32]) {
+        let i = t * self.rows + r0;
+        assert!(r0 + v.len() <= self.rows && i + v.len() <= self.len);
+        // SAFETY: in bounds (asserted); no other thread writes these rows (see the Sync impl).
+        unsafe { std::ptr::copy_nonoverlapping(v.as_ptr(), self.ptr.add(i), v.len()) }
+    }
+}
+
 /// A slice whose disjoint sub-ranges are handed to different threads.
 pub struct SharedSlice<B>(*mut B, usize);
 
