@@ -38,47 +38,71 @@ pub struct BlockQ5x16 {
     pub d: [u16; 16],
 }
 
-/// A Q5_0 matrix whose rows (a multiple of 16) are interleaved 16 at a time.
-pub struct PackedQ5x16 {
-    pub rows: usize,
-    pub cols: usize,
-    /// [rows / 16, cols / 32]: group-major
-    pub blocks: Vec<BlockQ5x16>,
+/// A block of 16 interleaved rows: what `TY`'s blocks of 16 rows at one block column become.
+pub trait Block16: Sized {
+    /// The weight type it repacks.
+    const TY: GgmlType;
+    /// Elements per block.
+    const QB: usize;
+    /// The 16 rows' source blocks (`TY.block_bytes()` bytes each, row r at `src[r]`), interleaved.
+    fn pack(src: [&[u8]; ROWS]) -> Self;
 }
 
-impl PackedQ5x16 {
-    /// Whether `w` can be repacked: Q5_0 with whole groups of 16 rows.
+/// A matrix whose rows (a multiple of 16) are interleaved 16 at a time, in blocks `B`.
+pub struct Packed16<B> {
+    /// Rows of the matrix.
+    pub rows: usize,
+    /// Columns of the matrix.
+    pub cols: usize,
+    /// [rows / 16, cols / B::QB]: group-major
+    pub blocks: Vec<B>,
+}
+
+impl<B: Block16> Packed16<B> {
+    /// Whether `w` can be repacked: type `B::TY` with whole groups of 16 rows.
     pub fn fits(w: &WeightView<'_>) -> bool {
-        w.ty == GgmlType::Q5_0 && w.rows % ROWS == 0 && w.rows > 0 && w.cols % QK == 0
+        w.ty == B::TY && w.rows % ROWS == 0 && w.rows > 0 && w.cols % B::QB == 0
     }
 
-    /// The repacked copy of `w` (see [`PackedQ5x16::fits`]).
-    pub fn new(w: &WeightView<'_>) -> PackedQ5x16 {
-        assert!(Self::fits(w), "PackedQ5x16 of a {:?} {}x{} matrix", w.ty, w.rows, w.cols);
-        let (nb, bb) = (w.cols / QK, GgmlType::Q5_0.block_bytes());
+    /// The repacked copy of `w` (see [`Packed16::fits`]).
+    pub fn new(w: &WeightView<'_>) -> Self {
+        assert!(Self::fits(w), "{:?} x16 repack of a {:?} {}x{} matrix", B::TY, w.ty, w.rows, w.cols);
+        let (nb, bb) = (w.cols / B::QB, B::TY.block_bytes());
         let mut blocks = Vec::with_capacity(w.rows / ROWS * nb);
         for g in 0..w.rows / ROWS {
             for b in 0..nb {
-                let mut p = BlockQ5x16 { qs: [0; 256], qh: [0; 8], d: [0; 16] };
-                for r in 0..ROWS {
-                    let src = &w.row(g * ROWS + r)[b * bb..(b + 1) * bb];
-                    p.d[r] = u16::from_le_bytes([src[0], src[1]]);
-                    let qh = u32::from_le_bytes([src[2], src[3], src[4], src[5]]) as u64;
-                    for j in 0..4 {
-                        p.qs[64 * j + 4 * r..64 * j + 4 * r + 4].copy_from_slice(&src[6 + 4 * j..6 + 4 * j + 4]);
-                    }
-                    for k in 0..8 {
-                        p.qh[k] |= ((qh >> (4 * k)) & 0xF) << (4 * r);
-                    }
-                }
-                blocks.push(p);
+                blocks.push(B::pack(std::array::from_fn(|r| &w.row(g * ROWS + r)[b * bb..(b + 1) * bb])));
             }
         }
-        PackedQ5x16 { rows: w.rows, cols: w.cols, blocks }
+        Packed16 { rows: w.rows, cols: w.cols, blocks }
     }
 
+    /// Bytes of the copy.
     pub fn bytes(&self) -> usize {
         std::mem::size_of_val(self.blocks.as_slice())
+    }
+}
+
+/// A Q5_0 matrix repacked 16 rows at a time.
+pub type PackedQ5x16 = Packed16<BlockQ5x16>;
+
+impl Block16 for BlockQ5x16 {
+    const TY: GgmlType = GgmlType::Q5_0;
+    const QB: usize = QK;
+
+    fn pack(src: [&[u8]; ROWS]) -> Self {
+        let mut p = BlockQ5x16 { qs: [0; 256], qh: [0; 8], d: [0; 16] };
+        for (r, src) in src.into_iter().enumerate() {
+            p.d[r] = u16::from_le_bytes([src[0], src[1]]);
+            let qh = u32::from_le_bytes([src[2], src[3], src[4], src[5]]) as u64;
+            for j in 0..4 {
+                p.qs[64 * j + 4 * r..64 * j + 4 * r + 4].copy_from_slice(&src[6 + 4 * j..6 + 4 * j + 4]);
+            }
+            for k in 0..8 {
+                p.qh[k] |= ((qh >> (4 * k)) & 0xF) << (4 * r);
+            }
+        }
+        p
     }
 }
 

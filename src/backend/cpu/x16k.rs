@@ -15,11 +15,10 @@
 //! Per 16 rows and block: the nibbles in sub-block order (2048 bytes), scales (128), mins doubled
 //! as i16 pair partners (256), d and dmin (64): 2496 bytes against 16 × 144 = 2304 mapped (+8%).
 
-use crate::backend::WeightView;
 use crate::gguf::types::q4k_scale_min;
 use crate::gguf::{GgmlType, QK_K};
 
-use super::x16::ROWS;
+use super::x16::{Block16, Packed16, ROWS};
 
 /// One 256-element block of 16 rows.
 #[derive(Clone, Copy)]
@@ -38,58 +37,37 @@ pub struct BlockQ4Kx16 {
     pub dmin: [u16; 16],
 }
 
-/// A Q4_K matrix whose rows (a multiple of 16) are interleaved 16 at a time.
-pub struct PackedQ4Kx16 {
-    pub rows: usize,
-    pub cols: usize,
-    /// [rows / 16, cols / 256]: group-major
-    pub blocks: Vec<BlockQ4Kx16>,
-}
+/// A Q4_K matrix repacked 16 rows at a time.
+pub type PackedQ4Kx16 = Packed16<BlockQ4Kx16>;
 
-impl PackedQ4Kx16 {
-    /// Whether `w` can be repacked: Q4_K with whole groups of 16 rows.
-    pub fn fits(w: &WeightView<'_>) -> bool {
-        w.ty == GgmlType::Q4K && w.rows % ROWS == 0 && w.rows > 0 && w.cols % QK_K == 0
-    }
+impl Block16 for BlockQ4Kx16 {
+    const TY: GgmlType = GgmlType::Q4K;
+    const QB: usize = QK_K;
 
-    /// The repacked copy of `w` (see [`PackedQ4Kx16::fits`]).
-    pub fn new(w: &WeightView<'_>) -> PackedQ4Kx16 {
-        assert!(Self::fits(w), "PackedQ4Kx16 of a {:?} {}x{} matrix", w.ty, w.rows, w.cols);
-        let (nb, bb) = (w.cols / QK_K, GgmlType::Q4K.block_bytes());
-        let mut blocks = Vec::with_capacity(w.rows / ROWS * nb);
-        for g in 0..w.rows / ROWS {
-            for b in 0..nb {
-                let mut p = BlockQ4Kx16 { qs: [0; 2048], sc: [0; 128], mn: [0; 256], d: [0; 16], dmin: [0; 16] };
-                for r in 0..ROWS {
-                    let src = &w.row(g * ROWS + r)[b * bb..(b + 1) * bb];
-                    p.d[r] = u16::from_le_bytes([src[0], src[1]]);
-                    p.dmin[r] = u16::from_le_bytes([src[2], src[3]]);
-                    let qs = &src[16..144];
-                    for j in 0..8 {
-                        let (sc, m) = q4k_scale_min(j, &src[4..16]);
-                        p.sc[16 * j + r] = sc;
-                        p.mn[32 * j + 2 * r] = m;
-                        p.mn[32 * j + 2 * r + 1] = m;
-                        // element l of sub-block j: qs[32 (j / 2) + l], low nibble for even j
-                        let nib = |l: usize| {
-                            let v = qs[32 * (j / 2) + l];
-                            if j % 2 == 0 { v & 0x0F } else { v >> 4 }
-                        };
-                        for v in 0..4 {
-                            for e in 0..4 {
-                                p.qs[256 * j + 64 * v + 4 * r + e] = nib(4 * v + e) | nib(16 + 4 * v + e) << 4;
-                            }
-                        }
+    fn pack(src: [&[u8]; ROWS]) -> Self {
+        let mut p = BlockQ4Kx16 { qs: [0; 2048], sc: [0; 128], mn: [0; 256], d: [0; 16], dmin: [0; 16] };
+        for (r, src) in src.into_iter().enumerate() {
+            p.d[r] = u16::from_le_bytes([src[0], src[1]]);
+            p.dmin[r] = u16::from_le_bytes([src[2], src[3]]);
+            let qs = &src[16..144];
+            for j in 0..8 {
+                let (sc, m) = q4k_scale_min(j, &src[4..16]);
+                p.sc[16 * j + r] = sc;
+                p.mn[32 * j + 2 * r] = m;
+                p.mn[32 * j + 2 * r + 1] = m;
+                // element l of sub-block j: qs[32 (j / 2) + l], low nibble for even j
+                let nib = |l: usize| {
+                    let v = qs[32 * (j / 2) + l];
+                    if j % 2 == 0 { v & 0x0F } else { v >> 4 }
+                };
+                for v in 0..4 {
+                    for e in 0..4 {
+                        p.qs[256 * j + 64 * v + 4 * r + e] = nib(4 * v + e) | nib(16 + 4 * v + e) << 4;
                     }
                 }
-                blocks.push(p);
             }
         }
-        PackedQ4Kx16 { rows: w.rows, cols: w.cols, blocks }
-    }
-
-    pub fn bytes(&self) -> usize {
-        std::mem::size_of_val(self.blocks.as_slice())
+        p
     }
 }
 
@@ -109,49 +87,28 @@ pub struct BlockQ6Kx16 {
     pub d: [u16; 16],
 }
 
-/// A Q6_K matrix whose rows (a multiple of 16) are interleaved 16 at a time.
-pub struct PackedQ6Kx16 {
-    pub rows: usize,
-    pub cols: usize,
-    /// [rows / 16, cols / 256]: group-major
-    pub blocks: Vec<BlockQ6Kx16>,
-}
+/// A Q6_K matrix repacked 16 rows at a time.
+pub type PackedQ6Kx16 = Packed16<BlockQ6Kx16>;
 
-impl PackedQ6Kx16 {
-    /// Whether `w` can be repacked: Q6_K with whole groups of 16 rows.
-    pub fn fits(w: &WeightView<'_>) -> bool {
-        w.ty == GgmlType::Q6K && w.rows % ROWS == 0 && w.rows > 0 && w.cols % QK_K == 0
-    }
+impl Block16 for BlockQ6Kx16 {
+    const TY: GgmlType = GgmlType::Q6K;
+    const QB: usize = QK_K;
 
-    /// The repacked copy of `w` (see [`PackedQ6Kx16::fits`]).
-    pub fn new(w: &WeightView<'_>) -> PackedQ6Kx16 {
-        assert!(Self::fits(w), "PackedQ6Kx16 of a {:?} {}x{} matrix", w.ty, w.rows, w.cols);
-        let (nb, bb) = (w.cols / QK_K, GgmlType::Q6K.block_bytes());
-        let mut blocks = Vec::with_capacity(w.rows / ROWS * nb);
-        for g in 0..w.rows / ROWS {
-            for b in 0..nb {
-                let mut p = BlockQ6Kx16 { q: [0; 4096], sc: [0; 256], sc2: [0; 256], d: [0; 16] };
-                for r in 0..ROWS {
-                    let src = &w.row(g * ROWS + r)[b * bb..(b + 1) * bb];
-                    let q = q6k_values(src);
-                    for (i, &v) in q.iter().enumerate() {
-                        let (u, v4, e) = (i / 32, (i % 32) / 4, i % 4);
-                        p.q[512 * u + 64 * v4 + 4 * r + e] = v;
-                    }
-                    for gi in 0..16 {
-                        p.sc[16 * gi + r] = src[192 + gi] as i8;
-                        p.sc2[32 * (gi / 2) + 2 * r + gi % 2] = src[192 + gi] as i8;
-                    }
-                    p.d[r] = u16::from_le_bytes([src[208], src[209]]);
-                }
-                blocks.push(p);
+    fn pack(src: [&[u8]; ROWS]) -> Self {
+        let mut p = BlockQ6Kx16 { q: [0; 4096], sc: [0; 256], sc2: [0; 256], d: [0; 16] };
+        for (r, src) in src.into_iter().enumerate() {
+            let q = q6k_values(src);
+            for (i, &v) in q.iter().enumerate() {
+                let (u, v4, e) = (i / 32, (i % 32) / 4, i % 4);
+                p.q[512 * u + 64 * v4 + 4 * r + e] = v;
             }
+            for gi in 0..16 {
+                p.sc[16 * gi + r] = src[192 + gi] as i8;
+                p.sc2[32 * (gi / 2) + 2 * r + gi % 2] = src[192 + gi] as i8;
+            }
+            p.d[r] = u16::from_le_bytes([src[208], src[209]]);
         }
-        PackedQ6Kx16 { rows: w.rows, cols: w.cols, blocks }
-    }
-
-    pub fn bytes(&self) -> usize {
-        std::mem::size_of_val(self.blocks.as_slice())
+        p
     }
 }
 
@@ -317,6 +274,7 @@ mod tests {
     use super::*;
     use crate::backend::cpu::quant::{dot_q8k_scalar, quantize_q8k, BlockQ8K};
     use crate::backend::cpu::shared::SharedOut;
+    use crate::backend::WeightView;
     use crate::backend::cpu::testutil::{rand_f32, rand_row};
     use crate::backend::cpu::SimdLevel;
 
