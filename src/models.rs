@@ -22,6 +22,7 @@ pub struct KnownModel {
     pub aliases: &'static [&'static str],
     /// Path inside the models folder.
     pub path: &'static str,
+    /// One line for listings: model, quantization, architecture.
     pub description: &'static str,
 }
 

@@ -96,10 +96,13 @@ pub fn acceptable(same_tokens: bool, candidate_ll: f64, fresh_ll: f64, margin: f
 /// Where candidates are served from: mean margin >= `mean`, worst margin >= `worst`.
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
 pub struct Region {
+    /// Lowest mean per-token log-probability margin (here minus own) served from.
     pub mean: f64,
+    /// Lowest worst (smallest) per-token margin served from.
     pub worst: f64,
     /// Observations inside it (all acceptable), and the Wilson bound of its error rate.
     pub n: usize,
+    /// Wilson upper bound of the error rate over those `n` observations (none rejected).
     pub bound: f64,
 }
 
@@ -148,6 +151,7 @@ struct State {
 
 /// The learned decision, per tenant and model (loaded from `equivalence_outcomes` once).
 pub struct EquivalentModel {
+    /// The knobs the regions are fitted under.
     pub params: EquivalentParams,
     states: Mutex<HashMap<(String, String), State>>,
     /// Candidates seen inside a region (for the exploration share).

@@ -19,12 +19,17 @@ const KEY_VERSION: u32 = 1;
 /// What an exact-cache key is made of.
 #[derive(Debug, Clone, Copy)]
 pub struct KeyParts<'a> {
+    /// The tenant the request belongs to.
     pub tenant: &'a str,
+    /// The model that serves the request.
     pub model_id: &'a str,
     /// The rendered prompt (after the chat template).
     pub prompt: &'a str,
+    /// The request's limit on generated tokens.
     pub max_tokens: usize,
+    /// The request's sampling parameters.
     pub sampling: SamplingParams,
+    /// The request's stop strings.
     pub stop: &'a [String],
 }
 

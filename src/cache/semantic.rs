@@ -33,6 +33,7 @@ pub struct SemanticConfig {
     pub min_similarity: f64,
     /// Candidate answers handed to the engine as drafts.
     pub max_drafts: usize,
+    /// The TRUST mode's knobs.
     pub trust: TrustParams,
     /// The EQUIVALENT mode's knobs.
     pub equivalent: EquivalentParams,
@@ -149,9 +150,13 @@ pub struct SemanticCache {
     /// closure says it is free; the embedder's own (one thread) otherwise.
     idle_backend: Option<(Arc<dyn Backend>, Arc<IdleFn>)>,
     store: Arc<Store>,
+    /// The semantic cache's settings.
     pub config: SemanticConfig,
+    /// TRUST's learned similarity thresholds.
     pub trust: TrustModel,
+    /// EQUIVALENT's learned serving regions.
     pub equivalent: EquivalentModel,
+    /// Decides whether a neighbour is worth handing to the engine as a draft.
     pub drafts: DraftGate,
 }
 

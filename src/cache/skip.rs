@@ -55,8 +55,11 @@ impl Default for SkipParams {
 /// Checks, draft tokens fed and accepted: of one band, or pooled over a tenant's bands.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct Tally {
+    /// Checks (draft outcomes) counted.
     pub checks: usize,
+    /// Draft tokens fed to the engine.
     pub fed: u64,
+    /// Draft tokens the engine accepted.
     pub accepted: u64,
 }
 
@@ -99,6 +102,7 @@ struct Bands {
 
 /// Per tenant and model: whether the nearest neighbour at this similarity is worth a draft.
 pub struct DraftGate {
+    /// The knobs the gate decides under.
     pub params: SkipParams,
     states: Mutex<HashMap<(String, String), Bands>>,
     skipped: AtomicU64,

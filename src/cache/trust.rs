@@ -57,18 +57,25 @@ pub fn fit_threshold(outcomes: &[(f64, bool)], p: &TrustParams) -> Option<f64> {
 /// Semantic reuse of one tenant (or all, `*`), for `forge-cache stats`.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct SemanticStats {
+    /// The tenant, or `*` for all of them pooled.
     pub tenant: String,
+    /// Draft tokens fed to the engine from nearest neighbours.
     pub draft_tokens: u64,
+    /// Draft tokens the engine accepted.
     pub draft_accepted: u64,
     /// Verifications of a nearest neighbour's answer, and how many found it exactly right.
     pub checks: u64,
+    /// Checks that found the neighbour's answer exactly right.
     pub checks_correct: u64,
     /// TRUST under the given parameters: the similarity it serves from (None: not enough
     /// evidence), the outcomes at or above it, the wrong ones among them, and the Wilson upper
     /// bound of the false-hit rate there.
     pub trust_threshold: Option<f64>,
+    /// Checks at or above `trust_threshold`.
     pub trust_outcomes: u64,
+    /// Of those, the ones whose neighbour's answer was wrong.
     pub trust_wrong: u64,
+    /// Wilson upper bound of the false-hit rate above the threshold (None: no threshold).
     pub trust_false_hit_bound: Option<f64>,
 }
 

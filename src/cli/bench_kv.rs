@@ -64,6 +64,7 @@ pub struct BenchKvArgs {
 }
 
 pub(super) struct Article {
+    /// The SQuAD article's title.
     pub(super) title: String,
     doc: String,
     questions: Vec<String>,

@@ -10,11 +10,17 @@ use super::EmbedError;
 /// The fields of `config.json` the encoder uses. Unknown fields are ignored.
 #[derive(Debug, Clone, Deserialize)]
 pub struct BertConfig {
+    /// Width of the hidden states.
     pub hidden_size: usize,
+    /// Encoder layers.
     pub num_hidden_layers: usize,
+    /// Attention heads per layer (head size = hidden_size / heads).
     pub num_attention_heads: usize,
+    /// Width of the feed-forward layer.
     pub intermediate_size: usize,
+    /// Rows of the position embedding table: the longest input, in tokens.
     pub max_position_embeddings: usize,
+    /// Rows of the word embedding table.
     pub vocab_size: usize,
     #[serde(default = "default_type_vocab")]
     pub type_vocab_size: usize,

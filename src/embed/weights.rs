@@ -20,6 +20,7 @@ use crate::gguf::GgmlType;
 /// A float tensor's bytes inside the mapped file.
 #[derive(Debug, Clone)]
 pub struct Mapped {
+    /// element type of the stored floats
     pub ty: GgmlType,
     /// byte range in the whole file (header included)
     pub range: Range<usize>,
@@ -78,7 +79,9 @@ pub struct Linear {
     /// Byte range in [`Weights::half`] of [rows, cols] F16 little-endian: `w` rounded to half
     /// precision, read instead of `w` when present ([`Weights::hold_f16`])
     pub half: Option<Range<usize>>,
+    /// out_features
     pub rows: usize,
+    /// in_features
     pub cols: usize,
     /// [rows]
     pub b: Vec<f32>,
@@ -127,11 +130,13 @@ pub struct Layer {
     pub value: Linear,
     /// [hidden, hidden]
     pub attn_out: Linear,
+    /// LayerNorm after the attention output and residual (`attention.output.LayerNorm`)
     pub attn_norm: Norm,
     /// [intermediate, hidden]
     pub ffn_up: Linear,
     /// [hidden, intermediate]
     pub ffn_down: Linear,
+    /// LayerNorm after the feed-forward output and residual (`output.LayerNorm`)
     pub ffn_norm: Norm,
 }
 
@@ -144,6 +149,7 @@ pub struct Weights {
     pub position: Mapped,
     /// [hidden]: row 0 of `token_type_embeddings` (every token type id is 0)
     pub token_type0: Vec<f32>,
+    /// LayerNorm of the summed embeddings (`embeddings.LayerNorm`)
     pub emb_norm: Norm,
     /// [num_hidden_layers]
     pub layers: Vec<Layer>,

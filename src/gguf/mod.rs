@@ -117,11 +117,15 @@ impl Value {
 /// (contiguous), `dims[1]` the number of rows.
 #[derive(Debug, Clone)]
 pub struct TensorInfo {
+    /// The tensor's name (e.g. `blk.0.attn_q.weight`).
     pub name: String,
+    /// Dimensions, GGML order (see above).
     pub dims: Vec<u64>,
+    /// Element (block) type.
     pub ty: GgmlType,
     /// Absolute byte offset of the tensor data in the file.
     pub offset: u64,
+    /// Size of the tensor data in bytes.
     pub n_bytes: u64,
 }
 
@@ -133,9 +137,13 @@ impl TensorInfo {
 
 /// A parsed, memory-mapped GGUF file.
 pub struct GgufFile {
+    /// The file's path.
     pub path: PathBuf,
+    /// GGUF format version (2 or 3).
     pub version: u32,
+    /// The header's key/value metadata.
     pub metadata: BTreeMap<String, Value>,
+    /// Tensor descriptors, in header order.
     pub tensors: Vec<TensorInfo>,
     index: BTreeMap<String, usize>,
     mmap: Mmap,
@@ -253,7 +261,9 @@ impl GgufFile {
 /// Borrowed bytes of one tensor inside the memory map.
 #[derive(Debug, Clone, Copy)]
 pub struct TensorView<'a> {
+    /// The tensor's descriptor.
     pub info: &'a TensorInfo,
+    /// Its data, `info.n_bytes` long.
     pub bytes: &'a [u8],
 }
 

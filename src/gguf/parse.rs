@@ -9,8 +9,11 @@ use std::collections::BTreeMap;
 use super::{GgmlType, GgufError, TensorInfo, Value};
 
 pub(super) struct Header {
+    /// GGUF format version (2 or 3).
     pub version: u32,
+    /// The header's key/value metadata.
     pub metadata: BTreeMap<String, Value>,
+    /// Tensor descriptors, offsets absolute in the file.
     pub tensors: Vec<TensorInfo>,
 }
 

@@ -63,24 +63,36 @@ impl SynthArch {
 /// Hyper-parameters of a synthetic model.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SynthShape {
+    /// The model's name (written into `general.name`).
     pub name: String,
+    /// The architecture whose tensors and metadata are written.
     pub arch: SynthArch,
+    /// Width of the hidden states.
     pub n_embd: usize,
+    /// Transformer layers.
     pub n_layer: usize,
+    /// Query heads.
     pub n_head: usize,
+    /// Key/value heads (GQA when fewer than `n_head`).
     pub n_head_kv: usize,
     /// Per-head width of Q, K and V; `None`: n_embd / n_head.
     pub head_dim: Option<usize>,
+    /// Width of the feed-forward layer.
     pub n_ff: usize,
+    /// Vocabulary size, tokens.
     pub vocab: usize,
+    /// Context length, tokens (`context_length`).
     pub context: usize,
+    /// RoPE frequency base.
     pub rope_base: f32,
+    /// RMSNorm epsilon.
     pub rms_eps: f32,
     /// No `output.weight`: the output projection reuses the token embedding.
     pub tied_output: bool,
     /// Sliding attention window of the SWA layers (gemma3: every layer but each
     /// `swa_pattern`-th), or `None`.
     pub sliding_window: Option<usize>,
+    /// Every `swa_pattern`-th layer is global (0 with no sliding window).
     pub swa_pattern: usize,
     /// Standard deviation of the layers' weight matrices (and biases).
     pub weight_std: f32,
@@ -384,18 +396,26 @@ pub fn llama3_rope_factors(head_dim: usize, base: f32) -> Vec<f32> {
 /// Progress of [`write_synth_model`]: `done` of `total` tensors generated.
 #[derive(Debug, Clone)]
 pub struct SynthProgress<'a> {
+    /// Name of the tensor just generated.
     pub tensor: &'a str,
+    /// Tensors generated so far.
     pub done: usize,
+    /// Tensors in the file.
     pub total: usize,
+    /// Tensor data generated so far, bytes.
     pub bytes: u64,
 }
 
 /// What was written.
 #[derive(Debug, Clone)]
 pub struct SynthReport {
+    /// The shape written.
     pub shape: SynthShape,
+    /// The weight types used.
     pub quant: SynthQuant,
+    /// Parameters of the shape ([`SynthShape::n_params`]).
     pub n_params: u64,
+    /// Size of the written file, bytes.
     pub file_bytes: u64,
 }
 

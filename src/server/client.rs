@@ -33,8 +33,11 @@ pub enum ClientError {
 /// A finished Generate call.
 #[derive(Debug, Clone)]
 pub struct Generated {
+    /// The streamed text, joined.
     pub text: String,
+    /// The streamed token ids, in order.
     pub tokens: Vec<u32>,
+    /// The server's outcome message (tier, counts, timings).
     pub outcome: proto::Outcome,
     /// Call start to outcome, measured by the client.
     pub client_latency: Duration,

@@ -145,7 +145,9 @@ pub struct RunningServer {
     pub addr: SocketAddr,
     /// The HTTP API's address (`None`: off).
     pub http_addr: Option<SocketAddr>,
+    /// The served model's name (its file stem).
     pub model_name: String,
+    /// sha256 of the served model file.
     pub model_id: String,
     /// Where loading the pipeline spent its time, in order (`serve` logs it).
     pub startup: StartupPhases,

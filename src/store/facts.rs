@@ -28,16 +28,27 @@ pub const MAX_FACT_BYTES: usize = 4 * MAX_CLAIM_BYTES;
 /// A fact as the API shows it.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct Fact {
+    /// Row id in `facts`.
     pub id: i64,
+    /// The claim's text.
     pub content: String,
+    /// The question the fact answers, when known.
     pub question: Option<String>,
+    /// In (0, 1].
     pub confidence: f64,
+    /// `inference`, `user_provided` or `deduced`.
     pub source_type: String,
+    /// When it was created (UTC, ISO 8601 from the store).
     pub created_at: String,
+    /// The inference whose answer it was extracted from.
     pub provenance_inference_id: Option<i64>,
+    /// How often the fact was stated again or served since it was created.
     pub reuse_count: i64,
+    /// Not degraded.
     pub live: bool,
+    /// The fact that showed it wrong or superseded it, if any.
     pub degraded_by: Option<i64>,
+    /// Why it was degraded (None while live).
     pub degradation_reason: Option<String>,
 }
 
@@ -65,24 +76,31 @@ fn fact_from_row(r: &Row<'_>) -> rusqlite::Result<Fact> {
 pub struct LearnReport {
     /// The chain's facts, in answer order.
     pub fact_ids: Vec<i64>,
+    /// Claims stored as new facts.
     pub added: usize,
+    /// Claims that restate a live fact (that fact's reuse count is bumped).
     pub strengthened: usize,
     /// Claims that restate a degraded fact (left degraded, not in the chain).
     pub degraded_repeats: usize,
+    /// The `reasoning_chains` row of the chain (None when no claim made it into the chain).
     pub chain_id: Option<i64>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct PutFactReport {
+    /// The fact as stored (new, or the same user-provided fact strengthened).
     pub fact: Fact,
+    /// Live facts about the same question with other content, degraded by this one.
     pub superseded: Vec<i64>,
 }
 
 #[derive(Debug, Clone, Copy, Default)]
 pub struct InvalidateRequest<'a> {
+    /// Facts to degrade, by id.
     pub ids: &'a [i64],
     /// Degrade the live facts whose content contains this (case-insensitive).
     pub text_match: Option<&'a str>,
+    /// Why (required, recorded as each fact's `degradation_reason`).
     pub reason: &'a str,
     /// A live fact that shows the others wrong: recorded as `degraded_by` and `contradicts` edges.
     pub contradicted_by: Option<i64>,

@@ -10,56 +10,89 @@ use crate::vocab::{CacheMode, ServedFrom, StopReason};
 /// Everything recorded about one request.
 #[derive(Debug, Clone)]
 pub struct NewInference<'a> {
+    /// The tenant that sent the request.
     pub tenant: &'a str,
+    /// The user's question for single-question requests (what facts are filed under).
     pub question: Option<&'a str>,
+    /// The rendered prompt the model saw.
     pub prompt: &'a str,
+    /// sha256 (hex) of `prompt`.
     pub prompt_hash: &'a str,
+    /// The served model's name.
     pub model: &'a str,
+    /// sha256 (hex) of the model file.
     pub model_id: &'a str,
     /// JSON object of the request's generation parameters.
     pub params: &'a str,
+    /// The request's cache mode.
     pub cache_mode: CacheMode,
+    /// Exact-cache key; `None` when the answer must not be cached.
     pub cache_key: Option<&'a str>,
+    /// The tier that answered.
     pub served_from: ServedFrom,
+    /// The inference whose answer was reused, if any.
     pub source_inference_id: Option<i64>,
+    /// FACT: the fact that answered.
     pub source_fact_id: Option<i64>,
+    /// The neighbour's similarity when one was used, else 1 for cache hits, `None` when computed.
     pub similarity: Option<f64>,
+    /// Prompt length, tokens.
     pub prompt_tokens: usize,
+    /// Answer length, tokens.
     pub completion_tokens: usize,
+    /// Positions the model computed (prompt + decode steps); 0 when served without the model.
     pub tokens_computed: usize,
+    /// Tokens whose computation was reused instead of redone.
     pub tokens_reused: usize,
+    /// Why the answer stopped.
     pub stop_reason: StopReason,
+    /// The answer text.
     pub response: &'a str,
+    /// The answer's token ids.
     pub response_tokens: &'a [u32],
     /// The prompt's token ids, kept on a computed answer the exact cache may replay (`None`
     /// elsewhere): an EXACT hit then needs no tokenizer.
     pub prompt_token_ids: Option<&'a [u32]>,
+    /// Time waiting in the engine's queue, ms.
     pub queue_ms: f64,
+    /// Prompt processing time, ms.
     pub prefill_ms: f64,
+    /// Decoding time, ms.
     pub decode_ms: f64,
+    /// Request received to recording, ms.
     pub latency_ms: f64,
+    /// The compute backend that ran the model.
     pub backend: &'a str,
     /// Received to first token; `None` when no token was produced.
     pub ttft_ms: Option<f64>,
     /// Prompt tokens whose KV came from stored blocks.
     pub kv_tokens_reused: usize,
+    /// Draft tokens offered to the model.
     pub draft_tokens: usize,
+    /// Draft tokens the model agreed with.
     pub draft_accepted: usize,
+    /// Neighbours whose answers were tried as drafts.
     pub candidates_tried: usize,
     /// log p of each answer token (and the stop) under this prompt, when the model computed them.
     pub response_logprobs: Option<&'a [f32]>,
     /// EQUIVALENT: the served (or best) candidate's mean and worst margins, and the candidates scored.
     pub equivalence_mean: Option<f64>,
+    /// The worst margin of that candidate.
     pub equivalence_worst: Option<f64>,
+    /// EQUIVALENT candidates scored.
     pub equivalence_checks: usize,
 }
 
 /// A computed answer the exact cache can replay.
 #[derive(Debug, Clone, PartialEq)]
 pub struct CachedAnswer {
+    /// The answer's row in `inferences`.
     pub inference_id: i64,
+    /// The answer text.
     pub response: String,
+    /// The answer's token ids.
     pub response_tokens: Vec<u32>,
+    /// Why the answer stopped.
     pub stop_reason: StopReason,
     /// Positions the model computed for it (what a replay saves).
     pub tokens_computed: usize,

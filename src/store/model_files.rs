@@ -22,7 +22,9 @@ pub const HEAD_BYTES: u64 = 4 << 20;
 pub struct Fingerprint {
     /// sha256 (hex) over size, modification time and the first [`HEAD_BYTES`].
     pub key: String,
+    /// File size, bytes.
     pub size: u64,
+    /// Modification time, ns since the Unix epoch (0 when unknown).
     pub modified_ns: i64,
 }
 

@@ -102,7 +102,9 @@ pub fn open_read_only(path: &Path) -> Result<Connection, StoreError> {
 /// Column names and rows (as JSON values; blobs as `"<blob N bytes>"`).
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct QueryResult {
+    /// Column names, in order.
     pub columns: Vec<String>,
+    /// One value per column for each row.
     pub rows: Vec<Vec<serde_json::Value>>,
     /// More rows existed than `max_rows`.
     pub truncated: bool,

@@ -10,11 +10,15 @@ use crate::vocab::StopReason;
 /// An earlier answer whose prompt is near a new one.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Neighbour {
+    /// The earlier answer's row in `inferences`.
     pub inference_id: i64,
     /// Cosine similarity of the two questions' embeddings.
     pub similarity: f64,
+    /// The earlier answer's text.
     pub response: String,
+    /// The earlier answer's token ids.
     pub response_tokens: Vec<u32>,
+    /// Why the earlier answer stopped.
     pub stop_reason: StopReason,
     /// The `max_tokens` the answer was generated with.
     pub max_tokens: usize,
@@ -26,12 +30,19 @@ pub struct Neighbour {
 /// One explored EQUIVALENT candidate (`equivalence_outcomes`).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct EquivalenceObservation {
+    /// The candidate answer's row in `inferences`.
     pub source_inference_id: i64,
+    /// Cosine similarity of the two questions' embeddings.
     pub similarity: f64,
+    /// Mean per-token log-probability margin, new prompt minus own.
     pub mean_margin: f64,
+    /// The smallest of those per-token margins.
     pub worst_margin: f64,
+    /// Mean log-probability per token of the candidate under the new prompt.
     pub candidate_ll: f64,
+    /// Mean log-probability per token of the freshly computed answer (over the scored prefix).
     pub fresh_ll: f64,
+    /// The label-free judgement under the margin of the run that recorded it.
     pub acceptable: bool,
 }
 
@@ -43,8 +54,11 @@ pub(crate) fn floats(b: &[u8]) -> Option<Vec<f32>> {
 /// One verification of a nearest neighbour's answer.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Outcome {
+    /// The neighbour's row in `inferences`.
     pub source_inference_id: i64,
+    /// Cosine similarity of the two questions' embeddings.
     pub similarity: f64,
+    /// The neighbour's answer was exactly right.
     pub correct: bool,
 }
 

@@ -20,15 +20,21 @@ pub struct StatsFilter {
 
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct TierStats {
+    /// The tier.
     pub served_from: ServedFrom,
+    /// Requests this tier served.
     pub requests: u64,
     /// This tier's share of the tenant's requests.
     pub hit_rate: f64,
+    /// Positions the model computed for them.
     pub tokens_computed: u64,
+    /// Tokens whose computation was reused instead of redone.
     pub tokens_reused: u64,
     /// Prompt tokens whose KV came from stored blocks.
     pub kv_tokens_reused: u64,
+    /// Latency median (nearest rank), ms.
     pub latency_p50_ms: f64,
+    /// Latency 95th percentile (nearest rank), ms.
     pub latency_p95_ms: f64,
 }
 
@@ -36,21 +42,30 @@ pub struct TierStats {
 pub struct Stats {
     /// The tenant, or `*` for all tenants together.
     pub tenant: String,
+    /// Requests recorded.
     pub requests: u64,
     /// Every tier, MODEL first (zeros where unused).
     pub tiers: Vec<TierStats>,
+    /// Reused tokens summed over all tiers.
     pub tokens_saved: u64,
+    /// EXACT hits: the source answer's latency minus the hit's (at least 0), summed, ms.
     pub time_saved_ms: f64,
+    /// Facts not degraded.
     pub live_facts: u64,
+    /// Facts degraded.
     pub degraded_facts: u64,
+    /// Rows in `reasoning_chains`.
     pub reasoning_chains: u64,
+    /// KV-block reuse.
     pub kv: KvStats,
 }
 
 /// KV-block reuse of the computed requests (`kv_requests`) and what the disk tier holds.
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
 pub struct KvStats {
+    /// Computed requests (`kv_requests` rows).
     pub requests: u64,
+    /// Prompt tokens whose KV came from stored blocks.
     pub kv_tokens_reused: u64,
     /// Of those, leading tokens of a stored block a prompt diverged inside (or of a stored tail).
     pub partial_tokens_reused: u64,
@@ -58,16 +73,21 @@ pub struct KvStats {
     pub prompt_tokens_computed: u64,
     /// BLEND: document tokens that kept KV computed elsewhere, and those recomputed.
     pub blend_tokens_reused: u64,
+    /// BLEND: document tokens whose KV was recomputed.
     pub blend_tokens_recomputed: u64,
     /// Whole blocks in the prompts; of those, found in memory / on disk; damaged ones found.
     pub prompt_blocks: u64,
+    /// Of those, found in memory.
     pub blocks_from_memory: u64,
+    /// Of those, found on disk.
     pub blocks_from_disk: u64,
+    /// Damaged blocks found.
     pub blocks_corrupt: u64,
     /// (memory + disk) / prompt blocks.
     pub block_hit_rate: f64,
     /// Blocks and bytes on disk now (for the tenant).
     pub disk_blocks: u64,
+    /// Bytes of those blocks on disk.
     pub disk_bytes: u64,
     /// Bytes in the service's memory when its latest request finished (all tenants).
     pub memory_bytes: u64,
@@ -75,20 +95,30 @@ pub struct KvStats {
 
 /// One request as the stats read it (either backend fetches these; [`assemble`] sums them).
 pub(crate) struct Row {
+    /// The request's tenant.
     pub(crate) tenant: String,
+    /// The tier that served it.
     pub(crate) served_from: ServedFrom,
+    /// Its latency, ms.
     pub(crate) latency_ms: f64,
+    /// Positions the model computed.
     pub(crate) computed: u64,
+    /// Tokens reused.
     pub(crate) reused: u64,
+    /// Prompt tokens whose KV came from stored blocks.
     pub(crate) kv_reused: u64,
+    /// Latency of the source inference, ms (None without one).
     pub(crate) source_latency_ms: Option<f64>,
 }
 
 /// What a backend reads for [`assemble`]: the requests, per tenant (live facts, degraded facts,
 /// chains), and per tenant KV numbers.
 pub(crate) struct Raw {
+    /// Every request in the filter.
     pub(crate) rows: Vec<Row>,
+    /// Per tenant: (live facts, degraded facts, reasoning chains).
     pub(crate) counts: BTreeMap<String, (u64, u64, u64)>,
+    /// Per tenant KV numbers.
     pub(crate) kv: BTreeMap<String, KvStats>,
 }
 

@@ -100,24 +100,36 @@ pub struct AbArgs {
 /// One request of one arm.
 #[derive(Debug, Clone, Serialize)]
 pub struct Shot {
+    /// The answer text (empty on error).
     pub text: String,
+    /// The tier that served it (e.g. `EXACT`, `TRUST`), or `ERROR`.
     pub served_from: String,
+    /// Client round-trip latency, ms.
     pub latency_ms: f64,
+    /// Positions the model computed; 0 when served from a cache.
     pub tokens_computed: u32,
+    /// Draft tokens offered to the model.
     pub draft_tokens: u32,
+    /// Draft tokens the model agreed with.
     pub draft_accepted: u32,
+    /// The neighbour's similarity when one was used, else 1 for cache hits, 0 when computed.
     pub similarity: f32,
     /// Server-side prefill time (for EQUIVALENT hits: the check's scoring pass), prompt and
     /// answer tokens.
     pub prefill_ms: f64,
+    /// Prompt tokens as the model sees them.
     pub prompt_tokens: u32,
+    /// Answer tokens.
     pub completion_tokens: u32,
+    /// The request's error, if it failed.
     pub error: Option<String>,
 }
 
 /// An arm's run.
 pub struct Arm {
+    /// One per workload line, in workload order.
     pub shots: Vec<Shot>,
+    /// Wall time of the arm (interleaved: the sum of its own requests' times).
     pub wall: Duration,
 }
 

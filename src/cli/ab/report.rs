@@ -14,32 +14,51 @@ use forge_cache::store::stats::percentile;
 
 #[derive(Debug, Serialize)]
 pub struct Request {
+    /// The workload line's prompt.
     pub prompt: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pair: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub duplicate: Option<bool>,
+    /// The cache-off arm's answer (None without an off arm).
     pub text_off: Option<String>,
+    /// The cache-on arm's answer.
     pub text_on: String,
+    /// Both arms succeeded with the same text (None without an off arm).
     pub identical: Option<bool>,
+    /// The tier that served the cache-on request.
     pub served_from_on: String,
+    /// Cache-off client latency, ms.
     pub latency_ms_off: Option<f64>,
+    /// Cache-on client latency, ms.
     pub latency_ms_on: f64,
+    /// Positions the model computed, cache off.
     pub tokens_computed_off: Option<u32>,
+    /// Positions the model computed, cache on.
     pub tokens_computed_on: u32,
+    /// Draft tokens offered, cache on.
     pub draft_tokens_on: u32,
+    /// Draft tokens accepted, cache on.
     pub draft_accepted_on: u32,
+    /// The similarity the server reported, cache on.
     pub similarity_on: f32,
 }
 
 #[derive(Debug, Serialize)]
 pub struct ArmTotals {
+    /// Requests run.
     pub requests: usize,
+    /// The arm's wall time, s.
     pub wall_s: f64,
+    /// Requests ÷ wall time.
     pub requests_per_s: f64,
+    /// Client latency median, ms.
     pub latency_p50_ms: f64,
+    /// Client latency 95th percentile, ms.
     pub latency_p95_ms: f64,
+    /// Client latency 99th percentile, ms.
     pub latency_p99_ms: f64,
+    /// Positions the model computed, summed over requests.
     pub tokens_computed: u64,
     /// Share of requests per served_from.
     pub hit_rates: BTreeMap<String, f64>,
@@ -49,26 +68,34 @@ pub struct ArmTotals {
 
 #[derive(Debug, Serialize)]
 pub struct Report {
+    /// The semantic mode of the cache-on arm.
     pub mode: Mode,
     /// The arms ran interleaved request by request (same load), not one after the other.
     pub interleaved: bool,
+    /// Per workload line, both arms side by side.
     pub requests: Vec<Request>,
+    /// The cache-off arm's totals (None without one).
     pub off: Option<ArmTotals>,
+    /// The cache-on arm's totals.
     pub on: ArmTotals,
     /// Requests whose on-arm text equals the off-arm text (None without an off arm).
     pub identical: Option<usize>,
     /// on requests/s ÷ off requests/s.
     pub speedup: Option<f64>,
+    /// Draft tokens offered in the cache-on arm.
     pub draft_tokens: u64,
+    /// Draft tokens accepted in the cache-on arm.
     pub draft_accepted: u64,
     /// TRUST: served without the model, and of those, texts that differ from the off arm.
     pub trusted: usize,
+    /// TRUST hits whose text differs from the off arm's (None without an off arm).
     pub false_hits: Option<usize>,
     /// TRUST: correct trusted hits ÷ (correct trusted hits + VERIFIED hits, i.e. requests whose
     /// neighbour's answer was exactly right but not trusted).
     pub trust_recall: Option<f64>,
     /// With pair labels (QQP): what the cache-on arm did with each pair's second question.
     pub pairs: Option<PairLabels>,
+    /// Failed requests, both arms.
     pub failed: usize,
 }
 
@@ -77,22 +104,28 @@ pub struct Report {
 /// or TRUST).
 #[derive(Debug, Serialize)]
 pub struct PairLabels {
+    /// Pairs labelled duplicate.
     pub duplicate_pairs: usize,
+    /// Pairs labelled not duplicate.
     pub non_duplicate_pairs: usize,
     /// Duplicates whose second question was served without decoding ÷ duplicates.
     pub recall: f64,
+    /// Duplicates whose second question was served without decoding.
     pub served_duplicates: usize,
     /// Non-duplicates whose second question was served without decoding ÷ non-duplicates.
     pub false_hit_rate: f64,
+    /// Non-duplicates whose second question was served without decoding.
     pub false_hits: usize,
     /// Served requests: median of (cache-off latency ÷ cache-on latency), same request.
     pub served_speedup_p50: Option<f64>,
     /// Served requests' latency p50 (cache on) and the same requests' p50 with BYPASS, ms.
     pub served_latency_p50_ms: Option<f64>,
+    /// Those requests' latency p50 in the cache-off (BYPASS) arm, ms.
     pub served_bypass_latency_p50_ms: Option<f64>,
     /// EQUIVALENT's check: median server time per scored token (prompt + answer) on served
     /// requests, and BYPASS's median prefill time per prompt token, ms.
     pub check_ms_per_token_p50: Option<f64>,
+    /// BYPASS's median prefill time per prompt token, ms.
     pub bypass_prefill_ms_per_token_p50: Option<f64>,
 }
 

@@ -6,17 +6,24 @@ use plotters::coord::Shift;
 use plotters::prelude::*;
 
 pub struct Series<'a> {
+    /// Legend label.
     pub name: &'a str,
+    /// Line colour as `#rrggbb`.
     pub color: &'a str,
     /// (x, y) points in drawing order.
     pub points: Vec<(f64, f64)>,
 }
 
 pub struct Chart<'a> {
+    /// Chart caption.
     pub title: &'a str,
+    /// X axis description.
     pub x_label: &'a str,
+    /// Y axis description.
     pub y_label: &'a str,
+    /// Logarithmic x axis (points with x <= 0 are dropped).
     pub log_x: bool,
+    /// The lines drawn.
     pub series: Vec<Series<'a>>,
 }
 

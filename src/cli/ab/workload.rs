@@ -13,6 +13,7 @@ use forge_cache::engine::sampler::Rng;
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct Line {
+    /// The request's prompt text.
     pub prompt: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tenant: Option<String>,
@@ -63,14 +64,21 @@ pub enum Kind {
 }
 
 pub struct MakeArgs<'a> {
+    /// Which workload to make.
     pub kind: Kind,
+    /// Directory holding the datasets (`qqp/`, `squad/`, `gsm8k/`).
     pub data: &'a Path,
+    /// Lines to write.
     pub requests: usize,
+    /// Index of the first QQP pair, or of the first zipf pool question.
     pub offset: usize,
+    /// `max_tokens` written on every line.
     pub max_tokens: u32,
+    /// Seed of the workload's random choices.
     pub seed: u64,
     /// zipf: questions in the popularity pool.
     pub distinct: usize,
+    /// The JSONL file written.
     pub out: &'a Path,
 }
 

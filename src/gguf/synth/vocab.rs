@@ -23,7 +23,9 @@ Questions and answers, lists and tables: one, two, three; first, second, third.\
 /// 2 unknown, 4 user-defined).
 #[derive(Debug, Clone, Copy)]
 pub struct Special {
+    /// The token's text.
     pub text: &'static str,
+    /// GGUF token type (see above).
     pub ty: i32,
 }
 
@@ -34,10 +36,15 @@ pub const fn control(text: &'static str) -> Special {
 /// Which metadata ids point at which special token (indices into the specials list).
 #[derive(Debug, Clone, Default)]
 pub struct SpecialIds {
+    /// `tokenizer.ggml.bos_token_id`.
     pub bos: Option<usize>,
+    /// `tokenizer.ggml.eos_token_id`.
     pub eos: Option<usize>,
+    /// `tokenizer.ggml.eot_token_id`.
     pub eot: Option<usize>,
+    /// `tokenizer.ggml.unknown_token_id`.
     pub unk: Option<usize>,
+    /// `tokenizer.ggml.padding_token_id`.
     pub pad: Option<usize>,
 }
 

@@ -12,7 +12,9 @@ use crate::store::StoreError;
 /// An error as the HTTP API answers it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ApiError {
+    /// The HTTP status code.
     pub status: StatusCode,
+    /// Human-readable error message.
     pub message: String,
     /// OpenAI's `type`: `invalid_request_error`, `authentication_error`, `permission_error`,
     /// `not_found_error`, `rate_limit_error`, `server_error`.

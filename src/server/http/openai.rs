@@ -25,7 +25,9 @@ pub enum Kind {
 /// A parsed request: what the pipeline gets, plus how to answer.
 #[derive(Debug, Clone)]
 pub struct Parsed {
+    /// The request for the pipeline.
     pub request: Request,
+    /// Answer as a server-sent event stream (`stream` body field).
     pub stream: bool,
     /// `stream_options.include_usage`: a last chunk with the usage.
     pub include_usage: bool,
