@@ -19,7 +19,7 @@ use std::path::Path;
 use self::vocab::{control, Special, SpecialIds};
 use super::writer::GgufWriter;
 use super::{GgmlType, GgufFile, Value};
-pub use crate::engine::sampler::Rng;
+pub use crate::rng::Rng;
 
 /// The architectures synthetic models come in (`general.architecture`, plus `llama3`: the
 /// `llama` architecture in Llama 3's shape, rope frequency factors and tokenizer).
