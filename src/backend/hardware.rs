@@ -62,12 +62,15 @@ pub enum GpuKind {
 pub struct GpuInfo {
     /// PCI address (`0000:01:00.0`), or the sysfs device name of a non-PCI (SoC) GPU.
     pub address: String,
+    /// PCI vendor id (sysfs `vendor`), when readable.
     pub vendor_id: Option<u16>,
+    /// PCI device id (sysfs `device`), when readable.
     pub device_id: Option<u16>,
     /// Vendor name for display ("Intel", "AMD", "NVIDIA", ...; "unknown").
     pub vendor: &'static str,
     /// PCI class code (`0x03xxxx` for display controllers).
     pub class: Option<u32>,
+    /// Integrated, discrete, unknown or display only.
     pub kind: GpuKind,
     /// Dedicated VRAM as amdgpu reports it (`mem_info_vram_total`); None elsewhere.
     pub vram_total_bytes: Option<u64>,
@@ -138,17 +141,22 @@ pub struct HardwareInfo {
     pub logical_cpus: usize,
     /// Physical cores among them (see [`physical_cores`]).
     pub physical_cores: usize,
+    /// CPU model name from `/proc/cpuinfo` (see [`CpuInfoText::model_name`]).
     pub cpu_model: Option<String>,
     /// SIMD features detected at run time, e.g. `["sse4.2", "avx", "avx2", "fma", "f16c"]`.
     pub simd_features: Vec<&'static str>,
     /// The level the CPU kernels will use.
     #[serde(serialize_with = "serialize_simd")]
     pub simd_level: SimdLevel,
+    /// `MemTotal` of `/proc/meminfo`, bytes.
     pub memory_total_bytes: Option<u64>,
+    /// `MemAvailable` of `/proc/meminfo`, bytes.
     pub memory_available_bytes: Option<u64>,
+    /// GPUs found in sysfs.
     pub gpus: Vec<GpuInfo>,
     /// `/dev/kfd` exists (the ROCm kernel driver is loaded).
     pub rocm_kfd: bool,
+    /// Execution tier derived from `gpus`.
     pub tier: Tier,
 }
 
@@ -206,8 +214,11 @@ pub fn physical_cores() -> usize {
 /// One `processor` block of `/proc/cpuinfo`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct CpuEntry {
+    /// `processor`: the logical CPU number.
     pub processor: Option<usize>,
+    /// `physical id`: the package (socket).
     pub physical_id: Option<u32>,
+    /// `core id`: the core within its package.
     pub core_id: Option<u32>,
 }
 
@@ -216,6 +227,7 @@ pub struct CpuEntry {
 pub struct CpuInfoText {
     /// `model name` (x86), else `Model` / `Hardware` (some ARM kernels).
     pub model_name: Option<String>,
+    /// One entry per `processor` block, in file order.
     pub cpus: Vec<CpuEntry>,
 }
 
@@ -380,7 +392,9 @@ mod x86 {
 /// What this module uses from `/proc/meminfo`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct MemInfo {
+    /// `MemTotal`, bytes.
     pub total_bytes: Option<u64>,
+    /// `MemAvailable`, bytes.
     pub available_bytes: Option<u64>,
 }
 

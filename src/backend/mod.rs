@@ -52,8 +52,11 @@ pub enum Op {
 /// `y = W x` maps `cols` inputs to `rows` outputs.
 #[derive(Debug, Clone, Copy)]
 pub struct WeightView<'a> {
+    /// block type of the rows
     pub ty: GgmlType,
+    /// number of rows (outputs)
     pub rows: usize,
+    /// elements per row (inputs)
     pub cols: usize,
     /// [rows, row_bytes(cols)]
     pub data: &'a [u8],
@@ -109,11 +112,15 @@ pub struct AttentionArgs<'a> {
     pub k_cache: &'a [half::f16],
     /// [n_kv_head, capacity, head_dim]
     pub v_cache: &'a [half::f16],
+    /// positions the cache holds per KV head
     pub capacity: usize,
     /// position of each query token; it attends to keys 0..=pos
     pub positions: &'a [u32],
+    /// number of query heads
     pub n_head: usize,
+    /// number of KV heads (grouped-query attention: n_head a multiple of it)
     pub n_kv_head: usize,
+    /// elements per head
     pub head_dim: usize,
     /// Sliding window: a query at position p sees keys p + 1 - window ..= p only (GGML's
     /// standard SWA); `None`: every key up to p.

@@ -46,19 +46,29 @@ pub enum FfnActivation {
 /// lacks one refuses the model by naming it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LayerShape {
+    /// Number of transformer blocks in the model.
     pub n_layer: usize,
+    /// Width of the residual stream.
     pub n_embd: usize,
+    /// Width of the FFN's hidden layer.
     pub n_ff: usize,
+    /// Number of query heads.
     pub n_head: usize,
+    /// Number of key/value heads.
     pub n_head_kv: usize,
+    /// Elements per head.
     pub head_dim: usize,
     /// Leading dimensions of a head that RoPE rotates (pairs: GGML's "normal" mode).
     pub rope_dims: usize,
+    /// RoPE base (theta) of the global layers.
     pub rope_base: f32,
+    /// Epsilon of the RMS norms.
     pub rms_eps: f32,
+    /// Rows of the output head (tokens in the vocabulary).
     pub vocab_size: usize,
     /// Context length the model was trained for (the longest RoPE table a segment needs).
     pub n_ctx_train: usize,
+    /// How RoPE pairs the dimensions of a head.
     pub rope_style: RopeStyle,
     /// Linear RoPE scaling of the global layers: positions × this (1: none).
     pub rope_freq_scale: f32,
@@ -70,6 +80,7 @@ pub struct LayerShape {
     pub swa_layers: Vec<bool>,
     /// Query scale in attention (1/√head_dim for every architecture here but Gemma 3 27B).
     pub attn_scale: f32,
+    /// Activation of the FFN gate (SiLU, or GELU tanh for Gemma 3).
     pub ffn_activation: FfnActivation,
     /// logits = c · tanh(logits / c), for a segment with the output head.
     pub final_softcap: Option<f32>,
@@ -115,13 +126,17 @@ pub struct LayerTensors<'a> {
     pub w_down: WeightView<'a>,
     /// [n_head * head_dim], [n_head_kv * head_dim] x 2: biases of q, k, v (Qwen2)
     pub bq: Option<&'a [f32]>,
+    /// [n_head_kv * head_dim] bias of k (Qwen2)
     pub bk: Option<&'a [f32]>,
+    /// [n_head_kv * head_dim] bias of v (Qwen2)
     pub bv: Option<&'a [f32]>,
     /// [head_dim] per-head RMSNorm weights of q and of k, before RoPE (Qwen3, Gemma 3)
     pub q_norm: Option<&'a [f32]>,
+    /// [head_dim] per-head RMSNorm weight of k, before RoPE (Qwen3, Gemma 3)
     pub k_norm: Option<&'a [f32]>,
     /// [n_embd] RMSNorm of the attention / FFN output before its residual add (Gemma)
     pub post_attn_norm: Option<&'a [f32]>,
+    /// [n_embd] RMSNorm of the FFN output before its residual add (Gemma)
     pub post_ffn_norm: Option<&'a [f32]>,
 }
 
@@ -312,8 +327,11 @@ impl OffloadKv {
 /// consecutive rows of the step at positions `start, start + 1, ...` (`start`: the sequence's
 /// cached length).
 pub struct SeqSpan<'a> {
+    /// the sequence's cache for this segment
     pub kv: &'a mut OffloadKv,
+    /// position of the span's first token (the sequence's cached length)
     pub start: usize,
+    /// tokens of the sequence in this step
     pub n_tok: usize,
 }
 

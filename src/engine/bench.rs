@@ -70,10 +70,13 @@ impl BenchTest {
 
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct BenchResult {
+    /// Test name (`pp512`, `tg128`, `tg128@d2048`).
     pub test: String,
     /// Mean over the repetitions.
     pub tokens_per_s: f64,
+    /// Standard deviation of tokens/s over the repetitions.
     pub stddev: f64,
+    /// Timed repetitions (after one untimed warm-up run).
     pub reps: usize,
 }
 

@@ -29,7 +29,9 @@ const RAISED_TAG: &str = "raise_exception: ";
 /// One chat turn.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Message {
+    /// Speaker: `system`, `user` or `assistant`.
     pub role: String,
+    /// Text of the turn.
     pub content: String,
 }
 
@@ -177,9 +179,11 @@ impl ChatTemplate {
 /// A chat template this crate carries for files that have none.
 #[derive(Debug, Clone, Copy)]
 pub struct Builtin {
+    /// Short name (`gemma`, `llama3`, `phi3`, `chatml`).
     pub name: &'static str,
     /// Tokens whose presence in the vocabulary selects it.
     pub tokens: &'static [&'static str],
+    /// Jinja source of the template.
     pub source: &'static str,
 }
 

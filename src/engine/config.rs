@@ -52,16 +52,23 @@ pub use crate::backend::offload::{FfnActivation, RopeStyle};
 /// Everything architecture-specific the forward pass reads, loaded from GGUF metadata.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ModelConfig {
+    /// Model architecture (`general.architecture`).
     pub arch: Arch,
+    /// Number of transformer blocks.
     pub n_layer: usize,
+    /// Width of the residual stream (embedding length).
     pub n_embd: usize,
+    /// Width of the FFN's hidden layer.
     pub n_ff: usize,
+    /// Number of query heads.
     pub n_head: usize,
+    /// Number of key/value heads.
     pub n_head_kv: usize,
     /// Width of one head of Q, K and V (`attention.key_length`, else n_embd / n_head).
     pub head_dim: usize,
     /// Rotated dimensions of each head (`rope.dimension_count`, else head_dim).
     pub rope_dims: usize,
+    /// How RoPE pairs the dimensions of a head.
     pub rope_style: RopeStyle,
     /// RoPE base of the global (full-attention) layers.
     pub rope_base: f32,
@@ -69,7 +76,9 @@ pub struct ModelConfig {
     pub rope_freq_scale: f32,
     /// RoPE base of the sliding-window layers (`rope.freq_base_swa`, else 10000).
     pub rope_base_swa: f32,
+    /// Epsilon of the RMS norms.
     pub rms_eps: f32,
+    /// Tokens in the vocabulary (rows of the output projection).
     pub vocab_size: usize,
     /// Context length the model was trained for (our maximum sequence length).
     pub n_ctx_train: usize,
@@ -83,6 +92,7 @@ pub struct ModelConfig {
     pub embed_scale: Option<f32>,
     /// Query scale in attention (1/√head_dim but for Gemma 3 27B).
     pub attn_scale: f32,
+    /// Activation of the FFN gate (SiLU, or GELU tanh for Gemma 3).
     pub ffn_activation: FfnActivation,
     /// Per-head RMSNorm of Q and K before RoPE (`attn_q_norm`, `attn_k_norm`).
     pub qk_norm: bool,

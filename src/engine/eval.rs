@@ -4,8 +4,11 @@ use super::model::{Logits, Model, ModelError, RunState};
 
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct Perplexity {
+    /// Perplexity: exp(nll).
     pub ppl: f64,
+    /// Chunks of n_ctx tokens evaluated (a partial last chunk is dropped).
     pub n_chunks: usize,
+    /// Tokens scored (those in the second half of each chunk, as llama.cpp).
     pub scored_tokens: usize,
     /// Mean negative log-likelihood per scored token.
     pub nll: f64,

@@ -11,7 +11,9 @@ use super::KvCache;
 
 #[derive(Debug, Clone)]
 pub struct GenerateParams {
+    /// Most tokens to generate.
     pub max_tokens: usize,
+    /// How each token is sampled.
     pub sampling: SamplingParams,
     /// Tokens that end generation (not included in the output).
     pub stop_ids: Vec<u32>,
@@ -22,15 +24,19 @@ pub use crate::vocab::StopReason;
 
 #[derive(Debug, Clone)]
 pub struct Generation {
+    /// Length of the prompt in tokens.
     pub prompt_tokens: usize,
     /// Generated ids, without the stop token.
     pub tokens: Vec<u32>,
+    /// Why generation ended.
     pub stop: StopReason,
     /// The stop token that ended generation (for `StopReason::Stop`).
     pub stop_token: Option<u32>,
+    /// Time of the prompt's prefill.
     pub prefill_time: Duration,
     /// Time of the decode steps (each step: one forward of one token plus sampling).
     pub decode_time: Duration,
+    /// Decode steps run (forwards of one token; can be one fewer than `tokens`).
     pub decode_steps: usize,
 }
 

@@ -19,6 +19,7 @@ use crate::vocab::StopReason;
 pub struct Job {
     /// Token ids of the rendered prompt.
     pub prompt: Vec<u32>,
+    /// max_tokens, sampling settings and stop ids of the generation.
     pub params: GenerateParams,
     /// Generation stops before the first of these strings (the text is cut there).
     pub stop_strings: Vec<String>,
@@ -64,6 +65,7 @@ pub struct Scored {
     pub computed: usize,
     /// Submit to admission, and admission to the end.
     pub queue_time: Duration,
+    /// Admission to the end.
     pub run_time: Duration,
     /// Prompt positions whose KV was loaded from the job's prefix cache instead of computed.
     pub kv_reused: usize,
@@ -76,9 +78,11 @@ pub struct Scored {
 /// when the answer ended with one.
 #[derive(Debug, Clone)]
 pub struct Draft {
+    /// Token ids of the answer.
     pub tokens: Vec<u32>,
     /// Where it came from (the caller's id, e.g. an inference row).
     pub source: i64,
+    /// Cosine similarity of the neighbour's question to this job's (semantic cache).
     pub similarity: f64,
 }
 
@@ -105,12 +109,14 @@ pub enum JobError {
 
 #[derive(Debug)]
 pub struct Finished {
+    /// Length of the prompt in tokens.
     pub prompt_tokens: usize,
     /// Generated ids, without the stop token.
     pub tokens: Vec<u32>,
     /// The whole text (special tokens skipped), cut before a stop string. The `Token` events
     /// carried a prefix of it; the rest (held back, or an unfinished character) is not sent.
     pub text: String,
+    /// Why generation ended.
     pub stop: StopReason,
     /// Submit to admission.
     pub queue_time: Duration,
@@ -118,6 +124,7 @@ pub struct Finished {
     pub prefill_time: Duration,
     /// First token to the end.
     pub decode_time: Duration,
+    /// Forward calls that fed tokens after the prompt.
     pub decode_steps: usize,
     /// The most sequences that shared one forward call with this one (1 = alone).
     pub peak_batch: usize,
@@ -125,6 +132,7 @@ pub struct Finished {
     pub computed: usize,
     /// Draft tokens fed for checking, and those the model agreed with.
     pub draft_tokens: usize,
+    /// Draft tokens the model agreed with.
     pub draft_accepted: usize,
     /// Candidates whose tokens were fed.
     pub candidates_tried: usize,

@@ -18,6 +18,7 @@ pub struct KvCache {
     pub k: Vec<f16>,
     /// [n_cpu_layers, n_head_kv, capacity, head_dim]
     pub v: Vec<f16>,
+    /// Positions the cache holds per layer and KV head.
     pub capacity: usize,
     /// Positions 0..len hold valid keys and values.
     len: usize,

@@ -20,8 +20,11 @@ use super::kv::KvCache;
 use super::weights::Weights;
 
 pub struct Model {
+    /// Hyper-parameters from the GGUF metadata.
     pub config: ModelConfig,
+    /// The opened GGUF file (metadata and the mapped tensor data).
     pub gguf: GgufFile,
+    /// Views of the weight tensors in `gguf`.
     pub weights: Weights,
     backend: Arc<dyn Backend>,
     /// Runs of layers on accelerators, in layer order (see [`Model::offload`], engine/offload.rs);
@@ -55,13 +58,17 @@ impl Logits {
 
 /// New tokens of one sequence for a forward call; they take positions `kv.len()..`.
 pub struct SeqBatch<'a> {
+    /// The sequence's cache; the new tokens are appended to it.
     pub kv: &'a mut KvCache,
+    /// Token ids to feed.
     pub tokens: &'a [u32],
+    /// Which of the new tokens' logits to compute.
     pub logits: Logits,
 }
 
 /// Activation buffers for up to `max_tokens` tokens per call, allocated once.
 pub struct RunState {
+    /// Most tokens one forward call can take (sum over its sequences).
     pub max_tokens: usize,
     /// [max_tokens, n_embd] residual stream
     x: Vec<f32>,

@@ -77,6 +77,7 @@ pub enum PlacementError {
 /// `cpu:N,igpu:M,dgpu:K`, in layer order.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TensorSplit {
+    /// (device, number of layers) in layer order.
     pub parts: Vec<(Device, usize)>,
 }
 
@@ -146,7 +147,9 @@ pub enum BackendChoice {
 
 #[derive(Debug, Clone, Default)]
 pub struct PlacementOptions {
+    /// `--backend`: where layers may run.
     pub backend: BackendChoice,
+    /// `--tensor-split`, if given.
     pub split: Option<TensorSplit>,
     /// Accept a software adapter (lavapipe); tests set it.
     pub allow_software: bool,
@@ -155,6 +158,7 @@ pub struct PlacementOptions {
 /// One tier's time per decode token (ms), from a calibration run.
 #[derive(Debug, Clone, Copy)]
 pub struct Calibration {
+    /// Time per layer per decode token, ms.
     pub per_layer_ms: f64,
     /// Fixed cost per step (submit, copies, read-back), whatever the number of layers; 0 on the CPU.
     pub overhead_ms: f64,
@@ -163,6 +167,7 @@ pub struct Calibration {
 /// What [`place`] did.
 #[derive(Debug, Clone)]
 pub struct Placement {
+    /// Number of layers in the model.
     pub n_layer: usize,
     /// Runs of layers in layer order.
     pub runs: Vec<(Device, Range<usize>)>,

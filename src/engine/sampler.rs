@@ -118,6 +118,7 @@ pub fn argmax(logits: &[f32]) -> u32 {
 }
 
 pub struct Sampler {
+    /// Temperature, top-k/top-p and seed settings.
     pub params: SamplingParams,
     rng: Rng,
     /// [vocab] (probability, token) candidates, reused across steps

@@ -18,8 +18,11 @@ use super::config::ModelConfig;
 /// `row0..row0 + rows` of its tensor.
 #[derive(Debug, Clone)]
 pub struct Matrix {
+    /// The GGUF tensor this matrix is (part of).
     pub info: TensorInfo,
+    /// Number of output rows.
     pub rows: usize,
+    /// Elements per row (inputs).
     pub cols: usize,
     /// First row of this matrix within the tensor (non-zero for the parts of a fused matrix).
     pub row0: usize,
@@ -82,6 +85,7 @@ pub struct LayerWeights {
 pub struct Weights {
     /// [vocab, n_embd]
     pub token_embd: Matrix,
+    /// [n_layer] per-layer weights
     pub layers: Vec<LayerWeights>,
     /// [n_embd]
     pub output_norm: Vec<f32>,

@@ -61,7 +61,9 @@ use crate::workload::{KvConfig, KvWorkload, WorkloadError};
 /// How to run the pipeline: the model, the database, the caches, the engine.
 #[derive(Debug, Clone)]
 pub struct PipelineConfig {
+    /// Path of the GGUF model file.
     pub model: PathBuf,
+    /// `--db`: a SQLite file, or a `postgres://` URL (see `Store::open_with`).
     pub db: PathBuf,
     /// CPU threads for the model (0 = physical cores).
     pub threads: usize,
@@ -69,6 +71,7 @@ pub struct PipelineConfig {
     pub cache: bool,
     /// API keys per tenant; `None` = tenants named by the `x-forge-tenant` header.
     pub tenants: Option<PathBuf>,
+    /// Settings of the engine thread.
     pub scheduler: SchedulerConfig,
     /// max_tokens of a request that does not set it.
     pub default_max_tokens: usize,
@@ -79,6 +82,7 @@ pub struct PipelineConfig {
     pub embedder: Option<PathBuf>,
     /// How the embedder holds its matrices (F16: half the bytes per question; see `MatrixFormat`).
     pub embed_weights: MatrixFormat,
+    /// Settings of the semantic tier.
     pub semantic: SemanticConfig,
     /// Which layers run on the CPU and which on the GPU (`--backend`, `--tensor-split`).
     pub placement: PlacementOptions,
@@ -177,19 +181,31 @@ pub enum LoadError {
 /// What every request shares: the model's tokenizer and template, the engine, the store, the
 /// caches, tenant auth, metrics.
 pub struct Pipeline {
+    /// The model file's name without `.gguf`.
     pub(crate) model_name: String,
+    /// sha256 of the model file.
     pub(crate) model_id: String,
+    /// Context length the model was trained for, tokens (caps max_tokens).
     pub(crate) context: usize,
+    /// Where the layers run, for records (`Model::placement`).
     pub(crate) backend: String,
     /// Built on its own thread at start-up ([`Pipeline::tokenizer`] waits for it).
     pub(crate) tokenizer: Background<Arc<Tokenizer>>,
+    /// The model's chat template; `None` when the file has none.
     pub(crate) template: Option<ChatTemplate>,
+    /// Handle to the engine thread.
     pub(crate) scheduler: Scheduler,
+    /// The database.
     pub(crate) store: Arc<Store>,
+    /// The exact cache (memory over the store's rows).
     pub(crate) exact: ExactCache,
+    /// How requests name and prove their tenant.
     pub(crate) auth: TenantAuth,
+    /// `false` (`--no-cache`): every request runs as BYPASS.
     pub(crate) cache_enabled: bool,
+    /// max_tokens of a request that does not set it (capped by `context`).
     pub(crate) default_max_tokens: usize,
+    /// The semantic tier (`None`: off).
     pub(crate) semantic: Option<Arc<SemanticCache>>,
     /// KV-block reuse (`None`: off).
     pub(crate) kv: Option<Arc<KvWorkload>>,
@@ -199,6 +215,7 @@ pub struct Pipeline {
     pub(crate) in_flight: Arc<AtomicUsize>,
     /// Embeds new facts while no request runs (with the semantic tier).
     pub(crate) fact_indexer: Option<FactIndexer>,
+    /// The service's Prometheus metrics.
     pub(crate) metrics: Metrics,
     /// Per tenant: the cache mode of requests that leave it unset.
     pub(crate) tenant_modes: std::collections::HashMap<String, crate::vocab::CacheMode>,

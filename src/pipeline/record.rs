@@ -20,17 +20,29 @@ use crate::workload::{BlendData, ReportData};
 
 /// Where an answer came from and what it cost.
 pub(crate) struct Answer {
+    /// The tier that served it (or the model).
     pub(crate) from: ServedFrom,
+    /// The answer's text.
     pub(crate) text: String,
+    /// The answer's token ids.
     pub(crate) tokens: Vec<u32>,
+    /// Why the answer ended.
     pub(crate) stop: StopReason,
+    /// The stored inference it was served from (exact and semantic tiers, drafts).
     pub(crate) source_inference_id: Option<i64>,
+    /// The fact it was served from (fact tier).
     pub(crate) source_fact_id: Option<i64>,
+    /// Positions the model computed for it.
     pub(crate) tokens_computed: usize,
+    /// Tokens whose computation was reused instead of redone.
     pub(crate) tokens_reused: usize,
+    /// Submit to admission (zero for a cache tier).
     pub(crate) queue: Duration,
+    /// Admission to the first token; EQUIVALENT: the check's time; other cache tiers: zero.
     pub(crate) prefill: Duration,
+    /// First token to the end (zero for a cache tier).
     pub(crate) decode: Duration,
+    /// The most sequences that shared one forward call with it (0: no engine work).
     pub(crate) peak_batch: usize,
     /// Received to first token (`None`: no token).
     pub(crate) ttft: Option<Duration>,
@@ -38,7 +50,9 @@ pub(crate) struct Answer {
     pub(crate) kv_tokens_reused: usize,
     /// Draft tokens offered / accepted, and the neighbours tried.
     pub(crate) draft_tokens: usize,
+    /// Draft tokens the model agreed with.
     pub(crate) draft_accepted: usize,
+    /// Candidates whose tokens were fed.
     pub(crate) candidates_tried: usize,
     /// Similarity of the neighbour the answer came from (semantic tiers).
     pub(crate) similarity: Option<f64>,

@@ -14,6 +14,7 @@ use crate::vocab::{CacheMode, ServedFrom, StopReason};
 pub struct ChatMessage {
     /// `system`, `user` or `assistant` (anything else is refused by validation).
     pub role: String,
+    /// Text of the message.
     pub content: String,
 }
 
@@ -40,6 +41,7 @@ pub struct Request {
     pub seed: Option<u64>,
     /// Generation stops before the first of these strings.
     pub stop: Vec<String>,
+    /// How the request may use the caches (default AUTO).
     pub cache_mode: CacheMode,
     /// The served model's name or id; empty = the served model.
     pub model: String,
@@ -54,7 +56,9 @@ pub struct Request {
 /// Where an answer came from and what it cost: the last piece of every answer.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Outcome {
+    /// The tier that served the answer (or MODEL, VERIFIED, PARTIAL when computed).
     pub served_from: ServedFrom,
+    /// Why the answer ended.
     pub stop_reason: StopReason,
     /// The cache mode the request ran with (BYPASS when the server runs without caches).
     pub cache_mode: CacheMode,
@@ -68,6 +72,7 @@ pub struct Outcome {
     pub similarity: f64,
     /// The prompt as the model sees it.
     pub prompt_token_ids: Vec<u32>,
+    /// Tokens of the answer.
     pub completion_tokens: usize,
     /// Positions the model computed for this request; 0 when served from a cache.
     pub tokens_computed: usize,
@@ -77,9 +82,13 @@ pub struct Outcome {
     pub kv_tokens_reused: usize,
     /// BLEND: document tokens that kept KV computed elsewhere, and those recomputed.
     pub blend_tokens_reused: usize,
+    /// (see `blend_tokens_reused`)
     pub blend_tokens_recomputed: usize,
+    /// Submit to admission in the engine, ms (0 for a cache tier).
     pub queue_ms: f64,
+    /// Admission to the first token, ms (EQUIVALENT: the check's time; 0 for other cache tiers).
     pub prefill_ms: f64,
+    /// First token to the end, ms (0 for a cache tier).
     pub decode_ms: f64,
     /// Received to the outcome, as the server measures it.
     pub latency_ms: f64,
@@ -87,10 +96,13 @@ pub struct Outcome {
     pub ttft_ms: Option<f64>,
     /// The most sequences that shared a forward pass with this request.
     pub peak_batch: usize,
+    /// The served model's name (its file name without `.gguf`).
     pub model: String,
+    /// Where the model's layers run (`Model::placement`).
     pub backend: String,
     /// Draft tokens offered to the model, and those it agreed with.
     pub draft_tokens: usize,
+    /// (see `draft_tokens`)
     pub draft_tokens_accepted: usize,
     /// Neighbours whose answers were tried as drafts.
     pub candidates_tried: usize,
@@ -118,6 +130,7 @@ impl Outcome {
 pub struct Chunk {
     /// Text produced since the previous piece.
     pub text: String,
+    /// Token ids behind `text`.
     pub token_ids: Vec<u32>,
     /// Only on the last piece.
     pub outcome: Option<Box<Outcome>>,
@@ -134,5 +147,6 @@ pub struct Generation {
     /// The tier, when a cache serves the answer (known at once); `None` while the engine
     /// computes it (the outcome then says MODEL, VERIFIED or PARTIAL).
     pub served_from: Option<ServedFrom>,
+    /// The pieces of the answer; the last carries the outcome.
     pub chunks: ChunkStream,
 }

@@ -41,10 +41,13 @@ pub const MAX_STOP_BYTES: usize = 256;
 /// An EQUIVALENT candidate the model scored for this request.
 #[derive(Debug, Clone)]
 pub(crate) struct EquivalenceCheck {
+    /// The candidate's row in `inferences`.
     pub(crate) source: i64,
+    /// Cosine similarity of its question to this request's.
     pub(crate) similarity: f64,
     /// The candidate's tokens as the model would emit them (the stop token included).
     pub(crate) tokens: Vec<u32>,
+    /// The model's score of the candidate.
     pub(crate) score: crate::cache::equivalent::Score,
 }
 
@@ -53,24 +56,30 @@ pub(crate) struct EquivalenceCheck {
 pub struct Plan {
     /// The request's id in logs and traces.
     pub(crate) request_id: u64,
+    /// The tenant the request runs for.
     pub(crate) tenant: String,
     /// The user's question when the request is one (facts are filed under it).
     pub(crate) question: Option<String>,
     /// The rendered prompt.
     pub(crate) prompt: String,
+    /// sha256 (hex) of `prompt`.
     pub(crate) prompt_hash: String,
     /// The prompt's token ids: empty until [`Pipeline::tokenize`] (or an EXACT hit's recorded
     /// ids) fills them.
     pub(crate) prompt_ids: Vec<u32>,
     /// [`Pipeline::tokenize`] has run (`params.stop_ids` is set).
     pub(crate) tokenized: bool,
+    /// What the engine generates with (max_tokens, sampling, stop ids).
     pub(crate) params: GenerateParams,
+    /// Generation stops before the first of these strings.
     pub(crate) stop_strings: Vec<String>,
     /// The generation parameters as recorded (`inferences.params`).
     pub(crate) params_json: String,
+    /// The cache mode the request runs with (BYPASS when the server runs without caches).
     pub(crate) mode: CacheMode,
     /// `None`: this request may not use the exact cache.
     pub(crate) cache_key: Option<String>,
+    /// When the request arrived (latencies are measured from it).
     pub(crate) received: Instant,
     /// Semantic scope (single-question chat requests that may use caches): only questions in the
     /// same scope are neighbours.

@@ -41,26 +41,39 @@ impl Storage {
 /// A block computed by a request, to be stored.
 #[derive(Debug, Clone)]
 pub struct NewBlock {
+    /// Chain key of the block (names the whole prefix up to its end).
     pub key: BlockKey,
+    /// Key of the block before it (`None`: the first block).
     pub parent: Option<BlockKey>,
     /// Position of its first token.
     pub position: usize,
+    /// Its token ids (block_tokens of them, fewer for a tail).
     pub tokens: Vec<u32>,
+    /// Its keys and values.
     pub block: Arc<Block>,
 }
 
 /// What a finished request leaves in the store (one transaction).
 pub struct Record<'a> {
+    /// The tenant the request ran for.
     pub tenant: &'a str,
+    /// sha256 of the model file.
     pub model_id: &'a str,
+    /// The request's row in `inferences`.
     pub inference_id: i64,
     /// Keys of the blocks it reused (their rows are touched: LRU, reuse_count).
     pub used: &'a [BlockKey],
+    /// Blocks it computed that are to be stored.
     pub new_blocks: &'a [NewBlock],
+    /// Whole blocks of the prompt.
     pub prompt_blocks: usize,
+    /// Blocks of the reused prefix found in memory.
     pub blocks_memory: usize,
+    /// Blocks of the reused prefix read from disk.
     pub blocks_disk: usize,
+    /// Stored blocks that failed their checksum (recomputed instead).
     pub blocks_corrupt: usize,
+    /// Prompt positions whose KV was loaded instead of computed.
     pub kv_tokens_reused: usize,
     /// Of those, the leading tokens of a block the prompt diverges inside (or of a stored tail).
     pub partial_tokens: usize,
@@ -68,8 +81,11 @@ pub struct Record<'a> {
     pub prompt_tokens: usize,
     /// BLEND: document tokens that kept KV computed elsewhere, and those recomputed.
     pub blend_tokens_reused: usize,
+    /// (see `blend_tokens_reused`)
     pub blend_tokens_recomputed: usize,
+    /// Time to find (and read) the prefix, ms.
     pub load_ms: f64,
+    /// Resident bytes of the memory tier after the request.
     pub memory_bytes: u64,
     /// The recurring prompt part it reused: (key of its last block, tokens, text).
     pub fragment: Option<(BlockKey, usize, String)>,

@@ -20,7 +20,9 @@ use crate::engine::{KvCache, LlamaConfig};
 pub struct Geometry {
     /// `n_layer * n_head_kv`: one row of positions per (layer, KV head).
     pub rows: usize,
+    /// Elements per head.
     pub head_dim: usize,
+    /// Token positions per block.
     pub block_tokens: usize,
 }
 
@@ -43,7 +45,9 @@ impl Geometry {
 /// Keys and values of one block, [rows, block_tokens, head_dim] each.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Block {
+    /// [rows, block_tokens, head_dim] keys
     pub k: Vec<f16>,
+    /// [rows, block_tokens, head_dim] values
     pub v: Vec<f16>,
 }
 
@@ -81,7 +85,9 @@ impl Block {
 /// A block stored after a parent: its key and tokens (fewer than a block for a tail).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Child {
+    /// The child block's key.
     pub key: BlockKey,
+    /// Its token ids.
     pub tokens: Arc<[u32]>,
 }
 

@@ -31,6 +31,7 @@ pub struct ReportData {
     pub prompt_blocks: usize,
     /// Of the reusable prefix: blocks found in memory, blocks read from disk.
     pub blocks_memory: usize,
+    /// (see `blocks_memory`)
     pub blocks_disk: usize,
     /// Stored blocks that failed their checksum (recomputed instead).
     pub blocks_corrupt: usize,
@@ -51,7 +52,9 @@ pub struct ReportData {
 }
 
 pub struct KvPlan {
+    /// Shape of a block for this model.
     pub(super) geom: Geometry,
+    /// What this tenant's and model's block keys start from.
     pub(super) seed: ChainSeed,
     /// Keys of the whole blocks of the prompt (then of the generated tokens too).
     pub(super) keys: Vec<BlockKey>,
@@ -63,7 +66,9 @@ pub struct KvPlan {
     pub(super) published: usize,
     /// Key of the last partial tail published.
     pub(super) tail: Option<BlockKey>,
+    /// The resident blocks (shared with the workload).
     pub(super) memory: MemoryIndex,
+    /// What reuse did so far ([`KvPlan::into_report`] hands it back).
     pub(super) report: ReportData,
 }
 

@@ -37,11 +37,15 @@ pub fn matmul_rows_q8k(w: WeightView<'_>, rows: std::ops::Range<usize>, acts: &[
 /// One K-quant block unpacked: its 256 weights as unsigned bytes in element order (8 vectors of
 /// 32; Q6_K's are q + 32), the scale of each group of 16, and the block's f16 factors.
 struct KBlock {
+    /// [8] × 32 weights as unsigned bytes, in element order (Q6_K's offset by 32)
     pub q: [__m256i; 8],
+    /// [16] integer scale of each group of 16 weights (Q4_K / Q5_K: its sub-block's scale, twice)
     pub sc16: [i32; 16],
     /// Q4_K / Q5_K: the min of each sub-block of 32
     pub mins: [i32; 8],
+    /// the block's f16 scale factor `d`, as f32
     pub d: f32,
+    /// Q4_K / Q5_K: the block's f16 min factor `dmin`, as f32 (0 for Q6_K)
     pub dmin: f32,
 }
 

@@ -32,6 +32,7 @@ use crate::gguf::{GgmlType, QK};
 #[derive(Clone, Copy, Debug)]
 #[repr(C, align(64))]
 pub struct PairQ8 {
+    /// [64] quantized values of the two blocks, in the lane order above
     pub qs: [i8; 64],
     /// the scale `d` of the lane's block, per i32 lane
     pub d: [f32; 16],

@@ -67,10 +67,13 @@ pub enum Epi {
 /// the host side (besides its struct in quants.hip).
 #[derive(Debug, Clone, Copy)]
 pub struct TypeInfo {
+    /// kernel-name tag of the type (`q4_0`, `f16`, ...)
     pub tag: &'static str,
     /// values per block as matmul.hip counts them (8 for the float types)
     pub block: usize,
+    /// work items per block in matmul.hip
     pub items_per_block: usize,
+    /// multiplies f32 activations (float types); false: Q8 activation blocks
     pub float_act: bool,
 }
 
@@ -97,10 +100,15 @@ pub fn type_info(ty: GgmlType) -> Option<TypeInfo> {
 /// A weight matrix on the device: `rows` rows of `row_bytes` GGUF bytes.
 #[derive(Debug, Clone, Copy)]
 pub struct MatRef {
+    /// device address of the first row
     pub ptr: DevPtr,
+    /// weight type of the rows
     pub ty: GgmlType,
+    /// number of rows (outputs)
     pub rows: usize,
+    /// elements per row (inputs)
     pub cols: usize,
+    /// bytes per row in GGUF blocks
     pub row_bytes: usize,
 }
 

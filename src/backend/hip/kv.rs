@@ -12,6 +12,7 @@ pub struct HipKv {
     ctx: Arc<HipContext>,
     /// the segment this cache belongs to
     pub(super) owner: u64,
+    /// positions the cache holds per layer and KV head
     pub(super) capacity: usize,
     n_layers: usize,
     n_kv: usize,

@@ -49,9 +49,13 @@ pub(crate) fn next_id() -> u64 {
 /// What was chosen, for logs and `forge-cache hardware`.
 #[derive(Debug, Clone)]
 pub struct AdapterSummary {
+    /// Adapter name as wgpu reports it.
     pub name: String,
+    /// wgpu's device type (`DiscreteGpu`, `IntegratedGpu`, `Cpu`, ...).
     pub device_type: String,
+    /// wgpu backend (`Vulkan`, `Metal`, ...).
     pub backend: String,
+    /// Driver name and driver info.
     pub driver: String,
     /// PCI vendor id (0 when unknown)
     pub vendor: u32,
@@ -76,7 +80,9 @@ pub(crate) enum XSrc {
 /// A compute pipeline and the layout of its one bind group.
 #[derive(Clone)]
 pub(crate) struct Kernel {
+    /// the compiled compute pipeline
     pub pipeline: wgpu::ComputePipeline,
+    /// layout of its bind group 0
     pub layout: wgpu::BindGroupLayout,
     /// Binding 0 (the parameters) takes a dynamic offset in `set_bind_group`.
     pub dynamic: bool,
@@ -84,6 +90,7 @@ pub(crate) struct Kernel {
 
 /// Every pipeline, compiled once per context.
 pub(crate) struct Kernels {
+    /// batch matmuls against f32 activations (matmul.wgsl), per weight type
     pub matmul: HashMap<GgmlType, Kernel>,
     /// decode matmuls (empty when the plan is `Off`)
     pub matvec: HashMap<(GgmlType, XSrc), Kernel>,
@@ -95,7 +102,9 @@ pub(crate) struct Kernels {
     pub matvec_rope: HashMap<GgmlType, Kernel>,
     /// batch matmuls of the repacked types against Q8 activations (matmul.wgsl after mm_x_q8.wgsl)
     pub matmul_q8: HashMap<GgmlType, Kernel>,
+    /// embedding lookup (embed.wgsl), per weight type
     pub embed: HashMap<GgmlType, Kernel>,
+    /// RMSNorm (rmsnorm.wgsl)
     pub rmsnorm: Kernel,
     /// RMSNorm written as Q8 rows (rmsnorm_q8.wgsl)
     pub rmsnorm_q8: Kernel,
@@ -103,7 +112,9 @@ pub(crate) struct Kernels {
     pub rmsnorm_heads: Kernel,
     /// f32 rows to Q8 rows (quantize_q8.wgsl)
     pub quantize_q8: Kernel,
+    /// RoPE of every head in place (rope.wgsl)
     pub rope: Kernel,
+    /// appends a batch's keys and values to one layer's KV cache (kv_store.wgsl)
     pub kv_store: Kernel,
     /// RoPE + KV store of one sequence (layer runner); parameters at a dynamic offset
     pub rope_store: Kernel,
@@ -111,13 +122,18 @@ pub(crate) struct Kernels {
     pub attention: Kernel,
     /// attention of a sequence's one token with its RoPE and KV store (layer runner, decode)
     pub attention_one: Kernel,
+    /// SiLU(gate)·up (silu_mul.wgsl)
     pub silu_mul: Kernel,
+    /// residual add in place (add.wgsl)
     pub add: Kernel,
 }
 
 pub struct WgpuContext {
+    /// the adapter's logical device
     pub(crate) device: wgpu::Device,
+    /// the device's command queue
     pub(crate) queue: wgpu::Queue,
+    /// every pipeline, compiled once
     pub(crate) kernels: Kernels,
     summary: AdapterSummary,
     /// Byte alignment of uniform-buffer offsets.

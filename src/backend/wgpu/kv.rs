@@ -30,7 +30,9 @@ pub enum KvPrecision {
 /// The one-token q|k|v matmul with RoPE + KV store as its epilogue (mv_y_rope.wgsl; plan.rs): its
 /// bind group also holds the sequence's caches, so this file builds it ([`GpuKv::bind_for`]).
 pub(super) struct QkvRope {
+    /// the mv_y_rope.wgsl pipeline of the layer's weight type
     pub kernel: Kernel,
+    /// the dispatch's step (parameters and grid)
     pub step: Step,
     /// byte offset of `step`'s parameter slot
     pub param_offset: u64,
@@ -43,15 +45,21 @@ pub(super) struct QkvRope {
 pub(super) struct SeqBuffers<'a> {
     /// the activations' id
     pub id: u64,
+    /// [max_tokens, n_head*hd + 2*kv_dim] fused q|k|v rows
     pub qkv: &'a wgpu::Buffer,
+    /// [max_tokens, n_head*hd] attention output
     pub att: &'a wgpu::Buffer,
+    /// [max_tokens] u32 position of each token of the step
     pub pos: &'a wgpu::Buffer,
+    /// parameter slots (the per-sequence ones at a dynamic offset)
     pub params: &'a wgpu::Buffer,
+    /// [n_pos, head_dim / 2, 2] RoPE (cos, sin) table
     pub rope: &'a wgpu::Buffer,
     /// the sliding-window layers' RoPE table (`rope` where their base is the same)
     pub rope_swa: &'a wgpu::Buffer,
     /// per layer of the stack: a sliding-window layer (its bind groups take `rope_swa`)
     pub windowed: &'a [bool],
+    /// [max_tokens] Q8 rows (q8_act.wgsl): attention's Q8 output
     pub xq: &'a wgpu::Buffer,
 }
 
@@ -61,6 +69,7 @@ pub struct GpuKv {
     ctx: Arc<WgpuContext>,
     /// The `GpuLayers` this cache belongs to.
     pub(crate) owner: u64,
+    /// positions each layer's cache holds per KV head
     pub(crate) capacity: usize,
     n_kv_head: usize,
     head_dim: usize,

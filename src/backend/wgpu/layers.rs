@@ -82,9 +82,12 @@ pub const HEAD_ROWS: usize = 64;
 /// Layers `[a, b)` of a model on the GPU: weights and RoPE table (see the module docs).
 pub struct GpuLayers {
     id: u64,
+    /// the device, queue and pipelines
     pub(crate) ctx: Arc<WgpuContext>,
+    /// the model's hyper-parameters
     pub(crate) config: LayerShape,
     layers: Range<usize>,
+    /// precision of the KV caches this stack makes
     pub(crate) kv: KvPrecision,
     gpu: Vec<GpuLayer>,
     /// [n_pos, head_dim / 2, 2] RoPE (cos, sin) table
@@ -114,6 +117,7 @@ struct HeadActs {
 
 /// Activation buffers and bind groups for steps of up to `max_tokens` tokens (one per run state).
 pub struct GpuActivations {
+    /// unique among activation sets (see [`next_id`](super::context::next_id))
     pub(crate) id: u64,
     owner: u64,
     max_tokens: usize,

@@ -60,7 +60,9 @@ pub(super) struct Acts<'a> {
     pub xn: &'a wgpu::Buffer,
     /// [n_tok] Q8 rows of the next Q8 matmul's input (q8_act.wgsl)
     pub xq: &'a wgpu::Buffer,
+    /// [n_tok, n_head*hd + 2*kv_dim] fused q|k|v rows
     pub qkv: &'a wgpu::Buffer,
+    /// [n_tok, n_head*hd] attention output
     pub att: &'a wgpu::Buffer,
     /// [n_tok, 2 * n_ff] gate|up
     pub gu: &'a wgpu::Buffer,
@@ -72,6 +74,7 @@ pub(super) struct Acts<'a> {
 
 /// What the plans need besides the layer and the buffers.
 pub(super) struct PlanCtx<'a> {
+    /// the compiled pipelines
     pub kern: &'a Kernels,
     /// integer-dot matmuls for the repacked types
     pub q8: bool,
@@ -81,11 +84,13 @@ pub(super) struct PlanCtx<'a> {
     pub stage: bool,
     /// the one-token q|k|v matmul does RoPE + KV store where it can (mv_y_rope.wgsl)
     pub qkv_rope: bool,
+    /// width of the residual stream
     pub n_embd: usize,
     /// [n_embd] RMSNorm of the layer's inputs
     pub norm: Step,
     /// destination row widths of q|k|v and gate|up
     pub qkv_width: usize,
+    /// destination row width of gate|up (2 * n_ff)
     pub gu_width: usize,
     /// the q/k norms' step (rmsnorm_heads.wgsl), run where a layer has their weights
     pub head_norm: Step,

@@ -15,11 +15,13 @@ pub(super) struct GpuLayer {
     pub attn_norm: wgpu::Buffer,
     /// wq|wk|wv stacked when they share a type, else the three
     pub qkv: Vec<GpuMatrix>,
+    /// [n_embd, n_head * head_dim] attention output projection
     pub wo: GpuMatrix,
     /// [n_embd] f32
     pub ffn_norm: wgpu::Buffer,
     /// w_gate|w_up stacked when they share a type, else the two
     pub gate_up: Vec<GpuMatrix>,
+    /// [n_embd, n_ff] FFN down projection
     pub w_down: GpuMatrix,
     /// [2, head_dim] f32: the q norm weight, then the k norm weight (rmsnorm_heads.wgsl), when
     /// the model has q/k norms
@@ -27,6 +29,7 @@ pub(super) struct GpuLayer {
     /// [n_embd] f32 norms of the o and down projections' outputs before they are added to the
     /// residual stream (Gemma's post-attention and post-FFN norms), when the model has them
     pub post_attn_norm: Option<wgpu::Buffer>,
+    /// [n_embd] f32 (see above: the FFN output's norm)
     pub post_ffn_norm: Option<wgpu::Buffer>,
 }
 
@@ -63,9 +66,13 @@ impl GpuLayer {
 pub(super) struct GpuMatrix {
     /// raw GGUF blocks [rows, row_bytes], or repacked (pack.rs; then `row_bytes` is chunks per row)
     pub buf: wgpu::Buffer,
+    /// weight type of the rows
     pub ty: GgmlType,
+    /// number of rows (outputs)
     pub rows: usize,
+    /// elements per row (inputs)
     pub cols: usize,
+    /// bytes per row (chunks per row when repacked: see `buf`)
     pub row_bytes: usize,
     /// First output column of these rows in the destination row.
     pub y_off: usize,
