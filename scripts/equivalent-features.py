@@ -84,3 +84,19 @@ for group in (['sim', 'mean'], ['sim', 'mean', 'worst'], names):
     w = fit(X, y)
     ins = [w[-1] + sum(a * b for a, b in zip(w, x)) for x in X]
     print(f"  logistic {'+'.join(group)}: 5-fold CV {recall(cv)}; in-sample {recall(ins)}")
+
+# A 2-D region: similarity >= s AND mean margin >= m (the corner a run-time learner could grow
+# in both scores at once, e.g. a Wilson bound per (similarity band, margin) cell), thresholds
+# chosen with the labels over every pair of observed values: an upper bound for such regions.
+def box(a, b):
+    best = [0] * len(budgets)
+    for s in sorted({r[a] for r in rows}):
+        inside = sorted((r for r in rows if r[a] >= s), key=lambda r: -r[b])
+        hit = fh = 0
+        for r in inside:
+            hit, fh = hit + r['lab'], fh + (not r['lab'])
+            best = [max(x, hit) if fh <= k else x for x, k in zip(best, budgets)]
+    return ' / '.join(f"{x} ({100 * x / dup:.1f}%)" for x in best)
+
+print(f"  box sim x mean (label-chosen corner) {box('sim', 'mean')}")
+print(f"  box sim x worst (label-chosen corner) {box('sim', 'worst')}")

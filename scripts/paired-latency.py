@@ -20,3 +20,7 @@ show('after the first token', [(f(b, 'latency_ms') - f(b, 'ttft_ms')) - (f(a, 'l
 model = [(a, b) for a, b in pairs if b['served_from'] == 'MODEL']
 if model:
     show('latency, cache-on answers served from MODEL', [f(b, 'latency_ms') - f(a, 'latency_ms') for a, b in model])
+skipped = [b for _, b in pairs if b.get('lookup_skipped') == 'true']
+if skipped:
+    print(f"cache-on requests that skipped the semantic tier: {len(skipped)}/{len(pairs)}")
+    show('latency, those requests', [f(b, 'latency_ms') - f(a, 'latency_ms') for a, b in pairs if b.get('lookup_skipped') == 'true'])

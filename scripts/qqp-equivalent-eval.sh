@@ -3,7 +3,8 @@
 # decoded (observations only, nothing served), the label-chosen bound of scripts/
 # equivalent-features.py on them, then the disjoint test split (330 pairs) interleaved with BYPASS
 # at --equivalent-delta (default 0.01) on the same store. Usage:
-#   scripts/qqp-equivalent-eval.sh OUT_DIR [extra serve flags, e.g. --equivalent-prefix 8]
+#   scripts/qqp-equivalent-eval.sh OUT_DIR [extra serve flags, e.g. --equivalent-prefix 8;
+#   --model gemma3 (or a GGUF path) judges with another model: a fresh OUT_DIR per model]
 # Writes OUT_DIR/{calib,test}.jsonl, eval.db, calib.out, features.out, test.out, load.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)

@@ -110,9 +110,12 @@ async fn verified_skips_drafts_where_they_do_not_pay_and_outputs_stay_bypass() {
         }
     }
     server.stop().await.expect("stop");
+    // Every request looks up (the exploring share at 1): the question is filed, the drafts
+    // replayed.
     let server = start({
         let mut cfg = server_config(&s.db);
         cfg.semantic.skip.explore = 0.0;
+        cfg.semantic.skip.lookup_explore = 1.0;
         cfg
     })
     .await;
@@ -133,6 +136,33 @@ async fn verified_skips_drafts_where_they_do_not_pay_and_outputs_stay_bypass() {
         assert!(t.outcome.draft_tokens > 0, "TRUST is never skipped");
     }
     server.stop().await.expect("stop");
+    // Half of the requests look up: the others skip the semantic tier (decoded as BYPASS,
+    // nothing filed, no replay, no log-probabilities); TRUST still looks up.
+    let server = start({
+        let mut cfg = server_config(&s.db);
+        cfg.semantic.skip.explore = 0.0;
+        cfg.semantic.skip.lookup_explore = 0.5;
+        cfg
+    })
+    .await;
+    let mut c = client(&server).await;
+    let mut looked = Vec::new();
+    for v in &VARIANTS[3..7] {
+        let expected = c.generate(with_mode(ask(v, 24), CacheMode::Bypass)).await.expect("bypass").text;
+        let r = c.generate(with_mode(ask(v, 24), CacheMode::Verified)).await.expect("verified");
+        assert_eq!(r.text, expected, "{v:?}: skipping the lookup changes no output");
+        assert_eq!(r.outcome.draft_tokens, 0, "{v:?}: {:?}", r.outcome);
+        let id = r.outcome.inference_id;
+        let n = |sql: &str| sql_i64(&s.db, &sql.replace("ID", &id.to_string()));
+        let (filed, replayed) = (n("SELECT count(*) FROM prompt_vectors WHERE inference_id = ID"), n("SELECT count(*) FROM semantic_outcomes WHERE inference_id = ID"));
+        assert_eq!(filed, replayed, "{v:?}: a request that looks up is filed and replayed, else neither");
+        assert_eq!(n("SELECT response_logprobs IS NOT NULL FROM inferences WHERE id = ID"), filed, "{v:?}: log-probabilities only for a filed answer");
+        looked.push(filed);
+        let t = c.generate(with_mode(ask(&format!("{v} "), 24), CacheMode::Trust)).await.expect("trust");
+        assert!(t.outcome.draft_tokens > 0, "TRUST is never skipped");
+    }
+    assert_eq!(looked, vec![0, 1, 0, 1], "every second request looks up");
+    server.stop().await.expect("stop");
     // The same evidence with skipping off: drafts offered again, same outputs.
     let server = start({
         let mut cfg = server_config(&s.db);
@@ -141,8 +171,8 @@ async fn verified_skips_drafts_where_they_do_not_pay_and_outputs_stay_bypass() {
     })
     .await;
     let mut c = client(&server).await;
-    let expected = c.generate(with_mode(ask(VARIANTS[5], 24), CacheMode::Bypass)).await.expect("bypass").text;
-    let r = c.generate(with_mode(ask(VARIANTS[5], 24), CacheMode::Verified)).await.expect("verified");
+    let expected = c.generate(with_mode(ask(VARIANTS[7], 24), CacheMode::Bypass)).await.expect("bypass").text;
+    let r = c.generate(with_mode(ask(VARIANTS[7], 24), CacheMode::Verified)).await.expect("verified");
     assert_eq!(r.text, expected);
     assert!(r.outcome.draft_tokens > 0);
     server.stop().await.expect("stop");

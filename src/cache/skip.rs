@@ -18,6 +18,14 @@
 //! * **Exploration.** Requests whose outcome cannot be replayed (sampled, or the neighbour's
 //!   answer does not fit the budget) get drafts in a skipped band at the `explore` share, so the
 //!   band's acceptance keeps being measured and the decision can change.
+//! * **Skipping the lookup.** Where the gate skips drafts at every similarity, a greedy
+//!   request's lookup can only file its question and replay drafts nobody will be given, while
+//!   the embedding, the search, the recording and the answer's log-probabilities are CPU the
+//!   model's decode competes with. Only a `lookup_explore` share of such requests look up (so
+//!   the gate keeps learning, through their replays, and can turn); the rest skip the semantic
+//!   tier (`pipeline::deferred`). What this changes: the skipped questions are not filed, so
+//!   they are nobody's neighbour later (for any mode of the tenant), and the gate and TRUST see
+//!   only the exploring share's outcomes.
 //!
 //! Skipping changes no output: a request without drafts is decoded exactly as BYPASS would.
 
@@ -40,6 +48,13 @@ pub struct SkipParams {
     /// Share of requests in a skipped band that still get drafts when their outcome cannot be
     /// replayed.
     pub explore: f64,
+    /// Share of greedy requests of a tenant whose gate skips drafts at every similarity that
+    /// still run the semantic lookup (embed the question, search, file it, replay the skipped
+    /// drafts). The others skip the semantic tier altogether: no embedding, no search, nothing
+    /// filed, no answer log-probabilities — their question is not a neighbour for later
+    /// requests, and the gate and TRUST learn only from the exploring share. 1.0: every
+    /// request looks up (as before this knob).
+    pub lookup_explore: f64,
     /// Width of a similarity band.
     pub band: f64,
     /// `false`: never skip (every request with neighbours gets drafts).
@@ -48,7 +63,7 @@ pub struct SkipParams {
 
 impl Default for SkipParams {
     fn default() -> Self {
-        SkipParams { floor: 0.25, learn_floor: true, min_outcomes: 8, explore: 0.1, band: 0.05, enabled: true }
+        SkipParams { floor: 0.25, learn_floor: true, min_outcomes: 8, explore: 0.1, lookup_explore: 0.1, band: 0.05, enabled: true }
     }
 }
 
@@ -84,6 +99,14 @@ pub fn estimate(band: Tally, pooled: Tally, min: usize) -> Option<f64> {
     Some(ratio(band.accepted as f64 + w * pooled.accepted as f64, band.fed as f64 + w * pooled.fed as f64))
 }
 
+/// Counts one more event on `counter`; true for a `share` of them, evenly spread (the first
+/// true after `1 / share` events).
+fn every_nth(counter: &AtomicU64, share: f64) -> bool {
+    let k = counter.fetch_add(1, Ordering::Relaxed);
+    let e = share.clamp(0.0, 1.0);
+    ((k + 1) as f64 * e).floor() > (k as f64 * e).floor()
+}
+
 /// What the gate decided for one request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Gate {
@@ -106,11 +129,12 @@ pub struct DraftGate {
     pub params: SkipParams,
     states: Mutex<HashMap<(String, String), Bands>>,
     skipped: AtomicU64,
+    lookups: AtomicU64,
 }
 
 impl DraftGate {
     pub fn new(params: SkipParams) -> DraftGate {
-        DraftGate { params, states: Mutex::new(HashMap::new()), skipped: AtomicU64::new(0) }
+        DraftGate { params, states: Mutex::new(HashMap::new()), skipped: AtomicU64::new(0), lookups: AtomicU64::new(0) }
     }
 
     fn band(&self, similarity: f64) -> i64 {
@@ -177,21 +201,20 @@ impl DraftGate {
         })
     }
 
+    /// For a request whose drafts are skipped everywhere ([`DraftGate::skips_everywhere`]):
+    /// whether it still looks up (every `1 / lookup_explore`-th such request, evenly spread).
+    pub fn explores_lookup(&self) -> bool {
+        every_nth(&self.lookups, self.params.lookup_explore)
+    }
+
     fn decide(&self, acc: Option<f64>, replayable: bool, row_share: Option<f64>) -> Gate {
         let floor = self.floor(row_share);
         match acc {
             None => Gate::Offer,
             Some(a) if a >= floor => Gate::Offer,
             Some(_) if replayable => Gate::Skip,
-            Some(_) => {
-                let k = self.skipped.fetch_add(1, Ordering::Relaxed);
-                let e = self.params.explore.clamp(0.0, 1.0);
-                if ((k + 1) as f64 * e).floor() > (k as f64 * e).floor() {
-                    Gate::Offer
-                } else {
-                    Gate::Skip
-                }
-            }
+            Some(_) if every_nth(&self.skipped, self.params.explore) => Gate::Offer,
+            Some(_) => Gate::Skip,
         }
     }
 
@@ -270,6 +293,17 @@ mod tests {
         assert_eq!(g.decide(Some(0.30), true, Some(0.38)), Gate::Skip);
         assert_eq!(g.decide(Some(0.40), true, Some(0.38)), Gate::Offer);
         assert_eq!(g.decide(None, true, Some(0.38)), Gate::Offer, "learning");
+    }
+
+    #[test]
+    fn lookups_explore_at_their_share_evenly() {
+        let g = DraftGate::new(SkipParams { lookup_explore: 0.1, ..SkipParams::default() });
+        let picks: Vec<usize> = (0..40).filter(|_| g.explores_lookup()).collect();
+        assert_eq!(picks, vec![9, 19, 29, 39], "every tenth request looks up");
+        let all = DraftGate::new(SkipParams { lookup_explore: 1.0, ..SkipParams::default() });
+        assert!((0..5).all(|_| all.explores_lookup()));
+        let none = DraftGate::new(SkipParams { lookup_explore: 0.0, ..SkipParams::default() });
+        assert!(!(0..50).any(|_| none.explores_lookup()));
     }
 
     #[test]

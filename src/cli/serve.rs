@@ -109,6 +109,12 @@ pub struct ServeArgs {
     /// fit the budget).
     #[arg(long, default_value_t = SkipParams::default().explore)]
     pub draft_explore: f64,
+    /// VERIFIED: where the draft gate skips drafts at every similarity, the share of greedy
+    /// requests that still run the semantic lookup (embed, search, file the question, replay the
+    /// skipped drafts so the gate keeps learning); the others skip the semantic tier altogether
+    /// and are not filed as neighbours. 1 = every request looks up.
+    #[arg(long, default_value_t = SkipParams::default().lookup_explore)]
+    pub lookup_explore: f64,
     #[command(flatten)]
     pub backend: super::BackendArgs,
     /// Memory for reusable KV blocks, in MiB (least recently used evicted first).
@@ -208,8 +214,8 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
     if !(a.equivalent_delta > 0.0 && a.equivalent_delta < 1.0) || !(0.0..=1.0).contains(&a.equivalent_explore) || !(a.equivalent_margin >= 0.0) {
         anyhow::bail!("--equivalent-delta must be in (0, 1), --equivalent-explore in [0, 1], --equivalent-margin >= 0");
     }
-    if !(0.0..=1.0).contains(&a.draft_floor) || !(0.0..=1.0).contains(&a.draft_explore) || a.equivalent_candidates == 0 {
-        anyhow::bail!("--draft-floor and --draft-explore must be in [0, 1], --equivalent-candidates >= 1");
+    if !(0.0..=1.0).contains(&a.draft_floor) || !(0.0..=1.0).contains(&a.draft_explore) || !(0.0..=1.0).contains(&a.lookup_explore) || a.equivalent_candidates == 0 {
+        anyhow::bail!("--draft-floor, --draft-explore and --lookup-explore must be in [0, 1], --equivalent-candidates >= 1");
     }
     config.semantic = SemanticConfig {
         min_similarity: a.min_similarity,
@@ -226,6 +232,7 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
             floor: a.draft_floor,
             learn_floor: !a.draft_floor_fixed,
             explore: a.draft_explore,
+            lookup_explore: a.lookup_explore,
             enabled: a.draft_floor > 0.0,
             ..SkipParams::default()
         },

@@ -10,8 +10,10 @@
 //! drafts arrive, because a sequence that finishes first waits for them.
 //!
 //! The same path serves a greedy request of a tenant whose draft gate skips drafts at every
-//! similarity (`cache::skip`): its lookup could only find that drafts are skipped, so the
-//! embedding and the KNN search leave the first token's path too.
+//! similarity (`cache::skip`) when it explores (`--lookup-explore`, a share of such requests):
+//! its lookup could only find that drafts are skipped, so the embedding and the KNN search leave
+//! the first token's path too. Such a request that does not explore skips the lookup (and the
+//! semantic recording) altogether: [`Lookup::Skipped`].
 //!
 //! Only in modes where the semantic tier can do nothing but offer drafts (AUTO, VERIFIED):
 //! TRUST and EQUIVALENT may answer without the model, so they look up first as before.
@@ -36,31 +38,47 @@ const COVERED: f64 = 0.9;
 /// neighbour), and whether the engine took its drafts.
 pub(super) type Deferred = JoinHandle<Option<(Plan, Option<LateTicket>)>>;
 
+/// When a request's semantic lookup runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Lookup {
+    /// Before the engine starts (drafts at admission; TRUST and EQUIVALENT may answer).
+    Now,
+    /// Beside the engine, after the first token ([`Pipeline::spawn_lookup`]).
+    Deferred,
+    /// Not at all: the draft gate skips drafts at every similarity and this request does not
+    /// explore; it is decoded as BYPASS would and files nothing in the semantic tier.
+    Skipped,
+}
+
 impl Pipeline {
     /// Whether this request's semantic lookup can only offer drafts (so it may come late).
     pub(super) fn lookup_may_wait(&self, plan: &Plan) -> bool {
         matches!(plan.mode, CacheMode::Auto | CacheMode::Verified) && self.semantic.is_some() && plan.scope.is_some() && plan.question.is_some()
     }
 
-    /// Whether the lookup should wait for the first token: the stored prefix `kv` leaves so
-    /// little to compute that the lookup would take longer, or (greedy requests) the draft gate
-    /// skips drafts at every similarity, so the lookup can give nothing before the first token
-    /// (it still runs: the question's embedding is filed, and the skipped drafts are replayed).
-    pub(super) fn defers_lookup(&self, plan: &Plan, kv: Option<&Kv>) -> bool {
+    /// When the lookup runs: after the first token when the stored prefix `kv` leaves so little
+    /// to compute that the lookup would take longer; for a greedy request whose draft gate skips
+    /// drafts at every similarity (the lookup can give nothing), after the first token on the
+    /// gate's exploration share (the question is filed, the skipped drafts are replayed), else
+    /// not at all.
+    pub(super) fn lookup_timing(&self, plan: &Plan, kv: Option<&Kv>) -> Lookup {
         if !self.lookup_may_wait(plan) {
-            return false;
+            return Lookup::Now;
         }
-        if let Some(Kv::Prefix(k)) = kv {
-            if k.report().reused_tokens as f64 >= COVERED * plan.prompt_ids.len() as f64 {
-                return true;
+        if let Some(sem) = &self.semantic {
+            let skips = plan.params.sampling.is_greedy()
+                && sem.drafts.skips_everywhere(&self.store, &plan.tenant, &self.model_id, self.scheduler.draft_row_share()).unwrap_or_else(|e| {
+                    tracing::warn!(error = %e, "reading the draft gate failed; looking up first");
+                    false
+                });
+            if skips {
+                return if sem.drafts.explores_lookup() { Lookup::Deferred } else { Lookup::Skipped };
             }
         }
-        let Some(sem) = &self.semantic else { return false };
-        plan.params.sampling.is_greedy()
-            && sem.drafts.skips_everywhere(&self.store, &plan.tenant, &self.model_id, self.scheduler.draft_row_share()).unwrap_or_else(|e| {
-                tracing::warn!(error = %e, "reading the draft gate failed; looking up first");
-                false
-            })
+        match kv {
+            Some(Kv::Prefix(k)) if k.report().reused_tokens as f64 >= COVERED * plan.prompt_ids.len() as f64 => Lookup::Deferred,
+            _ => Lookup::Now,
+        }
     }
 
     /// Starts the lookup of `plan` (a copy of the running request's): it waits until the first

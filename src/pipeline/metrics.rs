@@ -37,6 +37,7 @@ pub struct Metrics {
     kv_blocks_corrupt: IntCounterVec,
     draft_tokens: IntCounterVec,
     draft_tokens_accepted: IntCounterVec,
+    lookups_after_first_token: IntCounterVec,
     queue_depth: IntGauge,
     active_sequences: IntGauge,
     in_flight: IntGauge,
@@ -101,6 +102,12 @@ impl Metrics {
             kv_blocks_corrupt: counter(&r, "forge_kv_blocks_corrupt_total", "Stored KV blocks that failed their checksum (recomputed)", &["tenant"]),
             draft_tokens: counter(&r, "forge_draft_tokens_total", "Draft tokens (neighbours' answers) proposed to the model", &["tenant"]),
             draft_tokens_accepted: counter(&r, "forge_draft_tokens_accepted_total", "Draft tokens the model agreed with", &["tenant"]),
+            lookups_after_first_token: counter(
+                &r,
+                "forge_semantic_lookups_late_total",
+                "Semantic lookups not run before the engine: deferred (after the first token) or skipped (the draft gate skips drafts everywhere)",
+                &["tenant", "lookup"],
+            ),
             queue_depth: gauge(&r, "forge_queue_depth", "Requests waiting for the engine"),
             active_sequences: gauge(&r, "forge_active_sequences", "Sequences in the engine (prefilling or decoding)"),
             in_flight: gauge(&r, "forge_requests_in_flight", "Requests between arrival and their last piece"),
@@ -147,6 +154,11 @@ impl Metrics {
     /// A request refused before it had an answer (nothing recorded).
     pub fn rejected(&self, e: &ServiceError) {
         self.rejected_code(refusal_code(e));
+    }
+
+    /// A semantic lookup that did not run before the engine: `skipped` altogether, else deferred.
+    pub(crate) fn lookup(&self, tenant: &str, skipped: bool) {
+        self.lookups_after_first_token.with_label_values(&[tenant, if skipped { "skipped" } else { "deferred" }]).inc();
     }
 
     /// A request a front end refused before the pipeline saw it (e.g. malformed JSON).

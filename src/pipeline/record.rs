@@ -240,6 +240,8 @@ impl Pipeline {
             prompt_tokens = p.prompt_ids.len(),
             // false: answered from the store without the tokenizer (an EXACT hit).
             tokenized = p.tokenized,
+            // true: the semantic tier was skipped (draft gate, `cache::skip`).
+            lookup_skipped = p.lookup_skipped,
             completion_tokens = a.tokens.len(),
             tokens_computed = a.tokens_computed,
             tokens_reused = a.tokens_reused,
@@ -258,10 +260,14 @@ impl Pipeline {
     }
 
     /// After a computed answer: files the question's embedding for later neighbours, tells TRUST
-    /// what verifying the nearest neighbour found. Failures are logged: the answer itself is
+    /// what verifying the nearest neighbour found (nothing for a request that skipped the
+    /// semantic tier: `Plan::lookup_skipped`). Failures are logged: the answer itself is
     /// already recorded.
     fn learn_semantic(&self, plan: &Plan, answer: &Answer, id: i64) {
         let (Some(sem), Some(scope), Some(question)) = (&self.semantic, &plan.scope, &plan.question) else { return };
+        if plan.lookup_skipped {
+            return;
+        }
         let result = (|| -> Result<(), String> {
             let embedding = match &plan.embedding {
                 Some(e) => e.clone(),

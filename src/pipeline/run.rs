@@ -15,6 +15,7 @@ use tracing::Instrument;
 use super::error::ServiceError;
 use super::record::Answer;
 use super::request::{Chunk, Generation, Outcome, Request};
+use super::deferred::Lookup;
 use super::kv::Kv;
 use super::tiers::Found;
 use super::validation::Plan;
@@ -83,11 +84,15 @@ impl Pipeline {
                     tracing::debug_span!("tokenize").in_scope(|| state.tokenize(&mut plan))?;
                     if state.lookup_may_wait(&plan) {
                         let kv = state.prepare_kv(&plan);
-                        if state.defers_lookup(&plan, kv.as_ref()) {
-                            state.metrics.stage("lookup", lookup);
-                            return Ok(Served::Model(plan, Vec::new(), kv, true));
+                        match state.lookup_timing(&plan, kv.as_ref()) {
+                            Lookup::Now => early_kv = Some(kv),
+                            later => {
+                                state.metrics.stage("lookup", lookup);
+                                plan.lookup_skipped = later == Lookup::Skipped;
+                                state.metrics.lookup(&plan.tenant, later == Lookup::Skipped);
+                                return Ok(Served::Model(plan, Vec::new(), kv, later == Lookup::Deferred));
+                            }
                         }
-                        early_kv = Some(kv);
                     }
                     let t = Instant::now();
                     let found = tracing::debug_span!("lookup").in_scope(|| state.lookup_similar(&mut plan))?;
@@ -155,7 +160,8 @@ impl Pipeline {
             // The answer's log-probabilities are what EQUIVALENT compares a later paraphrase's
             // scores with (and the fresh answer's likelihood when it explores).
             // BLEND's lossy answers are never candidates: nothing to compare with.
-            logprobs: !matches!(plan.mode, CacheMode::Bypass | CacheMode::Blend),
+            // A request that skipped the semantic tier files nothing a later check could use.
+            logprobs: !matches!(plan.mode, CacheMode::Bypass | CacheMode::Blend) && !plan.lookup_skipped,
             score: None,
             late: None,
         };

@@ -91,6 +91,10 @@ pub struct Plan {
     /// The nearest earlier answer and the drafts the draft gate skipped for this (greedy)
     /// request: replayed on its answer afterwards, so skipping still teaches the gate and TRUST.
     pub(crate) skipped: Option<(Neighbour, Vec<crate::engine::scheduler::Draft>)>,
+    /// The semantic tier was skipped altogether (the draft gate skips drafts at every
+    /// similarity and this request does not explore, `cache::skip`): no embedding, nothing
+    /// filed, no answer log-probabilities.
+    pub(crate) lookup_skipped: bool,
     /// EQUIVALENT: the best scored candidate, when one was scored and not served (its fresh
     /// answer tells whether it was acceptable).
     pub(crate) equivalence: Option<EquivalenceCheck>,
@@ -195,6 +199,7 @@ impl Pipeline {
             embedding: None,
             top: None,
             skipped: None,
+            lookup_skipped: false,
             equivalence: None,
             equivalence_checks: 0,
             check_kv: None,
