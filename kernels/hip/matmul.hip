@@ -207,23 +207,27 @@ FC_DEV void mmq_row_body(const uint8_t* __restrict__ w, unsigned long long row_b
             const int b = b0 + u * FC_QS + seg;
             if (b < nb) W::qpart(wr + (unsigned long long)b * W::BB, k, &lo[u], &hi[u], &d[u], &m[u]);
         }
+        float2 ds[U];
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             const int b = b0 + u * FC_QS + seg;
-            is[u] = b < nb ? dot4(hi[u], ld_x4(xt[b].qs + 16 + 4 * k), dot4(lo[u], ld_x4(xt[b].qs + 4 * k), 0)) : 0;
-        }
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            is[u] += FC_SHFL_XOR(is[u], 1);
-            is[u] += FC_SHFL_XOR(is[u], 2);
-        }
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            const int b = b0 + u * FC_QS + seg;
+            is[u] = 0;
             if (b < nb) {
-                const float2 ds = *(const float2*)(xt + b);
-                acc = W::combine(acc, d[u], m[u], ds.x, ds.y, (float)is[u]);
+                is[u] = dot4(hi[u], ld_x4(xt[b].qs + 16 + 4 * k), dot4(lo[u], ld_x4(xt[b].qs + 4 * k), 0));
+                ds[u] = *(const float2*)(xt + b);
             }
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            if (b0 + u * FC_QS < nb) {  // the same on every lane of the warp
+                is[u] += FC_SHFL_XOR(is[u], 1);
+                is[u] += FC_SHFL_XOR(is[u], 2);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int b = b0 + u * FC_QS + seg;
+            if (b < nb) acc = W::combine(acc, d[u], m[u], ds[u].x, ds[u].y, (float)is[u]);
         }
     }
     acc = __fadd_rn(acc, FC_SHFL_XOR(acc, 16));
@@ -253,6 +257,28 @@ FC_DEV void mma_s8_16x8x32(int* c, int a0, int a1, int a2, int a3, int b0, int b
 #define FC_MMA_BN 32
 // (float)v for |v| < 2^22, exactly, without the slow int-to-float conversion.
 FC_DEV float i2f_exact(int v) { return __fsub_rn(__int_as_float(0x4B400000 + v), 12582912.0f); }
+// W::qblock from 32-bit loads: the block's bytes (2-byte aligned, in a 4-byte aligned matrix) as
+// the aligned words around them, funnel-shifted into place (same values as W::qblock's 16-bit loads).
+template <int NW>
+FC_DEV uint32_t word_at(const uint32_t* v, int o2, int off) {  // bytes off..off+4 of the block
+    const int a = off + o2;
+    return __funnelshift_r(v[a >> 2], v[(a >> 2) + 1], 8 * (a & 3));
+}
+template <class W>
+FC_DEV void qblock_a4(const uint8_t* b, int* q, float* d, float* m) {
+    constexpr int NW = (W::BB + 2 + 3) / 4;
+    const uint32_t* base = (const uint32_t*)((unsigned long long)b & ~3ull);
+    const int o2 = (int)((unsigned long long)b & 2);
+    uint32_t v[NW + 1];
+#pragma unroll
+    for (int j = 0; j < NW; ++j) v[j] = 4 * j < o2 + W::BB ? base[j] : 0u;  // no word past the block
+    v[NW] = 0;
+    // o2 is 0 or 2: both cases spelled out so that every index into v is a constant
+    uint32_t w[W::BB / 4 + 1];
+#pragma unroll
+    for (int j = 0; j <= W::BB / 4; ++j) w[j] = o2 ? word_at<NW>(v, 2, 4 * j) : word_at<NW>(v, 0, 4 * j);
+    W::qblock_words(w, q, d, m);
+}
 // Shared tiles keep a row's 8 words in halves swapped on every other group of 4 rows, so that a
 // fragment load (8 rows x 4 words) hits 32 different banks.
 FC_DEV int half_swap(int row) { return (row >> 2) & 1; }
@@ -285,13 +311,17 @@ FC_DEV void mmq_mma_body(const uint8_t* __restrict__ w, unsigned long long row_b
     for (int k = 0; k < 2; ++k) wrow[k] = w + (unsigned long long)min(r0 + ((tid + 256 * k) >> 3), rows - 1) * row_bytes;
     const BlockQ8* xrow = x + (unsigned long long)min(t0 + (tid >> 3), n_tok - 1) * xs;
     const int lb = tid & 7;
+    const bool aligned = ((unsigned long long)w & 3) == 0;
     int gq[2][8], gx[8];
     float gd[2], gm[2], gxd, gxs;
     auto fetch = [&](int c) {
         const int b = 8 * c + lb;
         if (b < nb) {
 #pragma unroll
-            for (int k = 0; k < 2; ++k) W::qblock(wrow[k] + (unsigned long long)b * W::BB, gq[k], &gd[k], &gm[k]);
+            for (int k = 0; k < 2; ++k) {
+                if (aligned) qblock_a4<W>(wrow[k] + (unsigned long long)b * W::BB, gq[k], &gd[k], &gm[k]);
+                else W::qblock(wrow[k] + (unsigned long long)b * W::BB, gq[k], &gd[k], &gm[k]);
+            }
             const BlockQ8* xb = xrow + b;
             const float2 ds = *(const float2*)xb;
             gxd = ds.x;

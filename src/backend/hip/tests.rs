@@ -52,7 +52,7 @@ fn detection_never_fails() {
 fn hip_matmul_is_batch_invariant_bitwise() {
     let Some(ctx) = context() else { return };
     for (rows, cols, n_tok) in [(70, 512, 13), (130, 672, 40)] {
-        for ty in GgmlType::ALL {
+        for ty in crate::backend::hip::kernels::HIP_TYPES {
             if cols % ty.block_elems() != 0 {
                 continue;
             }
