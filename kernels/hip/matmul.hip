@@ -207,27 +207,23 @@ FC_DEV void mmq_row_body(const uint8_t* __restrict__ w, unsigned long long row_b
             const int b = b0 + u * FC_QS + seg;
             if (b < nb) W::qpart(wr + (unsigned long long)b * W::BB, k, &lo[u], &hi[u], &d[u], &m[u]);
         }
-        float2 ds[U];
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             const int b = b0 + u * FC_QS + seg;
-            is[u] = 0;
+            is[u] = b < nb ? dot4(hi[u], ld_x4(xt[b].qs + 16 + 4 * k), dot4(lo[u], ld_x4(xt[b].qs + 4 * k), 0)) : 0;
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            is[u] += FC_SHFL_XOR(is[u], 1);
+            is[u] += FC_SHFL_XOR(is[u], 2);
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int b = b0 + u * FC_QS + seg;
             if (b < nb) {
-                is[u] = dot4(hi[u], ld_x4(xt[b].qs + 16 + 4 * k), dot4(lo[u], ld_x4(xt[b].qs + 4 * k), 0));
-                ds[u] = *(const float2*)(xt + b);
+                const float2 ds = *(const float2*)(xt + b);
+                acc = W::combine(acc, d[u], m[u], ds.x, ds.y, (float)is[u]);
             }
-        }
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            if (b0 + u * FC_QS < nb) {  // the same on every lane of the warp
-                is[u] += FC_SHFL_XOR(is[u], 1);
-                is[u] += FC_SHFL_XOR(is[u], 2);
-            }
-        }
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            const int b = b0 + u * FC_QS + seg;
-            if (b < nb) acc = W::combine(acc, d[u], m[u], ds[u].x, ds[u].y, (float)is[u]);
         }
     }
     acc = __fadd_rn(acc, FC_SHFL_XOR(acc, 16));
