@@ -1,19 +1,36 @@
 // Dequantizing matrix products, out[t, r] (=|+=) sum_c W[r, c] * x[t, c], for every weight type
-// of quants.hip: one body for the matrix-vector (decode) and matrix-matrix (prefill) cases.
+// of quants.hip: one body for the matrix-vector (decode) and matrix-matrix (prefill) cases, in one
+// of two summation orders per type. Every kernel of a type gives each (row, token) the same bits,
+// whatever the tile, grid or other tokens: decode equals prefill (batch invariance).
 //
-// A row of W is nb blocks = nb * NI items. The L lanes of a row group (blockDim.x = L, a multiple
-// of 32 chosen by the host from the matrix's shape alone) take items i = lane, lane + L, ... and
-// accumulate them in that order; the lanes' sums meet in a warp butterfly, then the warps' sums in
-// warp order. Each of the blockDim.y row groups of a CTA does R rows for T tokens at once: the
-// item's weights are unpacked once and used for all T tokens, which is what makes the T > 1
-// variants fast. Nothing in a (row, token) result depends on R, T, the grid or the other tokens,
-// so every variant gives the same bits: decode equals prefill (batch invariance).
+// Lane order (float types, Q4_K, Q6_K; mm_body): a row of W is nb blocks = nb * NI items. The L
+// lanes of a row group (blockDim.x = L, a multiple of 32 chosen by the host from the matrix's
+// shape alone) take items i = lane, lane + L, ... and accumulate them in that order; the lanes'
+// sums meet in a warp butterfly, then the warps' sums in warp order. Each of the blockDim.y row
+// groups of a CTA does R rows for T tokens at once: the item's weights are unpacked once and used
+// for all T tokens, which is what makes the T > 1 variants fast.
+//
+// Q8 order (Q4_0, Q4_1, Q8_0; mmq_body and the tensor-core mmq_mma_body): the row's blocks are
+// dealt to FC_QS = 8 segments, segment s the blocks s, s + 8, s + 16, ..., summed in that order
+// from 0 by W::combine (one rounding step per block: acc + (d_w * d_x) * isum, isum the block's
+// exact integer dot product); the 8 segment sums p0..p7 meet as a butterfly xor 4, 2, 1, i.e.
+// ((p0 + p4) + (p2 + p6)) + ((p1 + p5) + (p3 + p7)). The one-token kernel runs a segment per
+// lane (8 lanes per row; the one-token kernel 4 lanes per segment, adding their exact integer
+// sums first); the tensor-core kernel a segment per warp (8 warps on one 64-row x
+// 32-token tile, split over K), each warp's mma giving exact per-block integer sums. Since the
+// integer sums are exact, the two orders of float steps are the same and so are the bits.
 #pragma once
 #include "quants.hip"
 
 #define EPI_STORE 0
 #define EPI_ADD 1
 
+#define FC_MM_PARAMS                                                                               \
+    const uint8_t *w, unsigned long long row_bytes, int rows, int nb, const void *x, int xs, int n_tok, \
+        float *out, int ldo
+#define FC_MM_ARGS(W) w, row_bytes, rows, nb, (const typename W::Act*)x, xs, n_tok, out, ldo
+
+// ---- Lane order ----------------------------------------------------------------------------
 // w: [rows, row_bytes]; x: [n_tok, xs] activation units (W::Act); out: [n_tok, ldo] f32.
 template <class W, int R, int T, int U, int EPI>
 FC_DEV void mm_body(const uint8_t* __restrict__ w, unsigned long long row_bytes, int rows, int nb,
@@ -96,23 +113,356 @@ FC_DEV void mm_body(const uint8_t* __restrict__ w, unsigned long long row_bytes,
     }
 }
 
-#define FC_MM_PARAMS                                                                               \
-    const uint8_t *w, unsigned long long row_bytes, int rows, int nb, const void *x, int xs, int n_tok, \
-        float *out, int ldo
-#define FC_MM_ARGS(W) w, row_bytes, rows, nb, (const typename W::Act*)x, xs, n_tok, out, ldo
+// ---- Q8 order: one segment per lane ----------------------------------------------------------
+#define FC_QS 8
 
-// Tile variants (R rows x T tokens per row group, U items in flight per lane): t1 for one
-// token, t4, t8 and t16 for batches.
-#define FC_MM_VARIANT(name, W, tag, R, T, U)                                                                  \
-    extern "C" __global__ void mm_##name##_##tag##_store(FC_MM_PARAMS) { mm_body<W, R, T, U, EPI_STORE>(FC_MM_ARGS(W)); } \
-    extern "C" __global__ void mm_##name##_##tag##_add(FC_MM_PARAMS) { mm_body<W, R, T, U, EPI_ADD>(FC_MM_ARGS(W)); }
-#define FC_MM_KERNELS(name, W)             \
-    FC_MM_VARIANT(name, W, t1, 1, 1, 4)    \
-    FC_MM_VARIANT(name, W, t4, 2, 4, 2)    \
-    FC_MM_VARIANT(name, W, t8, 4, 8, 1)    \
-    FC_MM_VARIANT(name, W, t16, 4, 16, 1)
+// blockDim = (FC_QS, G), G a multiple of 4 (whole warps); row group y does R rows x T tokens,
+// lane s its segment, U blocks of weights in flight per lane.
+template <class W, int R, int T, int U, int EPI>
+FC_DEV void mmq_body(const uint8_t* __restrict__ w, unsigned long long row_bytes, int rows, int nb,
+                     const BlockQ8* __restrict__ x, int xs, int n_tok, float* __restrict__ out, int ldo) {
+    const int s = threadIdx.x;
+    const int r0 = (blockIdx.x * blockDim.y + threadIdx.y) * R;
+    const int t0 = blockIdx.y * T;
+    const uint8_t* wr[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) wr[r] = w + (unsigned long long)min(r0 + r, rows - 1) * row_bytes;
+    const BlockQ8* xt[T];
+#pragma unroll
+    for (int t = 0; t < T; ++t) xt[t] = x + (unsigned long long)min(t0 + t, n_tok - 1) * xs;
+    float acc[R][T];
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int t = 0; t < T; ++t) acc[r][t] = 0.0f;
+    for (int b0 = s; b0 < nb; b0 += U * FC_QS) {
+        int q[U][R][8];
+        float d[U][R], m[U][R];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int b = b0 + u * FC_QS;
+            if (b < nb) {
+#pragma unroll
+                for (int r = 0; r < R; ++r) W::qblock(wr[r] + (unsigned long long)b * W::BB, q[u][r], &d[u][r], &m[u][r]);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int b = b0 + u * FC_QS;
+            if (b < nb) {
+#pragma unroll
+                for (int t = 0; t < T; ++t) {
+                    const BlockQ8* xb = xt[t] + b;
+                    const float2 ds = *(const float2*)xb;
+                    const int2 a0 = ld_x8(xb->qs), a1 = ld_x8(xb->qs + 8), a2 = ld_x8(xb->qs + 16), a3 = ld_x8(xb->qs + 24);
+#pragma unroll
+                    for (int r = 0; r < R; ++r) {
+                        const int* qq = q[u][r];
+                        int is = dot4(qq[0], a0.x, 0);
+                        is = dot4(qq[1], a0.y, is); is = dot4(qq[2], a1.x, is); is = dot4(qq[3], a1.y, is);
+                        is = dot4(qq[4], a2.x, is); is = dot4(qq[5], a2.y, is); is = dot4(qq[6], a3.x, is); is = dot4(qq[7], a3.y, is);
+                        acc[r][t] = W::combine(acc[r][t], d[u][r], m[u][r], ds.x, ds.y, (float)is);
+                    }
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int t = 0; t < T; ++t) {
+#pragma unroll
+            for (int k = FC_QS / 2; k > 0; k >>= 1) acc[r][t] = __fadd_rn(acc[r][t], FC_SHFL_XOR(acc[r][t], k));
+        }
+    if (s == 0) {
+#pragma unroll
+        for (int r = 0; r < R; ++r)
+#pragma unroll
+            for (int t = 0; t < T; ++t) {
+                if (r0 + r < rows && t0 + t < n_tok) {
+                    float* o = out + (unsigned long long)(t0 + t) * ldo + r0 + r;
+                    *o = EPI == EPI_ADD ? __fadd_rn(*o, acc[r][t]) : acc[r][t];
+                }
+            }
+    }
+}
 
-FC_WEIGHT_TYPES(FC_MM_KERNELS)
+// One token, one row per warp: lane = 4 * segment + k, the 4 lanes of a segment each take words
+// k and 4 + k of its blocks and add their integer sums exactly (shuffles), then all 4 take the
+// same float step; the segment tree is the lane butterfly xor 16, 8, 4. blockDim = (32, G).
+template <class W, int U, int EPI>
+FC_DEV void mmq_row_body(const uint8_t* __restrict__ w, unsigned long long row_bytes, int rows, int nb,
+                         const BlockQ8* __restrict__ x, int xs, int n_tok, float* __restrict__ out, int ldo) {
+    const int lane = threadIdx.x, seg = lane >> 2, k = lane & 3;
+    const int r = blockIdx.x * blockDim.y + threadIdx.y, t = blockIdx.y;
+    const uint8_t* wr = w + (unsigned long long)min(r, rows - 1) * row_bytes;
+    const BlockQ8* xt = x + (unsigned long long)t * xs;
+    float acc = 0.0f;
+    // the same trip count on every lane (the shuffles need the whole warp)
+    for (int b0 = 0; b0 < nb; b0 += U * FC_QS) {
+        int lo[U], hi[U], is[U];
+        float d[U], m[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int b = b0 + u * FC_QS + seg;
+            if (b < nb) W::qpart(wr + (unsigned long long)b * W::BB, k, &lo[u], &hi[u], &d[u], &m[u]);
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int b = b0 + u * FC_QS + seg;
+            is[u] = b < nb ? dot4(hi[u], ld_x4(xt[b].qs + 16 + 4 * k), dot4(lo[u], ld_x4(xt[b].qs + 4 * k), 0)) : 0;
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            is[u] += FC_SHFL_XOR(is[u], 1);
+            is[u] += FC_SHFL_XOR(is[u], 2);
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int b = b0 + u * FC_QS + seg;
+            if (b < nb) {
+                const float2 ds = *(const float2*)(xt + b);
+                acc = W::combine(acc, d[u], m[u], ds.x, ds.y, (float)is[u]);
+            }
+        }
+    }
+    acc = __fadd_rn(acc, FC_SHFL_XOR(acc, 16));
+    acc = __fadd_rn(acc, FC_SHFL_XOR(acc, 8));
+    acc = __fadd_rn(acc, FC_SHFL_XOR(acc, 4));
+    if (lane == 0 && r < rows) {
+        float* o = out + (unsigned long long)t * ldo + r;
+        *o = EPI == EPI_ADD ? __fadd_rn(*o, acc) : acc;
+    }
+}
+#define FC_MMQ_ROW(name, W, U)                                                                                    \
+    extern "C" __global__ void mm_##name##_t1_store(FC_MM_PARAMS) { mmq_row_body<W, U, EPI_STORE>(FC_MM_ARGS(W)); } \
+    extern "C" __global__ void mm_##name##_t1_add(FC_MM_PARAMS) { mmq_row_body<W, U, EPI_ADD>(FC_MM_ARGS(W)); }
+
+// ---- Q8 order on tensor cores (NVIDIA sm_80+; elsewhere the host never launches it) -----------
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#define FC_MMA 1
+// c = the 16x8 int32 product of a 16x32 s8 tile (row-major) and a 32x8 s8 tile (column-major).
+FC_DEV void mma_s8_16x8x32(int* c, int a0, int a1, int a2, int a3, int b0, int b1) {
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};\n"
+        : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "r"(0));
+}
+#endif
+
+#define FC_MMA_BM 64
+#define FC_MMA_BN 32
+// (float)v for |v| < 2^22, exactly, without the slow int-to-float conversion.
+FC_DEV float i2f_exact(int v) { return __fsub_rn(__int_as_float(0x4B400000 + v), 12582912.0f); }
+// W::qblock from 32-bit loads: the block's bytes (2-byte aligned, in a 4-byte aligned matrix) as
+// the aligned words around them, funnel-shifted into place (same values as W::qblock's 16-bit loads).
+template <int NW>
+FC_DEV uint32_t word_at(const uint32_t* v, int o2, int off) {  // bytes off..off+4 of the block
+    const int a = off + o2;
+    return __funnelshift_r(v[a >> 2], v[(a >> 2) + 1], 8 * (a & 3));
+}
+template <class W>
+FC_DEV void qblock_a4(const uint8_t* b, int* q, float* d, float* m) {
+    constexpr int NW = (W::BB + 2 + 3) / 4;
+    const uint32_t* base = (const uint32_t*)((unsigned long long)b & ~3ull);
+    const int o2 = (int)((unsigned long long)b & 2);
+    uint32_t v[NW + 1];
+#pragma unroll
+    for (int j = 0; j < NW; ++j) v[j] = 4 * j < o2 + W::BB ? base[j] : 0u;  // no word past the block
+    v[NW] = 0;
+    // o2 is 0 or 2: both cases spelled out so that every index into v is a constant
+    uint32_t w[W::BB / 4 + 1];
+#pragma unroll
+    for (int j = 0; j <= W::BB / 4; ++j) w[j] = o2 ? word_at<NW>(v, 2, 4 * j) : word_at<NW>(v, 0, 4 * j);
+    W::qblock_words(w, q, d, m);
+}
+// Shared tiles keep a row's 8 words in halves swapped on every other group of 4 rows, so that a
+// fragment load (8 rows x 4 words) hits 32 different banks.
+FC_DEV int half_swap(int row) { return (row >> 2) & 1; }
+
+// 256 threads (8 warps) per 64-row x 32-token tile. K runs in chunks of 8 blocks: every thread
+// loads (next chunk into registers while the warps work on this one) and unpacks into shared
+// memory; warp w multiplies block w of the chunk, i.e. its segment, and keeps 64 sums per lane.
+template <class W, int EPI>
+FC_DEV void mmq_mma_body(const uint8_t* __restrict__ w, unsigned long long row_bytes, int rows, int nb,
+                         const BlockQ8* __restrict__ x, int xs, int n_tok, float* __restrict__ out, int ldo) {
+#ifdef FC_MMA
+    // tiles: wq [8][64][8] int, wd, wm [8][64], xq [8][32][8] int, xd, xsum [8][32] (30 KiB);
+    // afterwards the segment sums: red [8][32 tokens][36] (36 KiB)
+    __shared__ int4 smem[8 * 32 * 36 / 4];
+    int* wq = (int*)smem;
+    float* wd = (float*)(wq + 8 * 64 * 8);
+    float* wm = wd + 8 * 64;
+    int* xq = (int*)(wm + 8 * 64);
+    float* xd = (float*)(xq + 8 * 32 * 8);
+    float* xsm = xd + 8 * 32;
+
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, tig = lane & 3;
+    const int r0 = blockIdx.x * FC_MMA_BM, t0 = blockIdx.y * FC_MMA_BN;
+    const int nc = (nb + 7) >> 3;
+
+    // this thread's loads: weight (row, block) pairs p = tid, tid + 256 (block p & 7, row p >> 3),
+    // activation (token tid >> 3, block tid & 7)
+    const uint8_t* wrow[2];
+#pragma unroll
+    for (int k = 0; k < 2; ++k) wrow[k] = w + (unsigned long long)min(r0 + ((tid + 256 * k) >> 3), rows - 1) * row_bytes;
+    const BlockQ8* xrow = x + (unsigned long long)min(t0 + (tid >> 3), n_tok - 1) * xs;
+    const int lb = tid & 7;
+    const bool aligned = ((unsigned long long)w & 3) == 0;
+    int gq[2][8], gx[8];
+    float gd[2], gm[2], gxd, gxs;
+    auto fetch = [&](int c) {
+        const int b = 8 * c + lb;
+        if (b < nb) {
+#pragma unroll
+            for (int k = 0; k < 2; ++k) {
+                if (aligned) qblock_a4<W>(wrow[k] + (unsigned long long)b * W::BB, gq[k], &gd[k], &gm[k]);
+                else W::qblock(wrow[k] + (unsigned long long)b * W::BB, gq[k], &gd[k], &gm[k]);
+            }
+            const BlockQ8* xb = xrow + b;
+            const float2 ds = *(const float2*)xb;
+            gxd = ds.x;
+            gxs = ds.y;
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const int2 v = ld_x8(xb->qs + 8 * j);
+                gx[2 * j] = v.x;
+                gx[2 * j + 1] = v.y;
+            }
+        }
+    };
+
+    float acc[4][4][4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+#pragma unroll
+            for (int k = 0; k < 4; ++k) acc[i][j][k] = 0.0f;
+
+    fetch(0);
+    for (int c = 0; c < nc; ++c) {
+        __syncthreads();
+        if (8 * c + lb < nb) {
+#pragma unroll
+            for (int k = 0; k < 2; ++k) {
+                const int row = (tid + 256 * k) >> 3, h = half_swap(row);
+                int4* dst = (int4*)(wq + (lb * 64 + row) * 8);
+                dst[h] = make_int4(gq[k][0], gq[k][1], gq[k][2], gq[k][3]);
+                dst[h ^ 1] = make_int4(gq[k][4], gq[k][5], gq[k][6], gq[k][7]);
+                wd[lb * 64 + row] = gd[k];
+                wm[lb * 64 + row] = gm[k];
+            }
+            const int tok = tid >> 3, h = half_swap(tok);
+            int4* dst = (int4*)(xq + (lb * 32 + tok) * 8);
+            dst[h] = make_int4(gx[0], gx[1], gx[2], gx[3]);
+            dst[h ^ 1] = make_int4(gx[4], gx[5], gx[6], gx[7]);
+            xd[lb * 32 + tok] = gxd;
+            xsm[lb * 32 + tok] = gxs;
+        }
+        __syncthreads();
+        if (c + 1 < nc) fetch(c + 1);
+        if (8 * c + warp < nb) {
+            const int sw = half_swap(g) << 2;
+            const int* bq = wq + warp * 64 * 8;
+            const int* bx = xq + warp * 32 * 8;
+            int b0[4], b1[4];
+            float dx0[4], dx1[4], sx0[4], sx1[4];
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const int n = 8 * j + g;
+                b0[j] = bx[n * 8 + (tig ^ sw)];
+                b1[j] = bx[n * 8 + ((4 + tig) ^ sw)];
+                dx0[j] = xd[warp * 32 + 8 * j + 2 * tig];
+                dx1[j] = xd[warp * 32 + 8 * j + 2 * tig + 1];
+                sx0[j] = xsm[warp * 32 + 8 * j + 2 * tig];
+                sx1[j] = xsm[warp * 32 + 8 * j + 2 * tig + 1];
+            }
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const int m = 16 * i + g;
+                const int a0 = bq[m * 8 + (tig ^ sw)], a1 = bq[(m + 8) * 8 + (tig ^ sw)];
+                const int a2 = bq[m * 8 + ((4 + tig) ^ sw)], a3 = bq[(m + 8) * 8 + ((4 + tig) ^ sw)];
+                const float d0 = wd[warp * 64 + m], d1 = wd[warp * 64 + m + 8];
+                const float m0 = wm[warp * 64 + m], m1 = wm[warp * 64 + m + 8];
+#pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                    int cc[4];
+                    mma_s8_16x8x32(cc, a0, a1, a2, a3, b0[j], b1[j]);
+                    acc[i][j][0] = W::combine(acc[i][j][0], d0, m0, dx0[j], sx0[j], i2f_exact(cc[0]));
+                    acc[i][j][1] = W::combine(acc[i][j][1], d0, m0, dx1[j], sx1[j], i2f_exact(cc[1]));
+                    acc[i][j][2] = W::combine(acc[i][j][2], d1, m1, dx0[j], sx0[j], i2f_exact(cc[2]));
+                    acc[i][j][3] = W::combine(acc[i][j][3], d1, m1, dx1[j], sx1[j], i2f_exact(cc[3]));
+                }
+            }
+        }
+    }
+
+    // the 8 segment sums of each (row, token) meet in the one-token kernel's tree, 32 rows at a time
+    float* red = (float*)smem;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        __syncthreads();
+#pragma unroll
+        for (int ii = 0; ii < 2; ++ii) {
+            const int lr = 16 * ii + g;
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const int n = 8 * j + 2 * tig;
+                float* rw = red + (warp * 32 + n) * 36 + lr;
+                rw[0] = acc[2 * half + ii][j][0];
+                rw[36] = acc[2 * half + ii][j][1];
+                rw[8] = acc[2 * half + ii][j][2];
+                rw[36 + 8] = acc[2 * half + ii][j][3];
+            }
+        }
+        __syncthreads();
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            const int idx = tid + 256 * k, lr = idx & 31, n = idx >> 5;
+            float p[8];
+#pragma unroll
+            for (int v = 0; v < 8; ++v) p[v] = red[(v * 32 + n) * 36 + lr];
+            const float val = __fadd_rn(__fadd_rn(__fadd_rn(p[0], p[4]), __fadd_rn(p[2], p[6])),
+                                        __fadd_rn(__fadd_rn(p[1], p[5]), __fadd_rn(p[3], p[7])));
+            const int row = r0 + 32 * half + lr, tok = t0 + n;
+            if (row < rows && tok < n_tok) {
+                float* o = out + (unsigned long long)tok * ldo + row;
+                *o = EPI == EPI_ADD ? __fadd_rn(*o, val) : val;
+            }
+        }
+    }
+#endif
+}
+
+
+
+// Tile variants (R rows x T tokens per row group, U items/blocks in flight per lane): t1 for one
+// token, t4, t8 and t16 for batches; for the q8-order types also mma (tensor cores, 64 x 32).
+#define FC_MM_VARIANT(name, body, W, tag, R, T, U)                                                            \
+    extern "C" __global__ void mm_##name##_##tag##_store(FC_MM_PARAMS) { body<W, R, T, U, EPI_STORE>(FC_MM_ARGS(W)); } \
+    extern "C" __global__ void mm_##name##_##tag##_add(FC_MM_PARAMS) { body<W, R, T, U, EPI_ADD>(FC_MM_ARGS(W)); }
+#define FC_MM_KERNELS(name, W)                      \
+    FC_MM_VARIANT(name, mm_body, W, t1, 1, 1, 4)    \
+    FC_MM_VARIANT(name, mm_body, W, t4, 2, 4, 2)    \
+    FC_MM_VARIANT(name, mm_body, W, t8, 4, 8, 1)    \
+    FC_MM_VARIANT(name, mm_body, W, t16, 4, 16, 1)
+#define FC_MMQ_KERNELS(name, W)                                                                                 \
+    FC_MMQ_ROW(name, W, 8)                                                                                      \
+    FC_MM_VARIANT(name, mmq_body, W, t4, 2, 4, 2)                                                               \
+    FC_MM_VARIANT(name, mmq_body, W, t8, 4, 8, 1)                                                               \
+    FC_MM_VARIANT(name, mmq_body, W, t16, 4, 16, 1)                                                             \
+    extern "C" __global__ void __launch_bounds__(256, 2) mm_##name##_mma_store(FC_MM_PARAMS) { mmq_mma_body<W, EPI_STORE>(FC_MM_ARGS(W)); } \
+    extern "C" __global__ void __launch_bounds__(256, 2) mm_##name##_mma_add(FC_MM_PARAMS) { mmq_mma_body<W, EPI_ADD>(FC_MM_ARGS(W)); }
+
+// Which order each type of quants.hip's FC_WEIGHT_TYPES takes.
+FC_MM_KERNELS(f32, WF32)
+FC_MM_KERNELS(f16, WF16)
+FC_MM_KERNELS(bf16, WBF16)
+FC_MMQ_KERNELS(q4_0, WQ4_0)
+FC_MMQ_KERNELS(q4_1, WQ4_1)
+FC_MMQ_KERNELS(q8_0, WQ8_0)
+FC_MM_KERNELS(q4_k, WQ4_K)
+FC_MM_KERNELS(q6_k, WQ6_K)
 
 // Embedding lookup / dequantization: out[t, :] = row ids[t] of W, dequantized (the CPU's bits).
 template <class W>

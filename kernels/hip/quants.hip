@@ -7,8 +7,12 @@
 //   Item   one item's weights, unpacked once and reused for every token of a tile
 //   load   block + item index -> Item;  dot: Item . activations -> float (explicit rounding)
 //   value  element i of a block, dequantized with the CPU reference's arithmetic (bitwise)
+//   qblock, qpart, combine (Q4_0, Q4_1, Q8_0 only): a whole block (or its words k, 4 + k) as 8 words of 4 int8 (element order,
+//          like BlockQ8::qs) with its scale (and min), and the one float step that adds the
+//          block's exact integer dot product to a running sum; matmul.hip's "q8 order" (the one
+//          order of its one-token, tile and tensor-core kernels for these types) is built on them
 //
-// Adding a type is one more struct here plus its line in matmul.hip's and embed's type lists.
+// Adding a type is one more struct here plus its line in matmul.hip's kernel list and in the list below.
 #pragma once
 #include "common.h"
 
@@ -38,6 +42,40 @@ struct WQ4_0 {
         const int v = (i < 16 ? (q & 15) : (q >> 4)) - 8;
         return __fmul_rn((float)v, ld_f16(b));
     }
+    // Whole-block form (matmul.hip's q8 order): q[j] = elements 4j..4j+3 as int8, like BlockQ8::qs.
+    FC_DEV static void qblock(const uint8_t* b, int* q, float* d, float* m) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const uint32_t w = (uint32_t)ld_i32_a2(b + 2 + 4 * j);
+            q[j] = nib_lo_m8(w);
+            q[4 + j] = nib_hi_m8(w);
+        }
+        *d = ld_f16(b);
+        *m = 0.0f;
+    }
+    // qblock from the block's bytes as words: w[j] = bytes 4j..4j+4 (j <= 4).
+    FC_DEV static void qblock_words(const uint32_t* w, int* q, float* d, float* m) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const uint32_t x = (w[j] >> 16) | (w[j + 1] << 16);  // bytes 2 + 4j ..
+            q[j] = nib_lo_m8(x);
+            q[4 + j] = nib_hi_m8(x);
+        }
+        *d = f16_to_f32((uint16_t)(w[0] & 0xFFFF));
+        *m = 0.0f;
+    }
+    // Words k and 4 + k (k < 4) of qblock's q: a quarter of the block, for 4 lanes per block.
+    FC_DEV static void qpart(const uint8_t* b, int k, int* lo, int* hi, float* d, float* m) {
+        const uint32_t w = (uint32_t)ld_i32_a2(b + 2 + 4 * k);
+        *lo = nib_lo_m8(w);
+        *hi = nib_hi_m8(w);
+        *d = ld_f16(b);
+        *m = 0.0f;
+    }
+    // acc + (d * x.d) * isum, one rounding step (isum: the block's exact integer dot product, as float).
+    FC_DEV static float combine(float acc, float d, float, float xd, float, float isum) {
+        return __fmaf_rn(__fmul_rn(d, xd), isum, acc);
+    }
 };
 
 struct WQ4_1 {
@@ -63,6 +101,36 @@ struct WQ4_1 {
         const int v = i < 16 ? (q & 15) : (q >> 4);
         return __fadd_rn(__fmul_rn((float)v, ld_f16(b)), ld_f16(b + 2));
     }
+    FC_DEV static void qblock(const uint8_t* b, int* q, float* d, float* m) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const uint32_t w = (uint32_t)ld_i32_a2(b + 4 + 4 * j);
+            q[j] = (int)(w & 0x0F0F0F0Fu);
+            q[4 + j] = (int)((w >> 4) & 0x0F0F0F0Fu);
+        }
+        *d = ld_f16(b);
+        *m = ld_f16(b + 2);
+    }
+    FC_DEV static void qblock_words(const uint32_t* w, int* q, float* d, float* m) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            q[j] = (int)(w[j + 1] & 0x0F0F0F0Fu);
+            q[4 + j] = (int)((w[j + 1] >> 4) & 0x0F0F0F0Fu);
+        }
+        *d = f16_to_f32((uint16_t)(w[0] & 0xFFFF));
+        *m = f16_to_f32((uint16_t)(w[0] >> 16));
+    }
+    FC_DEV static void qpart(const uint8_t* b, int k, int* lo, int* hi, float* d, float* m) {
+        const uint32_t w = (uint32_t)ld_i32_a2(b + 4 + 4 * k);
+        *lo = (int)(w & 0x0F0F0F0Fu);
+        *hi = (int)((w >> 4) & 0x0F0F0F0Fu);
+        *d = ld_f16(b);
+        *m = ld_f16(b + 2);
+    }
+    // acc + m * x.s, then + (d * x.d) * isum.
+    FC_DEV static float combine(float acc, float d, float m, float xd, float xs, float isum) {
+        return __fmaf_rn(__fmul_rn(d, xd), isum, __fmaf_rn(m, xs, acc));
+    }
 };
 
 struct WQ8_0 {
@@ -82,6 +150,27 @@ struct WQ8_0 {
         return __fmul_rn(__fmul_rn(it.d, x->d), (float)s);
     }
     FC_DEV static float value(const uint8_t* b, int i) { return __fmul_rn((float)(int8_t)b[2 + i], ld_f16(b)); }
+    FC_DEV static void qblock(const uint8_t* b, int* q, float* d, float* m) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) q[j] = ld_i32_a2(b + 2 + 4 * j);
+        *d = ld_f16(b);
+        *m = 0.0f;
+    }
+    FC_DEV static void qblock_words(const uint32_t* w, int* q, float* d, float* m) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) q[j] = (int)((w[j] >> 16) | (w[j + 1] << 16));
+        *d = f16_to_f32((uint16_t)(w[0] & 0xFFFF));
+        *m = 0.0f;
+    }
+    FC_DEV static void qpart(const uint8_t* b, int k, int* lo, int* hi, float* d, float* m) {
+        *lo = ld_i32_a2(b + 2 + 4 * k);
+        *hi = ld_i32_a2(b + 18 + 4 * k);
+        *d = ld_f16(b);
+        *m = 0.0f;
+    }
+    FC_DEV static float combine(float acc, float d, float, float xd, float, float isum) {
+        return __fmaf_rn(__fmul_rn(d, xd), isum, acc);
+    }
 };
 
 // Scale and min of sub-block j (0..8) of a Q4_K block (gguf::types::q4k_scale_min).

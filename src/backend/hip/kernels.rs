@@ -4,12 +4,14 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use super::runtime::{launch, Arg, DevPtr, Func, Runtime};
+use super::runtime::{launch, Arg, DevPtr, Func, Platform, Runtime};
 use super::HipError;
 use crate::gguf::GgmlType;
 
 /// A matmul's tile per row group: R rows x T tokens (matmul.hip). Every tile gives the same bits;
 /// the host picks by the number of tokens unless told (`HipOptions::tile`, tests iterate them).
+/// `Mma` is the tensor-core tile of the q8-order types (Q4_0, Q4_1, Q8_0) on NVIDIA sm_80+;
+/// for other types or GPUs it runs as `T8` (same bits).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Tile {
     /// 1 row, 1 token: decode.
@@ -20,10 +22,12 @@ pub enum Tile {
     T8,
     /// 4 rows, 16 tokens (slower than T8 on the H100; kept as a variant the tests run).
     T16,
+    /// 64 rows x 32 tokens per CTA on int8 tensor cores (mma.sync m16n8k32): prefill.
+    Mma,
 }
 
 impl Tile {
-    pub const ALL: [Tile; 4] = [Tile::T1, Tile::T4, Tile::T8, Tile::T16];
+    pub const ALL: [Tile; 5] = [Tile::T1, Tile::T4, Tile::T8, Tile::T16, Tile::Mma];
 
     fn tag(self) -> &'static str {
         match self {
@@ -31,6 +35,7 @@ impl Tile {
             Tile::T4 => "t4",
             Tile::T8 => "t8",
             Tile::T16 => "t16",
+            Tile::Mma => "mma",
         }
     }
 
@@ -41,6 +46,7 @@ impl Tile {
             Tile::T4 => (2, 4),
             Tile::T8 => (4, 8),
             Tile::T16 => (4, 16),
+            Tile::Mma => (64, 32),
         }
     }
 
@@ -50,7 +56,9 @@ impl Tile {
             0 | 1 => Tile::T1,
             2..=4 => Tile::T4,
             // t16 measured slower than t8 on the H100 (1.1B pp512: 11.1k vs 13.1k tokens/s)
-            _ => Tile::T8,
+            5..=8 => Tile::T8,
+            // T8 where there is no tensor-core kernel (Kernels::matmul)
+            _ => Tile::Mma,
         }
     }
 }
@@ -75,6 +83,9 @@ pub struct TypeInfo {
     pub items_per_block: usize,
     /// multiplies f32 activations (float types); false: Q8 activation blocks
     pub float_act: bool,
+    /// summed in matmul.hip's q8 order (8 segments of whole blocks; 8 lanes per row, and a
+    /// tensor-core kernel) rather than its lane order
+    pub q8_order: bool,
 }
 
 /// The weight types kernels/hip has matmul and embedding kernels for (`quants.hip`).
@@ -94,7 +105,8 @@ pub fn type_info(ty: GgmlType) -> Option<TypeInfo> {
         GgmlType::Q6K => ("q6_k", 256, 8, false),
         _ => return None,
     };
-    Some(TypeInfo { tag, block, items_per_block, float_act })
+    let q8_order = matches!(ty, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0);
+    Some(TypeInfo { tag, block, items_per_block, float_act, q8_order })
 }
 
 /// A weight matrix on the device: `rows` rows of `row_bytes` GGUF bytes.
@@ -130,6 +142,8 @@ pub const ATT_CH: usize = 128;
 
 pub struct Kernels {
     mm: HashMap<(GgmlType, Tile, Epi), Func>,
+    /// the GPU runs matmul.hip's tensor-core kernels (NVIDIA, compute capability 8.0 or later)
+    mma: bool,
     embed: HashMap<GgmlType, Func>,
     rmsnorm_q8: Func,
     quantize_q8: Func,
@@ -155,15 +169,21 @@ impl Kernels {
         let mut embed = HashMap::new();
         for ty in HIP_TYPES {
             let tag = type_info(ty).map_or("", |i| i.tag);
+            let q8 = type_info(ty).is_some_and(|i| i.q8_order);
             for tile in Tile::ALL {
+                if tile == Tile::Mma && !q8 {
+                    continue;
+                }
                 for (epi, e) in [(Epi::Store, "store"), (Epi::Add, "add")] {
                     mm.insert((ty, tile, epi), f(&format!("mm_{tag}_{}_{e}", tile.tag()))?);
                 }
             }
             embed.insert(ty, f(&format!("embed_{tag}"))?);
         }
+        let mma = rt.platform() == Platform::Nvidia && Kernels::sm_major(&rt.arch()).is_some_and(|m| m >= 8);
         Ok(Kernels {
             mm,
+            mma,
             embed,
             rmsnorm_q8: f("rmsnorm_q8")?,
             quantize_q8: f("quantize_q8")?,
@@ -177,6 +197,18 @@ impl Kernels {
             gather_rows: f("gather_rows")?,
             kv_copy: f("kv_copy")?,
         })
+    }
+
+    /// The major compute capability of an NVIDIA arch name (`sm_90` -> 9).
+    fn sm_major(arch: &str) -> Option<u32> {
+        let d = arch.strip_prefix("sm_")?;
+        let d = d.trim_end_matches(|c: char| c.is_ascii_alphabetic());
+        d.get(..d.len().checked_sub(1)?)?.parse().ok()
+    }
+
+    /// Whether this GPU runs the tensor-core tile (otherwise `Tile::Mma` runs as `Tile::T8`).
+    pub fn has_mma(&self) -> bool {
+        self.mma
     }
 
     /// Lanes per row of a matrix of `items` work items: 32, doubled while every lane keeps at
@@ -196,23 +228,37 @@ impl Kernels {
             return Ok(());
         }
         let info = type_info(m.ty).ok_or_else(|| HipError::Unsupported(format!("{} weights", m.ty.name())))?;
-        let tile = tile.unwrap_or_else(|| Tile::for_tokens(n_tok));
+        let mut tile = tile.unwrap_or_else(|| Tile::for_tokens(n_tok));
+        if tile == Tile::Mma && !(self.mma && info.q8_order) {
+            tile = Tile::T8;
+        }
         let nb = m.cols / info.block;
-        let l = Kernels::lanes(nb * info.items_per_block);
         let (r, t) = tile.rt();
-        let g = match tile {
-            Tile::T1 => (256 / l).max(1),
-            _ => (128 / l).max(1),
+        // (block, rows per CTA, shared bytes)
+        let (block, rows_per_cta, shared) = if tile == Tile::Mma {
+            ([256, 1, 1], r, 0)
+        } else if info.q8_order && tile == Tile::T1 {
+            // one row per warp (4 lanes per segment), 8 rows per CTA
+            ([32, 8, 1], 8, 0)
+        } else if info.q8_order {
+            // matmul.hip's FC_QS lanes per row group, 8 groups (2 warps) per CTA
+            ([8, 8, 1], 8 * r, 0)
+        } else {
+            let l = Kernels::lanes(nb * info.items_per_block);
+            let g = match tile {
+                Tile::T1 => (256 / l).max(1),
+                _ => (128 / l).max(1),
+            };
+            ([l, g, 1], g * r, if l > 32 { g * r * t * (l / 32) * 4 } else { 0 })
         };
-        let shared = if l > 32 { g * r * t * (l / 32) * 4 } else { 0 };
         let (xp, xs) = if info.float_act { (x.f32, m.cols) } else { (x.q8, m.cols / 32) };
         let f = self.mm[&(m.ty, tile, epi)];
-        let grid = [grid1(m.rows, (g * r) as usize), grid1(n_tok, t as usize), 1];
+        let grid = [grid1(m.rows, rows_per_cta as usize), grid1(n_tok, t as usize), 1];
         launch(
             rt,
             f,
             grid,
-            [l, g, 1],
+            block,
             shared,
             &[
                 Arg::Ptr(m.ptr),

@@ -44,29 +44,36 @@ fn detection_never_fails() {
     }
 }
 
-/// Every tile and every batch gives each (row, token) the same bits: 13 tokens at once on each
-/// tile, and each token alone on the one-token tile.
+/// Every tile and every batch gives each (row, token) the same bits: a batch at once on each tile,
+/// and single tokens alone on the one-token tile. Shapes: 13 tokens over 16 blocks per row, and 40
+/// tokens over 21 blocks (two tensor-core token tiles, a last K chunk of 5 blocks, 130 rows: three
+/// row tiles, the last partial).
 #[test]
 fn hip_matmul_is_batch_invariant_bitwise() {
     let Some(ctx) = context() else { return };
-    let (rows, cols, n_tok) = (70, 512, 13);
-    for ty in GgmlType::ALL {
-        let data = weights(ty, rows, cols, 7);
-        let w = WeightView::new(ty, rows, cols, &data).expect("view");
-        let x = uniform(3, n_tok * cols);
-        let run = |tile: Tile, x: &[f32], n: usize| -> Vec<u32> {
-            let b = HipBackend::new(ctx.clone()).with_tile(Some(tile));
-            let mut out = vec![f32::NAN; n * rows];
-            b.matmul(w, x, n, &mut out);
-            assert!(b.take_error().is_none(), "{ty:?} {tile:?}");
-            out.iter().map(|v| v.to_bits()).collect()
-        };
-        let t8 = run(Tile::T8, &x, n_tok);
-        assert_eq!(run(Tile::T16, &x, n_tok), t8, "{ty:?}: T16 vs T8");
-        assert_eq!(run(Tile::T4, &x, n_tok), t8, "{ty:?}: T4 vs T8");
-        assert_eq!(run(Tile::T1, &x, n_tok), t8, "{ty:?}: T1 vs T8");
-        for t in [0, 5, 12] {
-            assert_eq!(run(Tile::T1, &x[t * cols..(t + 1) * cols], 1), t8[t * rows..(t + 1) * rows], "{ty:?}: token {t} alone");
+    for (rows, cols, n_tok) in [(70, 512, 13), (130, 672, 40)] {
+        for ty in crate::backend::hip::kernels::HIP_TYPES {
+            if cols % ty.block_elems() != 0 {
+                continue;
+            }
+            let data = weights(ty, rows, cols, 7);
+            let w = WeightView::new(ty, rows, cols, &data).expect("view");
+            let x = uniform(3, n_tok * cols);
+            let run = |tile: Tile, x: &[f32], n: usize| -> Vec<u32> {
+                let b = HipBackend::new(ctx.clone()).with_tile(Some(tile));
+                let mut out = vec![f32::NAN; n * rows];
+                b.matmul(w, x, n, &mut out);
+                assert!(b.take_error().is_none(), "{ty:?} {tile:?}");
+                out.iter().map(|v| v.to_bits()).collect()
+            };
+            let t8 = run(Tile::T8, &x, n_tok);
+            assert_eq!(run(Tile::Mma, &x, n_tok), t8, "{ty:?} {rows}x{cols}: Mma vs T8");
+            assert_eq!(run(Tile::T16, &x, n_tok), t8, "{ty:?} {rows}x{cols}: T16 vs T8");
+            assert_eq!(run(Tile::T4, &x, n_tok), t8, "{ty:?} {rows}x{cols}: T4 vs T8");
+            assert_eq!(run(Tile::T1, &x, n_tok), t8, "{ty:?} {rows}x{cols}: T1 vs T8");
+            for t in [0, 5, 12] {
+                assert_eq!(run(Tile::T1, &x[t * cols..(t + 1) * cols], 1), t8[t * rows..(t + 1) * rows], "{ty:?} {rows}x{cols}: token {t} alone");
+            }
         }
     }
 }
