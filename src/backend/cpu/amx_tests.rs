@@ -120,3 +120,56 @@ fn tile_config_layout() {
     assert_eq!((byte(48), byte(49), byte(50), byte(53)), (16, 8, 16, 16), "rows of tmm0, tmm1, tmm2, tmm5");
     assert_eq!(byte(54), 0, "tmm6 unused");
 }
+
+/// Not a check: prints tile kernels against the x16 kernels, one thread, a 2048 × 2048 matrix
+/// and 512 tokens (`cargo test --release --lib amx_speed -- --ignored --nocapture`).
+#[test]
+#[ignore]
+fn amx_speed() {
+    if !amx_or_skip("amx_speed") {
+        return;
+    }
+    let (rows, cols, n_tok) = (2048, 2048, 512);
+    let x = rand_f32(3, n_tok * cols);
+    let time = |name: &str, f: &dyn Fn(Range<usize>, &SharedOut)| {
+        let mut o = vec![0f32; n_tok * rows];
+        let out = SharedOut::new(&mut o, rows);
+        let mut best = f64::MAX;
+        for _ in 0..3 {
+            let t = std::time::Instant::now();
+            f(0..rows, &out);
+            best = best.min(t.elapsed().as_secs_f64());
+        }
+        eprintln!("{name}: {:.1} ms, {:.0} GMAC/s", best * 1e3, (rows * cols * n_tok) as f64 / best / 1e9);
+    };
+    let data: Vec<u8> = (0..rows).flat_map(|r| rand_row(GgmlType::Q5_0, cols, r as u64)).collect();
+    let p = x16::PackedQ5x16::new(&WeightView::new(GgmlType::Q5_0, rows, cols, &data).expect("view"));
+    let nb = cols / QK;
+    let mut q8o = vec![BlockQ8O::default(); n_tok * nb];
+    // SAFETY: AMX is usable, which includes the AVX-512 level.
+    unsafe { x16::quantize_q8o(&x, &mut q8o) };
+    // SAFETY: as above.
+    time("Q5_0 x16", &|r, o| unsafe { x16::matmul_rows_q5_0(&p, r, &q8o, n_tok, o) });
+    // SAFETY: as above.
+    time("Q5_0 amx", &|r, o| unsafe { matmul_rows(&p, r, &q8o, n_tok, o, x16::matmul_rows_q5_0) });
+    let nb = cols / QK_K;
+    let mut q8k = vec![BlockQ8K::default(); n_tok * nb];
+    quantize_q8k(&x, &mut q8k);
+    for ty in [GgmlType::Q4K, GgmlType::Q6K] {
+        let data: Vec<u8> = (0..rows).flat_map(|r| rand_row(ty, cols, r as u64)).collect();
+        let w = WeightView::new(ty, rows, cols, &data).expect("view");
+        if ty == GgmlType::Q4K {
+            let p = x16k::PackedQ4Kx16::new(&w);
+            // SAFETY: as above.
+            time("Q4_K x16", &|r, o| unsafe { x16k::matmul_rows_q4k(&p, r, &q8k, n_tok, o) });
+            // SAFETY: as above.
+            time("Q4_K amx", &|r, o| unsafe { matmul_rows(&p, r, &q8k, n_tok, o, x16k::matmul_rows_q4k) });
+        } else {
+            let p = x16k::PackedQ6Kx16::new(&w);
+            // SAFETY: as above.
+            time("Q6_K x16", &|r, o| unsafe { x16k::matmul_rows_q6k(&p, r, &q8k, n_tok, o) });
+            // SAFETY: as above.
+            time("Q6_K amx", &|r, o| unsafe { matmul_rows(&p, r, &q8k, n_tok, o, x16k::matmul_rows_q6k) });
+        }
+    }
+}
