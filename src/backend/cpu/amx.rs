@@ -61,6 +61,10 @@ pub trait AmxBlock: Block16 {
     unsafe fn combine(&self, sums: &[i32], acts: &[Self::Act], stride: usize, acc: &mut [__m512; TOK]);
 }
 
+/// The `x16` kernel of a type (`x16::matmul_rows_q5_0`, ...): what runs the tokens after the
+/// last whole tile.
+pub type RestKernel<B> = unsafe fn(&Packed16<B>, Range<usize>, &[<B as AmxBlock>::Act], usize, &SharedOut);
+
 /// Rows `rows` (whole groups of 16) of `p` for `n_tok` tokens: whole 16-token tiles on AMX, the
 /// other tokens with `rest` (the type's `x16` kernel, same bits).
 ///
@@ -73,7 +77,7 @@ pub unsafe fn matmul_rows<B: AmxBlock>(
     acts: &[B::Act],
     n_tok: usize,
     out: &SharedOut,
-    rest: unsafe fn(&Packed16<B>, Range<usize>, &[B::Act], usize, &SharedOut),
+    rest: RestKernel<B>,
 ) {
     let n16 = n_tok / TOK * TOK;
     let nb = p.cols / B::QB;
@@ -83,7 +87,7 @@ pub unsafe fn matmul_rows<B: AmxBlock>(
     }
     if n16 < n_tok {
         // SAFETY: `rest` is a kernel of the AVX-512 level, which the caller's promise includes.
-        unsafe { rest(p, rows, &acts[n16 * nb..], n_tok - n16, &out.from_token(n16)) };
+        unsafe { rest(p, rows, &acts[n16 * nb..], n_tok - n16, &out.tokens_from(n16)) };
     }
 }
 

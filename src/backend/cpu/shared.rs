@@ -33,7 +33,7 @@ impl SharedOut {
 
 impl SharedOut {
     /// The same matrix from token `t0` on: token t of the view is token `t0 + t`.
-    pub fn from_token(&self, t0: usize) -> SharedOut {
+    pub fn tokens_from(&self, t0: usize) -> SharedOut {
         let i = t0 * self.rows;
         assert!(i <= self.len);
         SharedOut { ptr: self.ptr.wrapping_add(i), len: self.len - i, rows: self.rows }
