@@ -148,6 +148,8 @@ pub struct HardwareInfo {
     /// The level the CPU kernels will use.
     #[serde(serialize_with = "serialize_simd")]
     pub simd_level: SimdLevel,
+    /// Whether prefill uses AMX-INT8 tiles: `used: ...` or `not used: <why>` (`simd::amx_status`).
+    pub amx: String,
     /// `MemTotal` of `/proc/meminfo`, bytes.
     pub memory_total_bytes: Option<u64>,
     /// `MemAvailable` of `/proc/meminfo`, bytes.
@@ -178,6 +180,10 @@ pub fn detect() -> HardwareInfo {
         cpu_model,
         simd_features: simd_features(),
         simd_level: SimdLevel::detect(),
+        amx: match super::simd::amx_status() {
+            Ok(what) => format!("used: {what}"),
+            Err(why) => format!("not used: {why}"),
+        },
         memory_total_bytes: mem.total_bytes,
         memory_available_bytes: mem.available_bytes,
         gpus,

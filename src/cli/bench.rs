@@ -67,7 +67,7 @@ pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
         bail!(forge_cache::models::missing_hint(&path));
     }
     let cpu = Arc::new(CpuBackend::new(a.threads)?);
-    let (threads, backend_name) = (cpu.threads(), format!("cpu-{}", cpu.simd().name()));
+    let (threads, backend_name) = (cpu.threads(), format!("cpu-{}{}", cpu.simd().name(), if cpu.amx() { "+amx" } else { "" }));
     let cpu_ref = cpu.clone();
     let mut model = Model::load(&path, cpu).with_context(|| format!("loading {}", path.display()))?;
     let placement = place(&mut model, &a.backend.options()?)?;

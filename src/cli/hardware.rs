@@ -74,6 +74,7 @@ fn render(info: &HardwareInfo) -> String {
     rows.push(("cores", format!("{} physical, {} logical", info.physical_cores, info.logical_cpus)));
     let features = if info.simd_features.is_empty() { "none detected".to_string() } else { info.simd_features.join(" ") };
     rows.push(("simd", format!("{} kernels ({features})", info.simd_level.name())));
+    rows.push(("amx", info.amx.clone()));
     let memory = match (info.memory_total_bytes, info.memory_available_bytes) {
         (Some(t), Some(a)) => format!("{} total, {} available", gib(t), gib(a)),
         (Some(t), None) => format!("{} total", gib(t)),
@@ -135,6 +136,7 @@ mod tests {
             cpu_model: Some("Test CPU".into()),
             simd_features: vec!["avx2", "fma"],
             simd_level: SimdLevel::Avx2,
+            amx: "not used: CPU lacks AMX-INT8 (amx_tile false, amx_int8 false)".into(),
             memory_total_bytes: Some(24 << 30),
             memory_available_bytes: Some(20 << 30),
             tier: Tier::from_gpus(&gpus),
@@ -151,6 +153,7 @@ mod tests {
             "cpu     Test CPU (x86_64)\n\
              cores   2 physical, 2 logical\n\
              simd    avx2 kernels (avx2 fma)\n\
+             amx     not used: CPU lacks AMX-INT8 (amx_tile false, amx_int8 false)\n\
              memory  24.0 GiB total, 20.0 GiB available\n\
              gpus    none\n\
              rocm    no /dev/kfd\n\

@@ -18,6 +18,8 @@ pub mod x16;
 pub mod x16k;
 
 #[cfg(target_arch = "x86_64")]
+mod amx;
+#[cfg(target_arch = "x86_64")]
 mod attn512;
 #[cfg(target_arch = "x86_64")]
 mod avx2;
@@ -63,6 +65,8 @@ struct Scratch {
 pub struct CpuBackend {
     team: Team,
     simd: SimdLevel,
+    /// prefill of repacked matrices on AMX-INT8 tiles (`amx`; `simd::amx_status` says why not)
+    amx: bool,
     scratch: Mutex<Scratch>,
 }
 
@@ -80,11 +84,17 @@ impl CpuBackend {
     pub fn with_simd(threads: usize, simd: SimdLevel) -> std::io::Result<CpuBackend> {
         let threads = if threads == 0 { super::hardware::physical_cores() } else { threads };
         let simd = if simd.supported() { simd } else { SimdLevel::Scalar };
-        Ok(CpuBackend { team: Team::new(threads)?, simd, scratch: Mutex::new(Scratch::default()) })
+        let amx = simd == SimdLevel::Avx512Vnni && super::simd::amx_usable();
+        Ok(CpuBackend { team: Team::new(threads)?, simd, amx, scratch: Mutex::new(Scratch::default()) })
     }
 
     pub fn simd(&self) -> SimdLevel {
         self.simd
+    }
+
+    /// Whether prefill of repacked matrices runs on AMX-INT8 tiles.
+    pub fn amx(&self) -> bool {
+        self.amx
     }
 
     pub fn threads(&self) -> usize {
@@ -227,7 +237,7 @@ const MAX_MULTI: usize = 3;
 
 impl Backend for CpuBackend {
     fn name(&self) -> String {
-        format!("cpu-{} ({} threads)", self.simd.name(), self.team.threads())
+        format!("cpu-{}{} ({} threads)", self.simd.name(), if self.amx { "+amx" } else { "" }, self.team.threads())
     }
 
     fn supports(&self, op: Op, ty: GgmlType) -> bool {
@@ -326,8 +336,14 @@ impl Backend for CpuBackend {
                 self.rows_parallel(ws, n_tok, outs, &|m, rows, out| {
                     #[cfg(target_arch = "x86_64")]
                     if let Some(Packed::Q5_0(p)) = self.packed(&ws[m]) {
-                        // SAFETY: as for `quantize_q8o` above.
-                        return unsafe { x16::matmul_rows_q5_0(p, rows, q8o, n_tok, out) };
+                        // SAFETY: as for `quantize_q8o` above; `amx` is only set where
+                        // `simd::amx_usable()` (AMX-INT8 with tile permission) is true.
+                        return unsafe {
+                            match self.amx {
+                                true => amx::matmul_rows(p, rows, q8o, n_tok, out, x16::matmul_rows_q5_0),
+                                false => x16::matmul_rows_q5_0(p, rows, q8o, n_tok, out),
+                            }
+                        };
                     }
                     #[cfg(target_arch = "x86_64")]
                     if pairs_for(&ws[m]) {
@@ -355,7 +371,12 @@ impl Backend for CpuBackend {
                     #[cfg(target_arch = "x86_64")]
                     SimdLevel::Avx512Vnni if matches!(self.packed(&ws[m]), Some(Packed::Q4K(_) | Packed::Q6K(_))) => match self.packed(&ws[m]) {
                         // SAFETY: `packed` is only `Some` at the `Avx512Vnni` level, set only
-                        // after detecting every feature these kernels enable.
+                        // after detecting every feature these kernels enable; `amx` only where
+                        // `simd::amx_usable()` is true.
+                        Some(Packed::Q4K(p)) if self.amx => unsafe { amx::matmul_rows(p, rows, q8k, n_tok, out, x16k::matmul_rows_q4k) },
+                        // SAFETY: as above.
+                        Some(Packed::Q6K(p)) if self.amx => unsafe { amx::matmul_rows(p, rows, q8k, n_tok, out, x16k::matmul_rows_q6k) },
+                        // SAFETY: as above.
                         Some(Packed::Q4K(p)) => unsafe { x16k::matmul_rows_q4k(p, rows, q8k, n_tok, out) },
                         // SAFETY: as above.
                         Some(Packed::Q6K(p)) => unsafe { x16k::matmul_rows_q6k(p, rows, q8k, n_tok, out) },

@@ -32,6 +32,13 @@ impl SharedOut {
 }
 
 impl SharedOut {
+    /// The same matrix from token `t0` on: token t of the view is token `t0 + t`.
+    pub fn tokens_from(&self, t0: usize) -> SharedOut {
+        let i = t0 * self.rows;
+        assert!(i <= self.len);
+        SharedOut { ptr: self.ptr.wrapping_add(i), len: self.len - i, rows: self.rows }
+    }
+
     /// Writes `out[t, r0..r0 + v.len()] = v`. Callers must own those rows.
     #[inline]
     pub fn write_run(&self, t: usize, r0: usize, v: &[f32]) {

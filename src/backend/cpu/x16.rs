@@ -109,7 +109,7 @@ impl Block16 for BlockQ5x16 {
 #[cfg(target_arch = "x86_64")]
 pub use simd::{matmul_rows_q5_0, quantize_q8o};
 #[cfg(target_arch = "x86_64")]
-pub(super) use simd::store16;
+pub(super) use simd::{store16, unpack as unpack_q5};
 
 /// The driver every repacked kernel shares: for each group of 16 rows in `rows`, tokens in tiles
 /// of 8, then one of 4, then single tokens; `$tile::<N>(w, acts, nb, t0, r0, out)` writes rows
@@ -215,7 +215,7 @@ mod simd {
     /// The block's 16 rows as 8 vectors of u8 weights (vector k, lane r: row r's elements
     /// 4k..4k + 4, the fifth bit added) and their scales as f32.
     #[inline(always)]
-    fn unpack(blk: &BlockQ5x16) -> ([__m512i; 8], __m512) {
+    pub(in crate::backend::cpu) fn unpack(blk: &BlockQ5x16) -> ([__m512i; 8], __m512) {
         // SAFETY: AVX-512F/BW and F16C are enabled in the only caller; the loads read `d` (32
         // bytes) and `qs` (4 × 64 bytes).
         unsafe {
