@@ -7,8 +7,8 @@
 //! weights' offsets come from the activation's `off` (-16·Σx): Q4_0's weights are u - 8, so the
 //! sum starts at `off / 2`; Q8_0's are stored as w + 128 (u8), so it starts at `8 · off`; Q4_1's
 //! are u with a separate min term. Then the scalar reference's float formula in block order from
-//! 0.0 (`quant::dot_q8_scalar`): `acc += (d_w·d_x)·sumi` (Q4_0, Q8_0) and
-//! `acc += (d_w·d_x)·sumi + m_w·s_x` (Q4_1), so results equal it bitwise whatever the token tile
+//! 0.0 (`quant::dot_q8_scalar`): `acc += (d_w·d_x)·sumi` (Q4_0, Q8_0), and for Q4_1 two fused
+//! sums `acc = fma(d_w·d_x, sumi, acc)`, `acc_m = fma(m_w, s_x, acc_m)`, then `acc + acc_m`, so results equal it bitwise whatever the token tile
 //! (tests below), and a token's result does not depend on its batch.
 //!
 //! Each copy is exactly the size of its tensor (rows rounded up to 16): per 16 rows and block,
@@ -256,24 +256,30 @@ mod simd {
         }
     }
 
-    /// Q4_1: per token sumi = Σ u·x, then `acc += (d_w·d_x)·sumi + m_w·s_x`.
+    /// Q4_1: per token sumi = Σ u·x, then `acc = fma(d_w·d_x, sumi, acc)` and
+    /// `acc_m = fma(m_w, s_x, acc_m)` in block order, the row's result `acc + acc_m` (the
+    /// reference's Q4_1 formula).
     #[inline(always)]
     fn tile_q4_1<const NT: usize>(w: &[BlockQ41x16], acts: &[BlockQ8O], nb: usize, t0: usize, r0: usize, out: &SharedOut) {
         let x: [&[BlockQ8O]; NT] = std::array::from_fn(|i| &acts[(t0 + i) * nb..(t0 + i + 1) * nb]);
         // SAFETY: AVX-512F is enabled in the only caller.
-        let mut acc = [unsafe { _mm512_setzero_ps() }; NT];
+        let (mut acc, mut acc_m) = ([unsafe { _mm512_setzero_ps() }; NT], [unsafe { _mm512_setzero_ps() }; NT]);
         for (b, blk) in w.iter().enumerate() {
             prefetch(blk.qs.as_ptr(), 5);
             let (q, d, m) = unpack_q4_1(blk);
             for t in 0..NT {
                 let a = &x[t][b];
-                let v = scaled(d, a, block_sum(&q, a, 0));
+                let s = block_sum(&q, a, 0);
                 // SAFETY: AVX-512F is enabled in the only caller.
-                add(&mut acc[t], unsafe { _mm512_add_ps(v, _mm512_mul_ps(m, _mm512_set1_ps(a.s))) });
+                unsafe {
+                    acc_m[t] = _mm512_fmadd_ps(m, _mm512_set1_ps(a.s), acc_m[t]);
+                    acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(a.d)), _mm512_cvtepi32_ps(s), acc[t]);
+                }
             }
         }
-        for (t, a) in acc.iter().enumerate() {
-            store16(out, t0 + t, r0, *a);
+        for t in 0..NT {
+            // SAFETY: AVX-512F is enabled in the only caller.
+            store16(out, t0 + t, r0, unsafe { _mm512_add_ps(acc[t], acc_m[t]) });
         }
     }
 
