@@ -178,15 +178,15 @@ impl Weights {
         Ok(Weights { token_embd, layers, output_norm, output, rope_freqs })
     }
 
-    /// Asks `backend` for its own layout of every layer matrix ([`Backend::prepare`]) and keeps
-    /// what it makes; returns the bytes those copies hold.
+    /// Asks `backend` for its own layout of every layer matrix and of the output projection
+    /// ([`Backend::prepare`]) and keeps what it makes; returns the bytes those copies hold. (A
+    /// tied output's copy is the output's own: the embedding lookup still reads the map.)
     pub fn prepare(&mut self, g: &GgufFile, backend: &dyn Backend) -> usize {
         let mut bytes = 0;
-        for l in &mut self.layers {
-            for m in [&mut l.wq, &mut l.wk, &mut l.wv, &mut l.wo, &mut l.w_gate, &mut l.w_up, &mut l.w_down] {
-                m.prepared = backend.prepare(m.view(g)).map(Arc::new);
-                bytes += m.prepared.as_ref().map_or(0, |p| p.bytes);
-            }
+        let layers = self.layers.iter_mut().flat_map(|l| [&mut l.wq, &mut l.wk, &mut l.wv, &mut l.wo, &mut l.w_gate, &mut l.w_up, &mut l.w_down]);
+        for m in layers.chain([&mut self.output]) {
+            m.prepared = backend.prepare(m.view(g)).map(Arc::new);
+            bytes += m.prepared.as_ref().map_or(0, |p| p.bytes);
         }
         bytes
     }

@@ -142,8 +142,9 @@ impl TileCfg {
 unsafe fn tiles<B: AmxBlock>(p: &Packed16<B>, rows: Range<usize>, acts: &[B::Act], n_tok: usize, out: &SharedOut) {
     let nb = p.cols / B::QB;
     assert!(n_tok % TOK == 0 && B::K % 4 == 0 && B::K <= 64);
-    assert!(rows.start % ROWS == 0 && rows.end % ROWS == 0 && rows.end <= p.rows, "rows {rows:?} of {}", p.rows);
-    assert!(acts.len() >= n_tok * nb && p.blocks.len() == p.rows / ROWS * nb);
+    // a range ends on a group boundary or at the last row (the last group padded, as in `x16`)
+    assert!(rows.start % ROWS == 0 && (rows.end % ROWS == 0 || rows.end == p.rows) && rows.end <= p.rows, "rows {rows:?} of {}", p.rows);
+    assert!(acts.len() >= n_tok * nb && p.blocks.len() == p.rows.div_ceil(ROWS) * nb);
     let tb = B::K * 16;
     // Taken out of the thread-local (not borrowed in a closure) so everything below stays in
     // this function's target features.
@@ -158,7 +159,7 @@ unsafe fn tiles<B: AmxBlock>(p: &Packed16<B>, rows: Range<usize>, acts: &[B::Act
     let stride = nb * std::mem::size_of::<B::Act>();
     // SAFETY: the caller promised AMX with tile permission; `cfg` is a valid palette-1 config.
     unsafe { asm!("ldtilecfg [{}]", in(reg) &cfg, options(nostack, readonly)) };
-    let (g_end, mut g0) = (rows.end / ROWS, rows.start / ROWS);
+    let (g_end, mut g0) = (rows.end.div_ceil(ROWS), rows.start / ROWS);
     // Up to `sub` groups at a time: their B tiles unpacked once, then every token tile against
     // each of them (a token tile's A rows are read from L1 after the first group).
     while g0 < g_end {

@@ -41,8 +41,9 @@ impl Default for BlockQ8K {
     }
 }
 
-/// 32 activations for the repacked Q5_0 kernel (`x16`): `BlockQ8`'s `qs` and `d` (same
-/// quantizer) and Q5_0's offset term as an integer (weights are u - 16: Σ(u - 16)·x = Σu·x + off).
+/// 32 activations for the repacked kernels (`x16`, `x16q`): `BlockQ8`'s `qs`, `d` and `s` (same
+/// quantizer) and Q5_0's offset term as an integer (weights are u - 16: Σ(u - 16)·x = Σu·x + off;
+/// Q4_0's u - 8 take `off / 2`, Q8_0's w + 128 take `8 · off`).
 #[derive(Clone, Copy, Debug, Default)]
 #[repr(C)]
 pub struct BlockQ8O {
@@ -52,4 +53,6 @@ pub struct BlockQ8O {
     pub d: f32,
     /// -16 · Σ qs
     pub off: i32,
+    /// d · Σ qs rounded as `BlockQ8::s` (Q4_1's min term m·s)
+    pub s: f32,
 }

@@ -16,6 +16,7 @@ mod shared;
 pub mod team;
 pub mod x16;
 pub mod x16k;
+pub mod x16q;
 
 #[cfg(target_arch = "x86_64")]
 mod amx;
@@ -148,6 +149,15 @@ impl CpuBackend {
         if let Some(p) = data.downcast_ref::<x16k::PackedQ4Kx16>() {
             return (p.rows == w.rows && p.cols == w.cols && w.ty == GgmlType::Q4K).then_some(Packed::Q4K(p));
         }
+        if let Some(p) = data.downcast_ref::<x16q::PackedQ40x16>() {
+            return (p.rows == w.rows && p.cols == w.cols && w.ty == GgmlType::Q4_0).then_some(Packed::Q4_0(p));
+        }
+        if let Some(p) = data.downcast_ref::<x16q::PackedQ41x16>() {
+            return (p.rows == w.rows && p.cols == w.cols && w.ty == GgmlType::Q4_1).then_some(Packed::Q4_1(p));
+        }
+        if let Some(p) = data.downcast_ref::<x16q::PackedQ80x16>() {
+            return (p.rows == w.rows && p.cols == w.cols && w.ty == GgmlType::Q8_0).then_some(Packed::Q8_0(p));
+        }
         let p = data.downcast_ref::<x16k::PackedQ6Kx16>()?;
         (p.rows == w.rows && p.cols == w.cols && w.ty == GgmlType::Q6K).then_some(Packed::Q6K(p))
     }
@@ -196,8 +206,8 @@ impl CpuBackend {
     /// One parallel region over the rows of every matrix in `ws` (at most [`MAX_MULTI`]; chunks
     /// never span two matrices); `rows(m, range, out)` computes rows `range` of matrix m for
     /// every token. Allocates nothing.
-    /// With a repacked matrix among `ws`, chunks are whole groups of `x16::ROWS` rows (its rows are
-    /// a multiple of that, so every chunk of it is).
+    /// With a repacked matrix among `ws`, chunks are whole groups of `x16::ROWS` rows (a matrix's
+    /// last chunk ends at its last row, which the kernels' padded last group allows).
     fn rows_parallel(&self, ws: &[WeightView<'_>], n_tok: usize, outs: &mut [&mut [f32]], rows: &(dyn Fn(usize, std::ops::Range<usize>, &SharedOut) + Sync)) {
         assert!(ws.len() <= MAX_MULTI && ws.len() == outs.len());
         let mut it = outs.iter_mut().zip(ws);
@@ -228,6 +238,9 @@ impl CpuBackend {
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 enum Packed<'a> {
     Q5_0(&'a x16::PackedQ5x16),
+    Q4_0(&'a x16q::PackedQ40x16),
+    Q4_1(&'a x16q::PackedQ41x16),
+    Q8_0(&'a x16q::PackedQ80x16),
     Q4K(&'a x16k::PackedQ4Kx16),
     Q6K(&'a x16k::PackedQ6Kx16),
 }
@@ -248,15 +261,27 @@ impl Backend for CpuBackend {
         }
     }
 
-    /// At the AVX-512 level, Q5_0, Q4_K and Q6_K matrices of whole 16-row groups are repacked
-    /// (`x16`, `x16k`: as many bytes as the tensor, +8% for Q4_K, +30% for Q6_K; results bitwise
-    /// the scalar reference's).
+    /// At the AVX-512 level, Q4_0, Q4_1, Q5_0, Q8_0, Q4_K and Q6_K matrices are repacked 16 rows
+    /// at a time (`x16`, `x16q`, `x16k`: as many bytes as the tensor with its rows rounded up to
+    /// 16, +8% for Q4_K, +30% for Q6_K; results bitwise the scalar reference's).
     fn prepare(&self, w: WeightView<'_>) -> Option<Prepared> {
         if self.simd != SimdLevel::Avx512Vnni {
             return None;
         }
         if x16::PackedQ5x16::fits(&w) {
             let p = x16::PackedQ5x16::new(&w);
+            return Some(Prepared { bytes: p.bytes(), data: Box::new(p) });
+        }
+        if x16q::PackedQ40x16::fits(&w) {
+            let p = x16q::PackedQ40x16::new(&w);
+            return Some(Prepared { bytes: p.bytes(), data: Box::new(p) });
+        }
+        if x16q::PackedQ41x16::fits(&w) {
+            let p = x16q::PackedQ41x16::new(&w);
+            return Some(Prepared { bytes: p.bytes(), data: Box::new(p) });
+        }
+        if x16q::PackedQ80x16::fits(&w) {
+            let p = x16q::PackedQ80x16::new(&w);
             return Some(Prepared { bytes: p.bytes(), data: Box::new(p) });
         }
         if x16k::PackedQ4Kx16::fits(&w) {
@@ -335,15 +360,19 @@ impl Backend for CpuBackend {
                 };
                 self.rows_parallel(ws, n_tok, outs, &|m, rows, out| {
                     #[cfg(target_arch = "x86_64")]
-                    if let Some(Packed::Q5_0(p)) = self.packed(&ws[m]) {
+                    match self.packed(&ws[m]) {
                         // SAFETY: as for `quantize_q8o` above; `amx` is only set where
                         // `simd::amx_usable()` (AMX-INT8 with tile permission) is true.
-                        return unsafe {
-                            match self.amx {
-                                true => amx::matmul_rows(p, rows, q8o, n_tok, out, x16::matmul_rows_q5_0),
-                                false => x16::matmul_rows_q5_0(p, rows, q8o, n_tok, out),
-                            }
-                        };
+                        Some(Packed::Q5_0(p)) if self.amx => return unsafe { amx::matmul_rows(p, rows, q8o, n_tok, out, x16::matmul_rows_q5_0) },
+                        // SAFETY: as above.
+                        Some(Packed::Q5_0(p)) => return unsafe { x16::matmul_rows_q5_0(p, rows, q8o, n_tok, out) },
+                        // SAFETY: as above.
+                        Some(Packed::Q4_0(p)) => return unsafe { x16q::matmul_rows_q4_0(p, rows, q8o, n_tok, out) },
+                        // SAFETY: as above.
+                        Some(Packed::Q4_1(p)) => return unsafe { x16q::matmul_rows_q4_1(p, rows, q8o, n_tok, out) },
+                        // SAFETY: as above.
+                        Some(Packed::Q8_0(p)) => return unsafe { x16q::matmul_rows_q8_0(p, rows, q8o, n_tok, out) },
+                        _ => {}
                     }
                     #[cfg(target_arch = "x86_64")]
                     if pairs_for(&ws[m]) {

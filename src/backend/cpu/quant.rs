@@ -93,6 +93,8 @@ pub fn quantize_q8k(x: &[f32], out: &mut [BlockQ8K]) {
 pub fn dot_q8_scalar(ty: GgmlType, w: &[u8], x: &[BlockQ8]) -> f32 {
     let bb = ty.block_bytes();
     let mut acc = 0f32;
+    // Q4_1's min terms, summed apart as llama.cpp's x86 kernels do (see its arm)
+    let mut acc_m = 0f32;
     for (wb, xb) in w.chunks_exact(bb).zip(x) {
         // MXFP4 has an E8M0 scale byte instead (read in its arm).
         let d = if ty == GgmlType::MXFP4 { 0.0 } else { f16_at(wb, 0) };
@@ -114,7 +116,13 @@ pub fn dot_q8_scalar(ty: GgmlType, w: &[u8], x: &[BlockQ8]) -> f32 {
                     sumi += (qs[j] & 0x0F) as i32 * xb.qs[j] as i32;
                     sumi += (qs[j] >> 4) as i32 * xb.qs[j + QK / 2] as i32;
                 }
-                d * xb.d * sumi as f32 + m * xb.s
+                // llama.cpp's x86 form: fused (d·d_x)·sumi into one sum, fused m·s into another,
+                // added at the end. SmolLM2 (Q4_1) follows llama.cpp's greedy tokens closely only
+                // with this rounding; the unfused per-block `(d·d_x)·sumi + m·s` flips a confident
+                // step of tests/reference_smollm2.rs.
+                acc_m = m.mul_add(xb.s, acc_m);
+                acc = (d * xb.d).mul_add(sumi as f32, acc);
+                continue;
             }
             GgmlType::Q8_0 => {
                 let mut sumi = 0i32;
@@ -151,6 +159,9 @@ pub fn dot_q8_scalar(ty: GgmlType, w: &[u8], x: &[BlockQ8]) -> f32 {
             }
             _ => unreachable!("dot_q8_scalar called for {ty:?}"),
         };
+    }
+    if ty == GgmlType::Q4_1 {
+        return acc + acc_m;
     }
     acc
 }

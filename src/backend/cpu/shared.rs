@@ -21,6 +21,12 @@ impl SharedOut {
         SharedOut { ptr: out.as_mut_ptr(), len: out.len(), rows }
     }
 
+    /// The matrix's rows (a token's row stride).
+    #[inline]
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
     /// Writes `out[t, r] = v`. Callers must own row `r` (one chunk per row).
     #[inline]
     pub fn write(&self, t: usize, r: usize, v: f32) {

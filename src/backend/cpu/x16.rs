@@ -48,30 +48,33 @@ pub trait Block16: Sized {
     fn pack(src: [&[u8]; ROWS]) -> Self;
 }
 
-/// A matrix whose rows (a multiple of 16) are interleaved 16 at a time, in blocks `B`.
+/// A matrix whose rows are interleaved 16 at a time, in blocks `B` (the last group padded with
+/// zero blocks when the rows are not a multiple of 16; kernels never store the padding rows).
 pub struct Packed16<B> {
     /// Rows of the matrix.
     pub rows: usize,
     /// Columns of the matrix.
     pub cols: usize,
-    /// [rows / 16, cols / B::QB]: group-major
+    /// [rows.div_ceil(16), cols / B::QB]: group-major
     pub blocks: Vec<B>,
 }
 
 impl<B: Block16> Packed16<B> {
-    /// Whether `w` can be repacked: type `B::TY` with whole groups of 16 rows.
+    /// Whether `w` can be repacked: type `B::TY`, whole blocks per row.
     pub fn fits(w: &WeightView<'_>) -> bool {
-        w.ty == B::TY && w.rows % ROWS == 0 && w.rows > 0 && w.cols % B::QB == 0
+        w.ty == B::TY && w.rows > 0 && w.cols % B::QB == 0
     }
 
     /// The repacked copy of `w` (see [`Packed16::fits`]).
     pub fn new(w: &WeightView<'_>) -> Self {
         assert!(Self::fits(w), "{:?} x16 repack of a {:?} {}x{} matrix", B::TY, w.ty, w.rows, w.cols);
         let (nb, bb) = (w.cols / B::QB, B::TY.block_bytes());
-        let mut blocks = Vec::with_capacity(w.rows / ROWS * nb);
-        for g in 0..w.rows / ROWS {
+        let (groups, zero) = (w.rows.div_ceil(ROWS), vec![0u8; bb]);
+        let mut blocks = Vec::with_capacity(groups * nb);
+        for g in 0..groups {
             for b in 0..nb {
-                blocks.push(B::pack(std::array::from_fn(|r| &w.row(g * ROWS + r)[b * bb..(b + 1) * bb])));
+                let src = |r: usize| if g * ROWS + r < w.rows { &w.row(g * ROWS + r)[b * bb..(b + 1) * bb] } else { &zero[..] };
+                blocks.push(B::pack(std::array::from_fn(src)));
             }
         }
         Packed16 { rows: w.rows, cols: w.cols, blocks }
@@ -111,7 +114,9 @@ pub use simd::{matmul_rows_q5_0, quantize_q8o};
 #[cfg(target_arch = "x86_64")]
 pub(super) use simd::{store16, unpack as unpack_q5};
 
-/// The driver every repacked kernel shares: for each group of 16 rows in `rows`, tokens in tiles
+/// The driver every repacked kernel shares: for each group of 16 rows in `rows` (which starts at
+/// a group and ends at one or at the matrix's last row; a last, padded group is computed whole
+/// and `store16` writes only its real rows), tokens in tiles
 /// of 8, then one of 4, then single tokens; `$tile::<N>(w, acts, nb, t0, r0, out)` writes rows
 /// `r0..r0 + 16` of tokens `t0..t0 + N` from the group's blocks `w` (`nb` per row). Every token
 /// gets the same instructions in every tile size. A macro, not a function taking the kernels:
@@ -121,9 +126,9 @@ pub(super) use simd::{store16, unpack as unpack_q5};
 macro_rules! group_tiles {
     ($tile:ident, $blocks:expr, $n_rows:expr, $nb:expr, $rows:expr, $acts:expr, $n_tok:expr, $out:expr) => {{
         let (blocks, n_rows, nb, rows, acts, n_tok, out) = ($blocks, $n_rows, $nb, $rows, $acts, $n_tok, $out);
-        assert!(rows.start % ROWS == 0 && rows.end % ROWS == 0 && rows.end <= n_rows, "rows {rows:?} of {n_rows}");
-        assert!(acts.len() >= n_tok * nb && blocks.len() == n_rows / ROWS * nb);
-        for g in rows.start / ROWS..rows.end / ROWS {
+        assert!(rows.start % ROWS == 0 && (rows.end % ROWS == 0 || rows.end == n_rows) && rows.end <= n_rows, "rows {rows:?} of {n_rows}");
+        assert!(acts.len() >= n_tok * nb && blocks.len() == n_rows.div_ceil(ROWS) * nb);
+        for g in rows.start / ROWS..rows.end.div_ceil(ROWS) {
             let w = &blocks[g * nb..(g + 1) * nb];
             let mut t0 = 0;
             while t0 + 8 <= n_tok {
@@ -159,7 +164,7 @@ mod simd {
     pub fn quantize_q8o(x: &[f32], out: &mut [BlockQ8O]) {
         for (o, xs) in out.iter_mut().zip(x.chunks_exact(QK)) {
             let (b, sum) = quantize_block_sum(xs);
-            *o = BlockQ8O { qs: b.qs, d: b.d, off: -16 * sum };
+            *o = BlockQ8O { qs: b.qs, d: b.d, off: -16 * sum, s: b.s };
         }
     }
 
@@ -170,13 +175,14 @@ mod simd {
         group_tiles!(tile, &p.blocks, p.rows, p.cols / QK, rows, acts, n_tok, out)
     }
 
-    /// Stores token t's 16 row results at rows `r0..r0 + 16`.
+    /// Stores token t's 16 row results at rows `r0..r0 + 16` (those below the matrix's rows:
+    /// a padded last group's real rows).
     #[inline(always)]
     pub(in crate::backend::cpu) fn store16(out: &SharedOut, t: usize, r0: usize, v: __m512) {
         let mut a = [0f32; ROWS];
         // SAFETY: AVX-512F is enabled in every caller (kernels of this level); `a` has 16 floats.
         unsafe { _mm512_storeu_ps(a.as_mut_ptr(), v) };
-        out.write_run(t, r0, &a);
+        out.write_run(t, r0, &a[..ROWS.min(out.rows() - r0)]);
     }
 
     // Everything below is `inline(always)` and only ever inlined into `matmul_rows_q5_0`, whose
@@ -292,7 +298,7 @@ mod tests {
         if !SimdLevel::Avx512Vnni.supported() {
             return;
         }
-        for (rows, cols, n_tok) in [(48, 640, 19), (16, 96, 13), (32, 32, 5)] {
+        for (rows, cols, n_tok) in [(48, 640, 19), (16, 96, 13), (32, 32, 5), (37, 64, 9)] {
             let data = q5_matrix(rows, cols);
             let w = WeightView::new(GgmlType::Q5_0, rows, cols, &data).expect("view");
             let p = PackedQ5x16::new(&w);
@@ -307,7 +313,7 @@ mod tests {
                 unsafe { quantize_q8o(&x[t * cols..(t + 1) * cols], &mut q8o[t * nb..(t + 1) * nb]) };
             }
             for (a, b) in q8o.iter().zip(&q8) {
-                assert_eq!((a.qs, a.d.to_bits(), a.off), (b.qs, b.d.to_bits(), -16 * b.qs.iter().map(|&q| q as i32).sum::<i32>()));
+                assert_eq!((a.qs, a.d.to_bits(), a.off, a.s.to_bits()), (b.qs, b.d.to_bits(), -16 * b.qs.iter().map(|&q| q as i32).sum::<i32>(), b.s.to_bits()));
             }
             let mut o = vec![f32::NAN; n_tok * rows];
             let out = SharedOut::new(&mut o, rows);
