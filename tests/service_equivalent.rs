@@ -97,13 +97,15 @@ async fn verified_skips_drafts_where_they_do_not_pay_and_outputs_stay_bypass() {
     })
     .await;
     let first = c.generate(ask(Q, 24)).await.expect("first");
-    // Evidence: 9+ checks in every similarity band from 0.5 up that accepted nothing.
+    // Evidence: 9+ checks in every similarity band from 0.5 up that accepted nothing, each of 64
+    // draft tokens, so that the outcomes the servers below replay (up to 24 accepted tokens each,
+    // at similarities near 1.0 for the case variants) cannot lift a band over the floor.
     {
         let conn = rusqlite::Connection::open(&s.db).expect("db");
         for i in 0..200 {
             conn.execute(
                 "INSERT INTO semantic_outcomes (tenant, model_id, inference_id, source_inference_id, similarity, draft_tokens, accepted_tokens, correct)
-                 SELECT 'default', model_id, id, id, ?2, 8, 0, 0 FROM inferences WHERE id = ?1",
+                 SELECT 'default', model_id, id, id, ?2, 64, 0, 0 FROM inferences WHERE id = ?1",
                 rusqlite::params![first.outcome.inference_id, 0.5 + (i % 22) as f64 * 0.025 + 0.001],
             )
             .expect("outcome");
