@@ -29,7 +29,7 @@ use std::ops::Range;
 use super::quant::BlockQ8K;
 use super::shared::SharedOut;
 use super::x16::{store16, unpack_q5, Block16, BlockQ5x16, BlockQ8O, Packed16, ROWS};
-use super::x16k::{BlockQ4Kx16, BlockQ6Kx16};
+use super::x16k::{q4k_add, q4k_mins, BlockQ4Kx16, BlockQ6Kx16};
 
 /// Tokens per tile (rows of the A and C tiles).
 pub const TOK: usize = 16;
@@ -356,30 +356,15 @@ impl AmxBlock for BlockQ4Kx16 {
     unsafe fn combine(&self, sums: &[i32], acts: &[BlockQ8K], stride: usize, acc: &mut [__m512; TOK]) {
         // SAFETY: the caller's promise; loads stay inside `sc`, `mn`, `d`, `dmin`, `bsums`.
         unsafe {
-            let mut sc = [_mm512_setzero_si512(); 8];
-            let mut mn = [_mm512_setzero_si512(); 8];
-            for i in 0..8 {
-                sc[i] = _mm512_cvtepu8_epi32(_mm_loadu_si128(self.sc.as_ptr().add(16 * i) as *const __m128i));
-                mn[i] = _mm512_cvtepu8_epi16(_mm256_loadu_si256(self.mn.as_ptr().add(32 * i) as *const __m256i));
-            }
-            let dw = _mm512_cvtph_ps(_mm256_loadu_si256(self.d.as_ptr() as *const __m256i));
-            let dmw = _mm512_cvtph_ps(_mm256_loadu_si256(self.dmin.as_ptr() as *const __m256i));
+            let sc: [__m512i; 8] = std::array::from_fn(|i| _mm512_cvtepu8_epi32(_mm_loadu_si128(self.sc.as_ptr().add(16 * i) as *const __m128i)));
+            let m = q4k_mins(self);
             for (t, acc) in acc.iter_mut().enumerate() {
-                let xb = &acts[t * stride];
                 let mut isc = _mm512_setzero_si512();
                 for (j, scj) in sc.iter().enumerate() {
                     isc = _mm512_add_epi32(isc, _mm512_mullo_epi32(sum_row(sums, j, t), *scj));
                 }
-                let bs = xb.bsums.as_ptr() as *const i32;
-                let mut imn = _mm512_setzero_si512();
-                for (i, m) in mn.iter().enumerate() {
-                    imn = _mm512_dpwssd_epi32(imn, *m, _mm512_set1_epi32(bs.add(i).read_unaligned()));
-                }
-                // (d_w·d_x)·sum_sc - (dmin_w·d_x)·sum_min, added in block order: the reference's
-                let xd = _mm512_set1_ps(xb.d);
-                let (d, dmin) = (_mm512_mul_ps(dw, xd), _mm512_mul_ps(dmw, xd));
-                let v = _mm512_sub_ps(_mm512_mul_ps(d, _mm512_cvtepi32_ps(isc)), _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(imn)));
-                *acc = _mm512_add_ps(*acc, v);
+                // x16k's float step, so the bits are the x16 kernel's
+                *acc = q4k_add(*acc, isc, &m, &acts[t * stride]);
             }
         }
     }

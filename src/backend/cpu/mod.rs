@@ -142,24 +142,20 @@ impl CpuBackend {
         if self.simd != SimdLevel::Avx512Vnni {
             return None;
         }
-        let data = &w.prepared?.data;
-        if let Some(p) = data.downcast_ref::<x16::PackedQ5x16>() {
-            return (p.rows == w.rows && p.cols == w.cols && w.ty == GgmlType::Q5_0).then_some(Packed::Q5_0(p));
+        let data: &'a (dyn std::any::Any + Send + Sync) = &*w.prepared?.data;
+        // one downcast, chosen by the view's type (this runs on every matmul call)
+        fn of<'a, B: x16::Block16 + 'static>(data: &'a (dyn std::any::Any + Send + Sync), w: &WeightView<'_>) -> Option<&'a x16::Packed16<B>> {
+            data.downcast_ref::<x16::Packed16<B>>().filter(|p| p.rows == w.rows && p.cols == w.cols)
         }
-        if let Some(p) = data.downcast_ref::<x16k::PackedQ4Kx16>() {
-            return (p.rows == w.rows && p.cols == w.cols && w.ty == GgmlType::Q4K).then_some(Packed::Q4K(p));
-        }
-        if let Some(p) = data.downcast_ref::<x16q::PackedQ40x16>() {
-            return (p.rows == w.rows && p.cols == w.cols && w.ty == GgmlType::Q4_0).then_some(Packed::Q4_0(p));
-        }
-        if let Some(p) = data.downcast_ref::<x16q::PackedQ41x16>() {
-            return (p.rows == w.rows && p.cols == w.cols && w.ty == GgmlType::Q4_1).then_some(Packed::Q4_1(p));
-        }
-        if let Some(p) = data.downcast_ref::<x16q::PackedQ80x16>() {
-            return (p.rows == w.rows && p.cols == w.cols && w.ty == GgmlType::Q8_0).then_some(Packed::Q8_0(p));
-        }
-        let p = data.downcast_ref::<x16k::PackedQ6Kx16>()?;
-        (p.rows == w.rows && p.cols == w.cols && w.ty == GgmlType::Q6K).then_some(Packed::Q6K(p))
+        Some(match w.ty {
+            GgmlType::Q5_0 => Packed::Q5_0(of(data, w)?),
+            GgmlType::Q4_0 => Packed::Q4_0(of(data, w)?),
+            GgmlType::Q4_1 => Packed::Q4_1(of(data, w)?),
+            GgmlType::Q8_0 => Packed::Q8_0(of(data, w)?),
+            GgmlType::Q4K => Packed::Q4K(of(data, w)?),
+            GgmlType::Q6K => Packed::Q6K(of(data, w)?),
+            _ => return None,
+        })
     }
 
     /// Whether the AVX-512 level has a pair kernel for `ty` (never on other architectures).
@@ -268,31 +264,19 @@ impl Backend for CpuBackend {
         if self.simd != SimdLevel::Avx512Vnni {
             return None;
         }
-        if x16::PackedQ5x16::fits(&w) {
-            let p = x16::PackedQ5x16::new(&w);
-            return Some(Prepared { bytes: p.bytes(), data: Box::new(p) });
+        fn repack<B: x16::Block16 + Send + Sync + 'static>(w: &WeightView<'_>) -> Option<Prepared> {
+            let p = x16::Packed16::<B>::new(w);
+            Some(Prepared { bytes: p.bytes(), data: Box::new(p) })
         }
-        if x16q::PackedQ40x16::fits(&w) {
-            let p = x16q::PackedQ40x16::new(&w);
-            return Some(Prepared { bytes: p.bytes(), data: Box::new(p) });
+        match w.ty {
+            GgmlType::Q5_0 if x16::PackedQ5x16::fits(&w) => repack::<x16::BlockQ5x16>(&w),
+            GgmlType::Q4_0 if x16q::PackedQ40x16::fits(&w) => repack::<x16q::BlockQ40x16>(&w),
+            GgmlType::Q4_1 if x16q::PackedQ41x16::fits(&w) => repack::<x16q::BlockQ41x16>(&w),
+            GgmlType::Q8_0 if x16q::PackedQ80x16::fits(&w) => repack::<x16q::BlockQ80x16>(&w),
+            GgmlType::Q4K if x16k::PackedQ4Kx16::fits(&w) => repack::<x16k::BlockQ4Kx16>(&w),
+            GgmlType::Q6K if x16k::PackedQ6Kx16::fits(&w) => repack::<x16k::BlockQ6Kx16>(&w),
+            _ => None,
         }
-        if x16q::PackedQ41x16::fits(&w) {
-            let p = x16q::PackedQ41x16::new(&w);
-            return Some(Prepared { bytes: p.bytes(), data: Box::new(p) });
-        }
-        if x16q::PackedQ80x16::fits(&w) {
-            let p = x16q::PackedQ80x16::new(&w);
-            return Some(Prepared { bytes: p.bytes(), data: Box::new(p) });
-        }
-        if x16k::PackedQ4Kx16::fits(&w) {
-            let p = x16k::PackedQ4Kx16::new(&w);
-            return Some(Prepared { bytes: p.bytes(), data: Box::new(p) });
-        }
-        if x16k::PackedQ6Kx16::fits(&w) {
-            let p = x16k::PackedQ6Kx16::new(&w);
-            return Some(Prepared { bytes: p.bytes(), data: Box::new(p) });
-        }
-        None
     }
 
     fn matmul(&self, w: WeightView<'_>, x: &[f32], n_tok: usize, out: &mut [f32]) {

@@ -131,6 +131,8 @@ fn q6k_values(wb: &[u8]) -> [u8; QK_K] {
 
 #[cfg(target_arch = "x86_64")]
 pub use simd::{matmul_rows_q4k, matmul_rows_q6k};
+#[cfg(target_arch = "x86_64")]
+pub(super) use simd::{q4k_add, q4k_mins};
 
 #[cfg(target_arch = "x86_64")]
 mod simd {
@@ -245,26 +247,50 @@ mod simd {
                         isc[t] = _mm512_add_epi32(isc[t], _mm512_mullo_epi32(s, sc));
                     }
                 }
-                let mn: [__m512i; 8] = std::array::from_fn(|i| _mm512_cvtepu8_epi16(_mm256_loadu_si256(blk.mn.as_ptr().add(32 * i) as *const __m256i)));
-                let dw = _mm512_cvtph_ps(_mm256_loadu_si256(blk.d.as_ptr() as *const __m256i));
-                let dmw = _mm512_cvtph_ps(_mm256_loadu_si256(blk.dmin.as_ptr() as *const __m256i));
+                let m = q4k_mins(blk);
                 for t in 0..NT {
-                    let xb = &x[t][b];
-                    let bs = xb.bsums.as_ptr() as *const i32;
-                    let mut imn = _mm512_setzero_si512();
-                    for (i, m) in mn.iter().enumerate() {
-                        imn = _mm512_dpwssd_epi32(imn, *m, _mm512_set1_epi32(bs.add(i).read_unaligned()));
-                    }
-                    // (d_w·d_x)·sum_sc - (dmin_w·d_x)·sum_min, added in block order: the reference's
-                    let xd = _mm512_set1_ps(xb.d);
-                    let (d, dmin) = (_mm512_mul_ps(dw, xd), _mm512_mul_ps(dmw, xd));
-                    let v = _mm512_sub_ps(_mm512_mul_ps(d, _mm512_cvtepi32_ps(isc[t])), _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(imn)));
-                    acc[t] = _mm512_add_ps(acc[t], v);
+                    acc[t] = q4k_add(acc[t], isc[t], &m, &x[t][b]);
                 }
             }
             for (t, a) in acc.iter().enumerate() {
                 store16(out, t0 + t, r0, *a);
             }
+        }
+    }
+
+    /// A Q4_K block's 16 rows' min bytes as i16 (8 vectors of 2 sub-blocks) and their f32 `d`
+    /// and `dmin`: what [`q4k_add`] needs besides the scale-weighted sums.
+    #[inline(always)]
+    pub(in crate::backend::cpu) fn q4k_mins(blk: &BlockQ4Kx16) -> ([__m512i; 8], __m512, __m512) {
+        // SAFETY: AVX-512F/BW and F16C are enabled in every caller; the loads read `mn` (8 × 32
+        // bytes), `d` and `dmin` (32 bytes each).
+        unsafe {
+            let mn = std::array::from_fn(|i| _mm512_cvtepu8_epi16(_mm256_loadu_si256(blk.mn.as_ptr().add(32 * i) as *const __m256i)));
+            let dw = _mm512_cvtph_ps(_mm256_loadu_si256(blk.d.as_ptr() as *const __m256i));
+            let dmw = _mm512_cvtph_ps(_mm256_loadu_si256(blk.dmin.as_ptr() as *const __m256i));
+            (mn, dw, dmw)
+        }
+    }
+
+    /// `acc + (d_w·d_x)·isc - (dmin_w·d_x)·Σ min·bsum` for one block of one token (`isc`: the
+    /// 16 rows' scale-weighted integer sums): the reference's formula and the one float step of
+    /// this kernel and of the AMX one (`amx.rs`), so both give the same bits.
+    #[inline(always)]
+    pub(in crate::backend::cpu) fn q4k_add(acc: __m512, isc: __m512i, m: &([__m512i; 8], __m512, __m512), xb: &BlockQ8K) -> __m512 {
+        let (mn, dw, dmw) = m;
+        // SAFETY: AVX-512F/BW/VNNI are enabled in every caller; the loads read `xb.bsums`
+        // (16 i16 as 8 i32).
+        unsafe {
+            let bs = xb.bsums.as_ptr() as *const i32;
+            let mut imn = _mm512_setzero_si512();
+            for (i, m) in mn.iter().enumerate() {
+                imn = _mm512_dpwssd_epi32(imn, *m, _mm512_set1_epi32(bs.add(i).read_unaligned()));
+            }
+            // (d_w·d_x)·sum_sc - (dmin_w·d_x)·sum_min, added in block order: the reference's
+            let xd = _mm512_set1_ps(xb.d);
+            let (d, dmin) = (_mm512_mul_ps(*dw, xd), _mm512_mul_ps(*dmw, xd));
+            let v = _mm512_sub_ps(_mm512_mul_ps(d, _mm512_cvtepi32_ps(isc)), _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(imn)));
+            _mm512_add_ps(acc, v)
         }
     }
 }
