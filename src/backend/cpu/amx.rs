@@ -356,7 +356,10 @@ impl AmxBlock for BlockQ4Kx16 {
     unsafe fn combine(&self, sums: &[i32], acts: &[BlockQ8K], stride: usize, acc: &mut [__m512; TOK]) {
         // SAFETY: the caller's promise; loads stay inside `sc`, `mn`, `d`, `dmin`, `bsums`.
         unsafe {
-            let sc: [__m512i; 8] = std::array::from_fn(|i| _mm512_cvtepu8_epi32(_mm_loadu_si128(self.sc.as_ptr().add(16 * i) as *const __m128i)));
+            let mut sc = [_mm512_setzero_si512(); 8];
+            for (i, v) in sc.iter_mut().enumerate() {
+                *v = _mm512_cvtepu8_epi32(_mm_loadu_si128(self.sc.as_ptr().add(16 * i) as *const __m128i));
+            }
             let m = q4k_mins(self);
             for (t, acc) in acc.iter_mut().enumerate() {
                 let mut isc = _mm512_setzero_si512();

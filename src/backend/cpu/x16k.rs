@@ -265,7 +265,12 @@ mod simd {
         // SAFETY: AVX-512F/BW and F16C are enabled in every caller; the loads read `mn` (8 × 32
         // bytes), `d` and `dmin` (32 bytes each).
         unsafe {
-            let mn = std::array::from_fn(|i| _mm512_cvtepu8_epi16(_mm256_loadu_si256(blk.mn.as_ptr().add(32 * i) as *const __m256i)));
+            // a loop, not `array::from_fn`: a closure here would not carry the caller's target
+            // features, and its intrinsics would become calls
+            let mut mn = [_mm512_setzero_si512(); 8];
+            for (i, m) in mn.iter_mut().enumerate() {
+                *m = _mm512_cvtepu8_epi16(_mm256_loadu_si256(blk.mn.as_ptr().add(32 * i) as *const __m256i));
+            }
             let dw = _mm512_cvtph_ps(_mm256_loadu_si256(blk.d.as_ptr() as *const __m256i));
             let dmw = _mm512_cvtph_ps(_mm256_loadu_si256(blk.dmin.as_ptr() as *const __m256i));
             (mn, dw, dmw)
