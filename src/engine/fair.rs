@@ -13,7 +13,8 @@
 //! A step's budget goes first to one token of every decoding sequence, then to prompt chunks
 //! (and draft windows): an equal share per tenant (a tenant needing less leaves the rest to the
 //! others), within a tenant the shortest remaining prompt first, the tenant's oldest prompt
-//! always getting at least a quarter of the tenant's share so it keeps moving. A short request
+//! always getting at least a quarter of the tenant's share so it keeps moving. The step's token
+//! limit is shared the same way (it binds instead of the budget when a unit is cheap). A short request
 //! is therefore prefilled in the step after it arrives even while a long prompt of its own or
 //! another tenant is being prefilled, and a tenant with many long prompts gets no more of the
 //! engine than one with a single request.
@@ -103,14 +104,17 @@ pub fn split(wants: &[Want<'_>], budget: f64, max_tokens: usize) -> Vec<usize> {
     }
     let pool = (budget - used).max(budget * MIN_PREFILL_SHARE);
 
-    // Tenants in order of first arrival, with what all their prompts would cost.
-    let mut tenants: Vec<(&str, f64)> = Vec::new();
+    // Tenants in order of first arrival, with what all their prompts would cost (units, tokens).
+    let mut tenants: Vec<(&str, f64, usize)> = Vec::new();
     for &i in &prefill {
         let w = &wants[i];
         let c = cost(w.pos, w.tokens);
-        match tenants.iter_mut().find(|(t, _)| *t == w.tenant) {
-            Some((_, d)) => *d += c,
-            None => tenants.push((w.tenant, c)),
+        match tenants.iter_mut().find(|(t, _, _)| *t == w.tenant) {
+            Some((_, d, n)) => {
+                *d += c;
+                *n += w.tokens;
+            }
+            None => tenants.push((w.tenant, c, w.tokens)),
         }
     }
     // Water-filling: equal shares, smallest demand first (a demand up to SHORT_FLOOR is met
@@ -126,12 +130,19 @@ pub fn split(wants: &[Want<'_>], budget: f64, max_tokens: usize) -> Vec<usize> {
         left -= allowance[t];
     }
 
-    for (t, &(tenant, _)) in tenants.iter().enumerate() {
+    // The step's token limit is shared the same way: smallest demand first, a short demand
+    // whole, else an equal share of what is left, so tenants that arrived earlier cannot use
+    // it all up when the unit budget is the looser of the two limits.
+    for (k, &t) in by_demand.iter().enumerate() {
+        let (tenant, _, wanted) = tenants[t];
+        let left = max_tokens - tokens;
+        let cap = if wanted as f64 <= SHORT_FLOOR { wanted.min(left) } else { left / (by_demand.len() - k) };
+        let end = tokens + cap;
         let mine: Vec<usize> = prefill.iter().copied().filter(|&i| wants[i].tenant == tenant).collect();
         let mut units = allowance[t];
         let give = |i: usize, units: &mut f64, parts: &mut [usize], tokens: &mut usize| {
             let w = &wants[i];
-            let n = tokens_within(w.pos + parts[i], *units, (w.tokens - parts[i]).min(max_tokens - *tokens));
+            let n = tokens_within(w.pos + parts[i], *units, (w.tokens - parts[i]).min(end - *tokens));
             *units -= cost(w.pos + parts[i], n);
             parts[i] += n;
             *tokens += n;
@@ -307,6 +318,21 @@ mod tests {
         let parts = split(&wants, 120.0, 128);
         assert_eq!(parts[4], 40, "{parts:?}");
         assert!(parts[..4].iter().all(|&n| n >= 1), "every long one keeps moving: {parts:?}");
+    }
+
+    #[test]
+    fn a_short_prompt_is_fed_whole_when_the_token_limit_binds() {
+        // A budget far above the step's token limit (fast kernels): the long and the medium
+        // prompt, which arrived first, must not take all 128 tokens (the short one waited 11
+        // steps, over a second, in the service's fairness test before this was so).
+        let wants = [prefill("big", 768, 7_232), prefill("third", 0, 704), prefill("small", 0, 36)];
+        let parts = split(&wants, 375.0, 128);
+        assert_eq!(parts[2], 36, "{parts:?}");
+        assert_eq!(parts.iter().sum::<usize>(), 128, "the limit is used whole: {parts:?}");
+        assert!(parts[0] >= 40 && parts[1] >= 40, "the other two share the rest: {parts:?}");
+        // The earlier tenants' equal token shares, whatever their arrival order.
+        let wants = [prefill("a", 0, 5_000), prefill("b", 0, 5_000)];
+        assert_eq!(split(&wants, 1e9, 128), vec![64, 64]);
     }
 
     #[test]
