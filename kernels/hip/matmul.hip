@@ -293,22 +293,36 @@ FC_DEV int4 ld_piece(const uint8_t* p, int avail, int al) {
     }
     return make_int4((int)v[0], (int)v[1], (int)v[2], (int)v[3]);
 }
+#ifdef FC_MMA
+// ld_piece into shared memory: a 16-byte piece asynchronously (cp.async, no registers; complete
+// after cp_async_wait), any other synchronously.
+FC_DEV void cp_piece(int4* dst, const uint8_t* p, int avail, int al) {
+    if (al == 16 && avail >= 16) {
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"((unsigned)__cvta_generic_to_shared(dst)), "l"(p));
+    } else {
+        *dst = ld_piece(p, avail, al);
+    }
+}
+FC_DEV void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+FC_DEV void cp_async_wait() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+#endif
 
 // 256 threads (8 warps) per 64-row x 32-token tile. K runs in chunks of 8 blocks: every thread
-// loads its pieces of the next chunk into registers while the warps work on this one, then
-// stores them into shared memory; warp w multiplies block w of the chunk, i.e. its segment, and
+// loads its pieces of the next chunk (weights into registers, then shared memory; activations
+// straight into the other of two shared buffers) while the warps work on this one; warp w multiplies block w of the chunk, i.e. its segment, and
 // keeps 64 sums per lane.
 template <class W, int EPI>
 FC_DEV void mmq_mma_body(const uint8_t* __restrict__ w, unsigned long long row_bytes, int rows, int nb,
                          const BlockQ8* __restrict__ x, int xs, int n_tok, float* __restrict__ out, int ldo) {
 #ifdef FC_MMA
     typedef MmaRaw<W> R;
-    // tiles: wraw [64][SWW] words (at most 17 KiB), xraw [32][84] words (10.5 KiB);
+    // tiles: wraw [64][SWW] words (at most 17 KiB), xraw [2][32][84] words (2 x 10.5 KiB: the
+    // activations of the next chunk arrive by cp.async while the warps read this one's);
     // afterwards the segment sums: red [8][32 tokens][36] (36 KiB)
-    __shared__ int4 smem[8 * 32 * 36 / 4];
-    static_assert(FC_MMA_BM * R::SWW + FC_MMA_BN * FC_MMA_XWW <= 8 * 32 * 36, "tiles fit the shared array");
+    constexpr int TILE_WORDS = FC_MMA_BM * R::SWW + 2 * FC_MMA_BN * FC_MMA_XWW, RED_WORDS = 8 * 32 * 36;
+    __shared__ int4 smem[(TILE_WORDS > RED_WORDS ? TILE_WORDS : RED_WORDS) / 4];
     int4* wraw = smem;
-    int4* xraw = smem + FC_MMA_BM * R::SWW / 4;
+    int4* xraw0 = smem + FC_MMA_BM * R::SWW / 4;
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, tig = lane & 3;
     const int r0 = blockIdx.x * FC_MMA_BM, t0 = blockIdx.y * FC_MMA_BN;
@@ -317,7 +331,7 @@ FC_DEV void mmq_mma_body(const uint8_t* __restrict__ w, unsigned long long row_b
     const int wal = piece_align((unsigned long long)w, row_bytes, (unsigned long long)wlen);
     const int xal = piece_align((unsigned long long)x, (unsigned long long)xs * sizeof(BlockQ8), (unsigned long long)xlen);
 
-    int4 gw[R::NPW], gx[FC_MMA_NPX];
+    int4 gw[R::NPW];
     auto fetch = [&](int c) {
 #pragma unroll
         for (int k = 0; k < R::NPW; ++k) {
@@ -327,14 +341,16 @@ FC_DEV void mmq_mma_body(const uint8_t* __restrict__ w, unsigned long long row_b
                 gw[k] = ld_piece(src, wlen - o, wal);
             }
         }
+        int4* xraw = xraw0 + (c & 1) * (FC_MMA_BN * FC_MMA_XWW / 4);
 #pragma unroll
         for (int k = 0; k < FC_MMA_NPX; ++k) {
             const int p = tid + 256 * k, tok = p / FC_MMA_XPR, o = c * 8 * (int)sizeof(BlockQ8) + 16 * (p % FC_MMA_XPR);
             if (p < FC_MMA_BN * FC_MMA_XPR) {
                 const uint8_t* src = (const uint8_t*)(x + (unsigned long long)min(t0 + tok, n_tok - 1) * xs) + o;
-                gx[k] = ld_piece(src, xlen - o, xal);
+                cp_piece(xraw + tok * (FC_MMA_XWW / 4) + p % FC_MMA_XPR, src, xlen - o, xal);
             }
         }
+        cp_async_commit();
     };
 
     float acc[4][4][4];
@@ -353,13 +369,10 @@ FC_DEV void mmq_mma_body(const uint8_t* __restrict__ w, unsigned long long row_b
             const int p = tid + 256 * k;
             if (p < FC_MMA_BM * R::PR) wraw[(p / R::PR) * (R::SWW / 4) + p % R::PR] = gw[k];
         }
-#pragma unroll
-        for (int k = 0; k < FC_MMA_NPX; ++k) {
-            const int p = tid + 256 * k;
-            if (p < FC_MMA_BN * FC_MMA_XPR) xraw[(p / FC_MMA_XPR) * (FC_MMA_XWW / 4) + p % FC_MMA_XPR] = gx[k];
-        }
+        cp_async_wait();
         __syncthreads();
         if (c + 1 < nc) fetch(c + 1);
+        const int4* xraw = xraw0 + (c & 1) * (FC_MMA_BN * FC_MMA_XWW / 4);
         if (8 * c + warp < nb) {
             const int* xw = (const int*)xraw + warp * (int)(sizeof(BlockQ8) / 4);  // block `warp` of token 0
             int b0[4], b1[4];
