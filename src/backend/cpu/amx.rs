@@ -30,6 +30,7 @@ use super::quant::BlockQ8K;
 use super::shared::SharedOut;
 use super::x16::{store16, unpack_q5, Block16, BlockQ5x16, BlockQ8O, Packed16, ROWS};
 use super::x16k::{q4k_add, q4k_mins, BlockQ4Kx16, BlockQ6Kx16};
+use super::x16q::{add, q4_1_add, scaled, unpack_q4_0, unpack_q4_1, BlockQ40x16, BlockQ41x16, BlockQ80x16};
 
 /// Tokens per tile (rows of the A and C tiles).
 pub const TOK: usize = 16;
@@ -54,11 +55,21 @@ pub trait AmxBlock: Block16 {
     unsafe fn b_tiles(&self, dst: *mut u8) -> *const u8;
     /// Adds the block's term to the 16 tokens' accumulators (lane r: row r). `sums[256 u + 16 t
     /// + r]`: unit u's exact Σ w·x of token t and row r; token t's activation block is
-    /// `acts[t * stride]`.
+    /// `acts[t * stride]`. `acc2` is a second accumulator per token for types whose reference
+    /// keeps two sums (Q4_1's min terms), untouched by the others.
     ///
     /// # Safety
     /// AVX-512F/BW/VNNI and F16C must be enabled in the caller; `sums.len() >= 256 * UNITS`.
-    unsafe fn combine(&self, sums: &[i32], acts: &[Self::Act], stride: usize, acc: &mut [__m512; TOK]);
+    unsafe fn combine(&self, sums: &[i32], acts: &[Self::Act], stride: usize, acc: &mut [__m512; TOK], acc2: &mut [__m512; TOK]);
+    /// A token's result from its two accumulators after the last block (`acc` unless the type
+    /// keeps two sums).
+    ///
+    /// # Safety
+    /// AVX-512F must be enabled in the caller.
+    #[inline(always)]
+    unsafe fn result(acc: __m512, _acc2: __m512) -> __m512 {
+        acc
+    }
 }
 
 /// The `x16` kernel of a type (`x16::matmul_rows_q5_0`, ...): what runs the tokens after the
@@ -174,7 +185,7 @@ unsafe fn tiles<B: AmxBlock>(p: &Packed16<B>, rows: Range<usize>, acts: &[B::Act
                 let w = &p.blocks[g * nb..(g + 1) * nb];
                 let at = &s.at[(g - g0) * nb..(g - g0 + 1) * nb];
                 let x = &acts[t0 * nb..];
-                let mut acc = [_mm512_setzero_ps(); TOK];
+                let (mut acc, mut acc2) = ([_mm512_setzero_ps(); TOK], [_mm512_setzero_ps(); TOK]);
                 // Software pipeline: step i's products (its `SPAN` blocks) are issued before step
                 // i - 1's sums are read back (a tile store read at once by vector loads stalls).
                 let n_steps = nb.div_ceil(span);
@@ -217,12 +228,13 @@ unsafe fn tiles<B: AmxBlock>(p: &Packed16<B>, rows: Range<usize>, acts: &[B::Act
                         // at `half + k * UNITS * 256` and were stored by `issue(i)`.
                         unsafe {
                             let sums = std::slice::from_raw_parts(sums.add(half + k * B::UNITS * 256), B::UNITS * 256);
-                            w[b + k].combine(sums, &x[b + k..], nb, &mut acc)
+                            w[b + k].combine(sums, &x[b + k..], nb, &mut acc, &mut acc2)
                         };
                     }
                 }
-                for (t, a) in acc.iter().enumerate() {
-                    store16(out, t0 + t, g * ROWS, *a);
+                for t in 0..TOK {
+                    // SAFETY: AVX-512F is enabled here.
+                    store16(out, t0 + t, g * ROWS, unsafe { B::result(acc[t], acc2[t]) });
                 }
             }
         }
@@ -311,7 +323,7 @@ impl AmxBlock for BlockQ5x16 {
     }
 
     #[inline(always)]
-    unsafe fn combine(&self, sums: &[i32], acts: &[BlockQ8O], stride: usize, acc: &mut [__m512; TOK]) {
+    unsafe fn combine(&self, sums: &[i32], acts: &[BlockQ8O], stride: usize, acc: &mut [__m512; TOK], _: &mut [__m512; TOK]) {
         // SAFETY: the caller's promise; `d` is 32 bytes.
         unsafe {
             let d = _mm512_cvtph_ps(_mm256_loadu_si256(self.d.as_ptr() as *const __m256i));
@@ -353,7 +365,7 @@ impl AmxBlock for BlockQ4Kx16 {
     }
 
     #[inline(always)]
-    unsafe fn combine(&self, sums: &[i32], acts: &[BlockQ8K], stride: usize, acc: &mut [__m512; TOK]) {
+    unsafe fn combine(&self, sums: &[i32], acts: &[BlockQ8K], stride: usize, acc: &mut [__m512; TOK], _: &mut [__m512; TOK]) {
         // SAFETY: the caller's promise; loads stay inside `sc`, `mn`, `d`, `dmin`, `bsums`.
         unsafe {
             let mut sc = [_mm512_setzero_si512(); 8];
@@ -390,7 +402,7 @@ impl AmxBlock for BlockQ6Kx16 {
     }
 
     #[inline(always)]
-    unsafe fn combine(&self, sums: &[i32], acts: &[BlockQ8K], stride: usize, acc: &mut [__m512; TOK]) {
+    unsafe fn combine(&self, sums: &[i32], acts: &[BlockQ8K], stride: usize, acc: &mut [__m512; TOK], _: &mut [__m512; TOK]) {
         // SAFETY: the caller's promise; loads stay inside `sc`, `sc2`, `d`, `bsums`.
         unsafe {
             let mut sc = [_mm512_setzero_si512(); 16];
@@ -417,6 +429,115 @@ impl AmxBlock for BlockQ6Kx16 {
                 // (d_w·d_x)·sum, added in block order: the reference's rounding
                 let d = _mm512_mul_ps(dw, _mm512_set1_ps(xb.d));
                 *acc = _mm512_add_ps(*acc, _mm512_mul_ps(d, _mm512_cvtepi32_ps(sum)));
+            }
+        }
+    }
+}
+
+/// Stores a block's 8 weight vectors (vector k, lane r: row r's elements 4k..4k + 4, u8) as
+/// its B tile (K = 32: 8 rows of 64 bytes).
+///
+/// # Safety
+/// AVX-512F in the caller; 512 writable bytes at `dst`.
+#[inline(always)]
+unsafe fn store_b(q: &[__m512i; 8], dst: *mut u8) -> *const u8 {
+    for (k, v) in q.iter().enumerate() {
+        // SAFETY: the caller's promise.
+        unsafe { _mm512_storeu_si512(dst.add(64 * k) as *mut __m512i, *v) };
+    }
+    dst
+}
+
+/// Q4_0: one product per block (K = 32) over the unpacked nibbles u; sumi = Σ u·x + off / 2
+/// (the weights are u - 8), then `x16q::tile_q4_0`'s float step.
+impl AmxBlock for BlockQ40x16 {
+    type Act = BlockQ8O;
+    const UNITS: usize = 1;
+    const K: usize = 32;
+
+    fn act_at(_: usize) -> usize {
+        std::mem::offset_of!(BlockQ8O, qs)
+    }
+
+    #[inline(always)]
+    unsafe fn b_tiles(&self, dst: *mut u8) -> *const u8 {
+        // SAFETY: the caller's promise (AVX-512, 512 writable bytes at `dst`).
+        unsafe { store_b(&unpack_q4_0(self).0, dst) }
+    }
+
+    #[inline(always)]
+    unsafe fn combine(&self, sums: &[i32], acts: &[BlockQ8O], stride: usize, acc: &mut [__m512; TOK], _: &mut [__m512; TOK]) {
+        // SAFETY: the caller's promise; `d` is 32 bytes.
+        unsafe {
+            let d = _mm512_cvtph_ps(_mm256_loadu_si256(self.d.as_ptr() as *const __m256i));
+            for (t, acc) in acc.iter_mut().enumerate() {
+                let a = &acts[t * stride];
+                add(acc, scaled(d, a, _mm512_add_epi32(_mm512_set1_epi32(a.off >> 1), sum_row(sums, 0, t))));
+            }
+        }
+    }
+}
+
+/// Q4_1: one product per block (K = 32) over the nibbles u; sumi = Σ u·x, then
+/// `x16q::tile_q4_1`'s two fused sums (the min terms in `acc2`), added at the end.
+impl AmxBlock for BlockQ41x16 {
+    type Act = BlockQ8O;
+    const UNITS: usize = 1;
+    const K: usize = 32;
+
+    fn act_at(_: usize) -> usize {
+        std::mem::offset_of!(BlockQ8O, qs)
+    }
+
+    #[inline(always)]
+    unsafe fn b_tiles(&self, dst: *mut u8) -> *const u8 {
+        // SAFETY: the caller's promise (AVX-512, 512 writable bytes at `dst`).
+        unsafe { store_b(&unpack_q4_1(self).0, dst) }
+    }
+
+    #[inline(always)]
+    unsafe fn combine(&self, sums: &[i32], acts: &[BlockQ8O], stride: usize, acc: &mut [__m512; TOK], acc2: &mut [__m512; TOK]) {
+        // SAFETY: the caller's promise; `d` and `m` are 32 bytes each.
+        unsafe {
+            let d = _mm512_cvtph_ps(_mm256_loadu_si256(self.d.as_ptr() as *const __m256i));
+            let m = _mm512_cvtph_ps(_mm256_loadu_si256(self.m.as_ptr() as *const __m256i));
+            for t in 0..TOK {
+                q4_1_add(&mut acc[t], &mut acc2[t], d, m, &acts[t * stride], sum_row(sums, 0, t));
+            }
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn result(acc: __m512, acc2: __m512) -> __m512 {
+        // SAFETY: the caller's promise.
+        unsafe { _mm512_add_ps(acc, acc2) }
+    }
+}
+
+/// Q8_0: one product per block (K = 32); the stored bytes w + 128 are the B tile; sumi =
+/// Σ (w + 128)·x + 8·off, then `x16q::tile_q8_0`'s float step.
+impl AmxBlock for BlockQ80x16 {
+    type Act = BlockQ8O;
+    const UNITS: usize = 1;
+    const K: usize = 32;
+
+    fn act_at(_: usize) -> usize {
+        std::mem::offset_of!(BlockQ8O, qs)
+    }
+
+    #[inline(always)]
+    unsafe fn b_tiles(&self, _: *mut u8) -> *const u8 {
+        self.qs.as_ptr()
+    }
+
+    #[inline(always)]
+    unsafe fn combine(&self, sums: &[i32], acts: &[BlockQ8O], stride: usize, acc: &mut [__m512; TOK], _: &mut [__m512; TOK]) {
+        // SAFETY: the caller's promise; `d` is 32 bytes.
+        unsafe {
+            let d = _mm512_cvtph_ps(_mm256_loadu_si256(self.d.as_ptr() as *const __m256i));
+            for (t, acc) in acc.iter_mut().enumerate() {
+                let a = &acts[t * stride];
+                add(acc, scaled(d, a, _mm512_add_epi32(_mm512_set1_epi32(a.off << 3), sum_row(sums, 0, t))));
             }
         }
     }
