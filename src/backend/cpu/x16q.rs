@@ -118,7 +118,7 @@ impl Block16 for BlockQ80x16 {
 #[cfg(target_arch = "x86_64")]
 pub use simd::{matmul_rows_q4_0, matmul_rows_q4_1, matmul_rows_q8_0};
 #[cfg(target_arch = "x86_64")]
-pub(super) use simd::{add, q4_1_add, scaled, unpack_q4_0, unpack_q4_1};
+pub(super) use simd::{add, q4_1_dot, q4_1_min, scaled, unpack_q4_0, unpack_q4_1};
 
 #[cfg(target_arch = "x86_64")]
 mod simd {
@@ -242,11 +242,22 @@ mod simd {
     /// `acc_m = fma(m_w, s_x, acc_m)` (the row's result is `acc + acc_m` after the last block).
     #[inline(always)]
     pub fn q4_1_add(acc: &mut __m512, acc_m: &mut __m512, d: __m512, m: __m512, a: &BlockQ8O, s: __m512i) {
+        q4_1_min(acc_m, m, a);
+        q4_1_dot(acc, d, a, s);
+    }
+
+    /// Q4_1's min step: `acc_m = fma(m_w, s_x, acc_m)`.
+    #[inline(always)]
+    pub fn q4_1_min(acc_m: &mut __m512, m: __m512, a: &BlockQ8O) {
         // SAFETY: AVX-512F is enabled in the only callers.
-        unsafe {
-            *acc_m = _mm512_fmadd_ps(m, _mm512_set1_ps(a.s), *acc_m);
-            *acc = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(a.d)), _mm512_cvtepi32_ps(s), *acc);
-        }
+        *acc_m = unsafe { _mm512_fmadd_ps(m, _mm512_set1_ps(a.s), *acc_m) };
+    }
+
+    /// Q4_1's scale step: `acc = fma(d_w·d_x, sumi, acc)`.
+    #[inline(always)]
+    pub fn q4_1_dot(acc: &mut __m512, d: __m512, a: &BlockQ8O, s: __m512i) {
+        // SAFETY: AVX-512F is enabled in the only callers.
+        *acc = unsafe { _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(a.d)), _mm512_cvtepi32_ps(s), *acc) };
     }
 
     /// Q4_0, 16 rows × tokens `t0..t0 + NT`: each block unpacked once for the tile; per token
