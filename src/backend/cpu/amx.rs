@@ -1,4 +1,4 @@
-//! AMX-INT8 tile matmul for prefill over the 16-row repacked layouts (`x16`, `x16k`), on CPUs
+//! AMX-INT8 tile matmul for prefill over the 16-row repacked layouts (`x16`, `x16q`, `x16k`), on CPUs
 //! that have AMX (Intel Sapphire Rapids and later; chosen at run time, see
 //! `simd::amx_status`). Batches of 16+ tokens only: whole 16-token tiles run here, the other
 //! tokens (decode, small tails) on the `x16` kernels, which give the same bits.
