@@ -307,9 +307,32 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec
                 o2 = o2 * corr;
                 o3 = o3 * corr;
                 let vb = (kv0 + start) * hd + 2u * lane;
-                // Sixteen (then four, then one) keys at a time so that their loads issue together;
-                // the additions keep key order.
+                // Thirty-two (then sixteen, four, one) keys at a time so that their loads issue
+                // together (a whole tile: one wait for memory); the additions keep key order.
                 var jj = 0u;
+                for (; jj + 32u <= nk; jj += 32u) {
+                    let ea = exp4(sb + jj, m_new);
+                    let eb = exp4(sb + jj + 4u, m_new);
+                    let ec = exp4(sb + jj + 8u, m_new);
+                    let ed = exp4(sb + jj + 12u, m_new);
+                    let ee = exp4(sb + jj + 16u, m_new);
+                    let ef = exp4(sb + jj + 20u, m_new);
+                    let eg = exp4(sb + jj + 24u, m_new);
+                    let eh = exp4(sb + jj + 28u, m_new);
+                    l = sum4(sum4(sum4(sum4(sum4(sum4(sum4(sum4(l, ea), eb), ec), ed), ee), ef), eg), eh);
+                    let r = vb + jj * hd;
+                    let r2 = r + 16u * hd;
+                    o0 = acc16(acc16(o0, r, hd, ea, eb, ec, ed), r2, hd, ee, ef, eg, eh);
+                    if (has1) {
+                        o1 = acc16(acc16(o1, r + 64u, hd, ea, eb, ec, ed), r2 + 64u, hd, ee, ef, eg, eh);
+                    }
+                    if (has2) {
+                        o2 = acc16(acc16(o2, r + 128u, hd, ea, eb, ec, ed), r2 + 128u, hd, ee, ef, eg, eh);
+                    }
+                    if (has3) {
+                        o3 = acc16(acc16(o3, r + 192u, hd, ea, eb, ec, ed), r2 + 192u, hd, ee, ef, eg, eh);
+                    }
+                }
                 for (; jj + 16u <= nk; jj += 16u) {
                     let ea = exp4(sb + jj, m_new);
                     let eb = exp4(sb + jj + 4u, m_new);
