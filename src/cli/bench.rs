@@ -69,8 +69,10 @@ pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
     let cpu = Arc::new(CpuBackend::new(a.threads)?);
     let (threads, backend_name) = (cpu.threads(), format!("cpu-{}{}", cpu.simd().name(), if cpu.amx() { "+amx" } else { "" }));
     let cpu_ref = cpu.clone();
-    let mut model = Model::load(&path, cpu).with_context(|| format!("loading {}", path.display()))?;
+    let mut model = Model::load_unprepared(&path, cpu).with_context(|| format!("loading {}", path.display()))?;
     let placement = place(&mut model, &a.backend.options()?)?;
+    // The CPU's copies only of the layers it runs.
+    model.prepare_weights();
     eprintln!("forge-cache: layers {placement}: {}", model.placement());
     let backend_name = match (a.backend.backend, model.gpu_layers()) {
         (_, None) => backend_name,

@@ -141,8 +141,10 @@ pub fn run(a: &GenerateArgs) -> anyhow::Result<()> {
         bail!(forge_cache::models::missing_hint(&path));
     }
     let backend = Arc::new(CpuBackend::new(a.threads)?);
-    let mut model = Model::load(&path, backend).with_context(|| format!("loading {}", path.display()))?;
+    let mut model = Model::load_unprepared(&path, backend).with_context(|| format!("loading {}", path.display()))?;
     let placement = place(&mut model, &a.backend.options()?)?;
+    // The CPU's copies only of the layers it runs.
+    model.prepare_weights();
     eprintln!("forge-cache: layers {placement}");
     let tok = Tokenizer::from_gguf(&model.gguf)?;
     let template = ChatTemplate::from_gguf(&model.gguf)?;

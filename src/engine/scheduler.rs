@@ -161,6 +161,8 @@ impl Scheduler {
         let q = queue.clone();
         let thread = std::thread::Builder::new().name("forge-engine".into()).spawn(move || {
             let _end = EndGuard(q.clone());
+            // Before any step: every forward call of this engine runs the same kernels.
+            model.prepare_weights();
             let tokenizer = match tokenizer.get() {
                 Ok(t) => t.clone(),
                 Err(e) => {

@@ -7,7 +7,7 @@
 
 use std::cell::RefCell;
 use std::collections::BTreeSet;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use crate::backend::{Backend, Prepared, WeightView};
 use crate::gguf::{GgmlType, GgufError, GgufFile, TensorInfo};
@@ -26,15 +26,16 @@ pub struct Matrix {
     pub cols: usize,
     /// First row of this matrix within the tensor (non-zero for the parts of a fused matrix).
     pub row0: usize,
-    /// The backend's own copy in its kernels' layout ([`Backend::prepare`]), made at load.
-    pub prepared: Option<Arc<Prepared>>,
+    /// The backend's own copy in its kernels' layout ([`Backend::prepare`]), made once, at load
+    /// or by the engine thread before its first step ([`Weights::prepare`]).
+    pub prepared: OnceLock<Arc<Prepared>>,
 }
 
 impl Matrix {
     pub fn view<'a>(&'a self, g: &'a GgufFile) -> WeightView<'a> {
         let rb = self.info.ty.row_bytes(self.cols).unwrap_or(0);
         let data = &g.data(&self.info)[self.row0 * rb..(self.row0 + self.rows) * rb];
-        WeightView { ty: self.info.ty, rows: self.rows, cols: self.cols, data, prepared: self.prepared.as_deref() }
+        WeightView { ty: self.info.ty, rows: self.rows, cols: self.cols, data, prepared: self.prepared.get().map(|p| &**p) }
     }
 
     pub fn ty(&self) -> GgmlType {
@@ -43,7 +44,7 @@ impl Matrix {
 
     /// Rows `r..r + n` of this matrix as a matrix of its own.
     fn rows(&self, r: usize, n: usize) -> Matrix {
-        Matrix { info: self.info.clone(), rows: n, cols: self.cols, row0: self.row0 + r, prepared: None }
+        Matrix { info: self.info.clone(), rows: n, cols: self.cols, row0: self.row0 + r, prepared: OnceLock::new() }
     }
 }
 
@@ -105,7 +106,7 @@ impl Loader<'_> {
     fn matrix(&self, name: &str, cols: usize, rows: usize) -> Result<Matrix, GgufError> {
         let info = self.g.tensor_with_shape(name, &[cols as u64, rows as u64])?.info.clone();
         self.used.borrow_mut().insert(name.to_string());
-        Ok(Matrix { info, rows, cols, row0: 0, prepared: None })
+        Ok(Matrix { info, rows, cols, row0: 0, prepared: OnceLock::new() })
     }
 
     fn vector(&self, name: &str, n: usize) -> Result<Vec<f32>, GgufError> {
@@ -178,15 +179,24 @@ impl Weights {
         Ok(Weights { token_embd, layers, output_norm, output, rope_freqs })
     }
 
-    /// Asks `backend` for its own layout of every layer matrix and of the output projection
-    /// ([`Backend::prepare`]) and keeps what it makes; returns the bytes those copies hold. (A
-    /// tied output's copy is the output's own: the embedding lookup still reads the map.)
-    pub fn prepare(&mut self, g: &GgufFile, backend: &dyn Backend) -> usize {
+    /// Asks `backend` for its own layout of the matrices of every layer `on_backend` names and
+    /// of the output projection ([`Backend::prepare`]) and keeps what it makes; returns the bytes
+    /// the new copies hold. A matrix prepared before is left as it is, so the kernels a matrix
+    /// runs never change once it has its copy. (A tied output's copy is the output's own: the
+    /// embedding lookup still reads the map.)
+    pub fn prepare(&self, g: &GgufFile, backend: &dyn Backend, on_backend: impl Fn(usize) -> bool) -> usize {
         let mut bytes = 0;
-        let layers = self.layers.iter_mut().flat_map(|l| [&mut l.wq, &mut l.wk, &mut l.wv, &mut l.wo, &mut l.w_gate, &mut l.w_up, &mut l.w_down]);
-        for m in layers.chain([&mut self.output]) {
-            m.prepared = backend.prepare(m.view(g)).map(Arc::new);
-            bytes += m.prepared.as_ref().map_or(0, |p| p.bytes);
+        let layers = self.layers.iter().enumerate().filter(|(i, _)| on_backend(*i));
+        let matrices = layers.flat_map(|(_, l)| [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down]);
+        for m in matrices.chain([&self.output]) {
+            if m.prepared.get().is_some() {
+                continue;
+            }
+            if let Some(p) = backend.prepare(m.view(g)) {
+                bytes += p.bytes;
+                // A concurrent call that set it first wins: both made the same copy.
+                let _ = m.prepared.set(Arc::new(p));
+            }
         }
         bytes
     }

@@ -239,7 +239,10 @@ impl Pipeline {
         }
         let backend = Arc::new(CpuBackend::new(config.threads).map_err(|e| LoadError::Backend(e.to_string()))?);
         let engine_cpu = backend.clone();
-        let mut model = Model::load(&config.model, backend).map_err(|source| LoadError::Model { path: config.model.clone(), source })?;
+        let mut model = Model::load_unprepared(&config.model, backend).map_err(|source| LoadError::Model { path: config.model.clone(), source })?;
+        // The CPU's copies of its matrices are made by the engine thread (off the path of an
+        // EXACT answer after a restart); an automatic split's calibration times the CPU on the
+        // mapped layout, a little slower than the repacked one.
         let placement = place(&mut model, &config.placement).map_err(|e| LoadError::Backend(e.to_string()))?;
         tracing::info!(placement = %placement, layers = %model.placement(), "model placed");
         let model = Arc::new(model);

@@ -87,3 +87,36 @@ fn presets_and_errors() {
     let f = tempfile::NamedTempFile::new().expect("tmp");
     assert!(matches!(write_synth_model(&bad, GgmlType::Q4_0, 1, None, f.path(), |_| {}), Err(SynthError::BadShape(_))));
 }
+
+/// The service maps a model at start-up and its engine thread makes the CPU's copies before its
+/// first step (`Model::load_unprepared`, `Model::prepare_weights`): the copies are the ones
+/// `Model::load` makes, a second call makes none, and the logits are bitwise those of a model
+/// loaded and prepared at once.
+#[test]
+fn weights_prepared_later_are_the_ones_made_at_load() {
+    let f = tempfile::NamedTempFile::new().expect("tmp");
+    write_synth_model(&SynthShape::small(SynthArch::Llama), SynthQuant::All(GgmlType::Q4_0), 5, None, f.path(), |_| {}).expect("write");
+    let cpu = || Arc::new(CpuBackend::new(1).expect("pool"));
+    let eager = Model::load(f.path(), cpu()).expect("load");
+    let lazy = Model::load_unprepared(f.path(), cpu()).expect("load");
+    let copies = |m: &Model| {
+        let mut v: Vec<bool> = m.weights.layers.iter().flat_map(|l| [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down]).map(|w| w.prepared.get().is_some()).collect();
+        v.push(m.weights.output.prepared.get().is_some());
+        v
+    };
+    assert!(copies(&lazy).iter().all(|&c| !c), "nothing is repacked before prepare_weights");
+    let bytes = lazy.prepare_weights();
+    assert_eq!(copies(&lazy), copies(&eager));
+    if cpu().simd() == crate::backend::cpu::SimdLevel::Avx512Vnni {
+        assert!(bytes > 0 && copies(&lazy).iter().all(|&c| c), "the AVX-512 level repacks every Q4_0 matrix");
+    }
+    assert_eq!(lazy.prepare_weights(), 0, "a matrix keeps the copy it got first");
+    let tok = Tokenizer::from_gguf(&eager.gguf).expect("tokenizer");
+    let ids = tok.encode_prompt("the cat sat on the mat").expect("encode");
+    let run = |m: &Model| {
+        let (mut state, mut kv) = (m.new_state(32), m.new_kv(32));
+        m.forward(&mut state, &mut [SeqBatch { kv: &mut kv, tokens: &ids, logits: Logits::Last }]).expect("forward");
+        m.logits(&state, 0).iter().map(|v| v.to_bits()).collect::<Vec<u32>>()
+    };
+    assert_eq!(run(&lazy), run(&eager));
+}
