@@ -1,9 +1,9 @@
 // attention.wgsl — causal attention of the query tokens of one sequence over its KV cache,
 // split over the keys inside one workgroup (flash-decoding within a workgroup). The body of two
 // kernels, each after q8_act.wgsl (q8_coop) and a prefix that declares bindings 1..3 and 6 (and 7)
-// and four hooks:
-// `load_query` (fill `qv` with the workgroup's query head), `key_dot` (q · key j), `key_dot4`
-// (the same for four keys) and `value` (a pair of value j):
+// and three hooks:
+// `load_query` (fill `qv` with the workgroup's query head), `key_dot` (q · key j) and `value`
+// (a pair of value j):
 // * attention_cached.wgsl — `attention`: the queries' RoPE is done and every key and value is
 //   in the cache (rope_store.wgsl ran before); prefill, and the op of WgpuBackend.
 // * attention_one.wgsl (after rope_pair.wgsl) — `attention_one`: a sequence of one token
@@ -40,11 +40,8 @@
 // Order of the arithmetic (fixed, so a token's output is bitwise the same alone, in a prefill of
 // any chunking, or next to other sequences, and in either kernel): keys are cut into tiles of 32
 // at absolute positions 0, 32, 64, ...; the workgroup's 8 groups of 32 lanes take tiles g, g + 8,
-// g + 16, ... Key j's score is a fused multiply-add chain over head_dim, in element order, times
-// `scale`; the workgroup scores the keys in rounds of R = 1024 (32 tiles: thread i scores keys
-// i, i + 256, i + 512, i + 768 of the round, the four chains' loads issued together, so that a
-// round costs one wait for memory, not one per tile), then each group walks its 4 tiles of the
-// round. Every lane of the group walks a tile's scores in key order:
+// g + 16, ... Lane j of a group scores key j of its tile (a fused multiply-add chain over
+// head_dim, times `scale`). Every lane of the group then walks the tile's scores in key order:
 // the tile's max (a chain of max), the group's running max m, the rescale of its running sum l
 // and outputs by exp(m_old - m), and for each key e = exp(s - m), l += e, o += e * v (lane j owns
 // value pairs j, j + 32, ...). At the end the 8 groups' (m, l, o) are merged in group order 0..7
@@ -65,13 +62,13 @@
 const G: u32 = 8u;   // groups per workgroup
 const L: u32 = 32u;  // lanes per group = keys per tile
 const NEG: f32 = -3.0e38; // stands for -infinity (WGSL may assume no infinities)
-const R: u32 = 1024u; // keys scored per round: 4 per thread, 4 tiles per group
 
 // [head_dim] the query
 var<workgroup> qv: array<f32, 256>;
-// [R] the scores of a round's keys; after the last round, [G][256] each group's unnormalized
-// output (one array for both, to stay inside 16 KiB of workgroup memory)
-var<workgroup> sc: array<f32, 2048>;
+// [G][L] scores of each group's current tile
+var<workgroup> sc: array<f32, 256>;
+// [G][256] each group's unnormalized output
+var<workgroup> go: array<f32, 2048>;
 // [G] each group's running max and sum
 var<workgroup> gm: array<f32, 8>;
 var<workgroup> gl: array<f32, 8>;
@@ -159,47 +156,6 @@ fn cache_dot(kb: u32) -> f32 {
     return dot;
 }
 
-// q · 32 key values of four keys (words e.x, e.y, e.z, e.w of KC on), for elements d .. d + 31,
-// continuing each key's chain in `acc` (dot8h in element order; the 16 loads come first).
-fn dot32h4(acc: vec4<f32>, e: vec4<u32>, d: u32) -> vec4<f32> {
-    let x0 = KC[e.x];
-    let x1 = KC[e.x + 1u];
-    let x2 = KC[e.x + 2u];
-    let x3 = KC[e.x + 3u];
-    let y0 = KC[e.y];
-    let y1 = KC[e.y + 1u];
-    let y2 = KC[e.y + 2u];
-    let y3 = KC[e.y + 3u];
-    let z0 = KC[e.z];
-    let z1 = KC[e.z + 1u];
-    let z2 = KC[e.z + 2u];
-    let z3 = KC[e.z + 3u];
-    let w0 = KC[e.w];
-    let w1 = KC[e.w + 1u];
-    let w2 = KC[e.w + 2u];
-    let w3 = KC[e.w + 3u];
-    return vec4<f32>(
-        dot8h(dot8h(dot8h(dot8h(acc.x, x0, d), x1, d + 8u), x2, d + 16u), x3, d + 24u),
-        dot8h(dot8h(dot8h(dot8h(acc.y, y0, d), y1, d + 8u), y2, d + 16u), y3, d + 24u),
-        dot8h(dot8h(dot8h(dot8h(acc.z, z0, d), z1, d + 8u), z2, d + 16u), z3, d + 24u),
-        dot8h(dot8h(dot8h(dot8h(acc.w, w0, d), w1, d + 8u), w2, d + 16u), w3, d + 24u),
-    );
-}
-
-// cache_dot of four keys at once (elements kb.x, kb.y, kb.z, kb.w of KC on): each key's chain is
-// cache_dot's (one fused multiply-add per element, in element order, from 0), only the loads of
-// the four keys issue together. f16 caches with head_dim a multiple of 32; else one at a time.
-fn cache_dot4(kb: vec4<u32>) -> vec4<f32> {
-    if (p.kv_f16 == 0u || p.head_dim % 32u != 0u) {
-        return vec4<f32>(cache_dot(kb.x), cache_dot(kb.y), cache_dot(kb.z), cache_dot(kb.w));
-    }
-    var acc = vec4<f32>(0.0);
-    for (var d = 0u; d < p.head_dim; d += 32u) {
-        acc = dot32h4(acc, (kb + vec4<u32>(d)) >> vec4<u32>(3u), d);
-    }
-    return acc;
-}
-
 // exp(sc[i .. i + 3] - m)
 fn exp4(i: u32, m: f32) -> vec4<f32> {
     return exp(vec4<f32>(sc[i], sc[i + 1u], sc[i + 2u], sc[i + 3u]) - vec4<f32>(m));
@@ -253,6 +209,7 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec
     if (p.window != 0u && n_keys > p.window) {
         k0 = n_keys - p.window;
     }
+    let iters = ((n_keys + L - 1u) / L + G - 1u) / G;
     let kv0 = kvh * p.capacity;
     let npairs = hd / 2u;
     // value pairs lane, lane + 32, lane + 64, lane + 96 (head_dim <= 256)
@@ -265,143 +222,107 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec
     var o1 = vec2<f32>(0.0);
     var o2 = vec2<f32>(0.0);
     var o3 = vec2<f32>(0.0);
-    let rounds = (n_keys + R - 1u) / R;
-    for (var r0 = 0u; r0 < rounds * R; r0 += R) {
-        if (r0 + R <= k0) {
-            continue;
+    for (var it = 0u; it < iters; it++) {
+        let start = (it * G + g) * L;
+        let j = start + lane;
+        var s = NEG;
+        if (j < n_keys && j >= k0) {
+            s = key_dot((kv0 + j) * hd) * p.scale;
         }
-        // the round's scores: thread li scores keys r0 + li + 256 i, i = 0..3, four chains at once
-        let j = vec4<u32>(r0 + li) + vec4<u32>(0u, 256u, 512u, 768u);
-        var s4 = vec4<f32>(NEG);
-        if (j.x < n_keys) {
-            let live = (j < vec4<u32>(n_keys)) & (j >= vec4<u32>(k0));
-            // keys past the last are scored as the last one (in bounds), then dropped
-            let jc = min(j, vec4<u32>(n_keys - 1u));
-            s4 = select(vec4<f32>(NEG), key_dot4((vec4<u32>(kv0) + jc) * hd) * p.scale, live);
-        }
-        sc[li] = s4.x;
-        sc[li + 256u] = s4.y;
-        sc[li + 512u] = s4.z;
-        sc[li + 768u] = s4.w;
+        sc[li] = s;
         workgroupBarrier();
-        for (var it = 0u; it < R / (G * L); it++) {
-            let sb = (it * G + g) * L;
-            let start = r0 + sb;
-            if (start < n_keys && start + L > k0) {
-                let nk = min(L, n_keys - start);
-                // the tile's max: four chains, then combined (max is exact in any order)
-                var t4 = vec4<f32>(NEG);
-                var jm = 0u;
-                for (; jm + 4u <= nk; jm += 4u) {
-                    t4 = max(t4, vec4<f32>(sc[sb + jm], sc[sb + jm + 1u], sc[sb + jm + 2u], sc[sb + jm + 3u]));
-                }
-                var tm = max(max(t4.x, t4.y), max(t4.z, t4.w));
-                for (; jm < nk; jm++) {
-                    tm = max(tm, sc[sb + jm]);
-                }
-                let m_new = max(m, tm);
-                let corr = exp(m - m_new);
-                l = l * corr;
-                o0 = o0 * corr;
-                o1 = o1 * corr;
-                o2 = o2 * corr;
-                o3 = o3 * corr;
-                let vb = (kv0 + start) * hd + 2u * lane;
-                // Thirty-two (then sixteen, four, one) keys at a time so that their loads issue
-                // together (a whole tile: one wait for memory); the additions keep key order.
-                var jj = 0u;
-                for (; jj + 32u <= nk; jj += 32u) {
-                    let ea = exp4(sb + jj, m_new);
-                    let eb = exp4(sb + jj + 4u, m_new);
-                    let ec = exp4(sb + jj + 8u, m_new);
-                    let ed = exp4(sb + jj + 12u, m_new);
-                    let ee = exp4(sb + jj + 16u, m_new);
-                    let ef = exp4(sb + jj + 20u, m_new);
-                    let eg = exp4(sb + jj + 24u, m_new);
-                    let eh = exp4(sb + jj + 28u, m_new);
-                    l = sum4(sum4(sum4(sum4(sum4(sum4(sum4(sum4(l, ea), eb), ec), ed), ee), ef), eg), eh);
-                    let r = vb + jj * hd;
-                    let r2 = r + 16u * hd;
-                    o0 = acc16(acc16(o0, r, hd, ea, eb, ec, ed), r2, hd, ee, ef, eg, eh);
-                    if (has1) {
-                        o1 = acc16(acc16(o1, r + 64u, hd, ea, eb, ec, ed), r2 + 64u, hd, ee, ef, eg, eh);
-                    }
-                    if (has2) {
-                        o2 = acc16(acc16(o2, r + 128u, hd, ea, eb, ec, ed), r2 + 128u, hd, ee, ef, eg, eh);
-                    }
-                    if (has3) {
-                        o3 = acc16(acc16(o3, r + 192u, hd, ea, eb, ec, ed), r2 + 192u, hd, ee, ef, eg, eh);
-                    }
-                }
-                for (; jj + 16u <= nk; jj += 16u) {
-                    let ea = exp4(sb + jj, m_new);
-                    let eb = exp4(sb + jj + 4u, m_new);
-                    let ec = exp4(sb + jj + 8u, m_new);
-                    let ed = exp4(sb + jj + 12u, m_new);
-                    l = sum4(sum4(sum4(sum4(l, ea), eb), ec), ed);
-                    let r = vb + jj * hd;
-                    o0 = acc16(o0, r, hd, ea, eb, ec, ed);
-                    if (has1) {
-                        o1 = acc16(o1, r + 64u, hd, ea, eb, ec, ed);
-                    }
-                    if (has2) {
-                        o2 = acc16(o2, r + 128u, hd, ea, eb, ec, ed);
-                    }
-                    if (has3) {
-                        o3 = acc16(o3, r + 192u, hd, ea, eb, ec, ed);
-                    }
-                }
-                for (; jj + 4u <= nk; jj += 4u) {
-                    let e = exp4(sb + jj, m_new);
-                    l = sum4(l, e);
-                    let r = vb + jj * hd;
-                    o0 = acc4(o0, r, hd, e);
-                    if (has1) {
-                        o1 = acc4(o1, r + 64u, hd, e);
-                    }
-                    if (has2) {
-                        o2 = acc4(o2, r + 128u, hd, e);
-                    }
-                    if (has3) {
-                        o3 = acc4(o3, r + 192u, hd, e);
-                    }
-                }
-                for (; jj < nk; jj++) {
-                    let e = exp(sc[sb + jj] - m_new);
-                    l = l + e;
-                    let r = vb + jj * hd;
-                    o0 = fma(vec2<f32>(e), value(r), o0);
-                    if (has1) {
-                        o1 = fma(vec2<f32>(e), value(r + 64u), o1);
-                    }
-                    if (has2) {
-                        o2 = fma(vec2<f32>(e), value(r + 128u), o2);
-                    }
-                    if (has3) {
-                        o3 = fma(vec2<f32>(e), value(r + 192u), o3);
-                    }
-                }
-                m = m_new;
+        if (start < n_keys && start + L > k0) {
+            let nk = min(L, n_keys - start);
+            let sb = g * L;
+            // the tile's max: four chains, then combined (max is exact in any order)
+            var t4 = vec4<f32>(NEG);
+            var jm = 0u;
+            for (; jm + 4u <= nk; jm += 4u) {
+                t4 = max(t4, vec4<f32>(sc[sb + jm], sc[sb + jm + 1u], sc[sb + jm + 2u], sc[sb + jm + 3u]));
             }
+            var tm = max(max(t4.x, t4.y), max(t4.z, t4.w));
+            for (; jm < nk; jm++) {
+                tm = max(tm, sc[sb + jm]);
+            }
+            let m_new = max(m, tm);
+            let corr = exp(m - m_new);
+            l = l * corr;
+            o0 = o0 * corr;
+            o1 = o1 * corr;
+            o2 = o2 * corr;
+            o3 = o3 * corr;
+            let vb = (kv0 + start) * hd + 2u * lane;
+            // Sixteen (then four, then one) keys at a time so that their loads issue together;
+            // the additions keep key order.
+            var jj = 0u;
+            for (; jj + 16u <= nk; jj += 16u) {
+                let ea = exp4(sb + jj, m_new);
+                let eb = exp4(sb + jj + 4u, m_new);
+                let ec = exp4(sb + jj + 8u, m_new);
+                let ed = exp4(sb + jj + 12u, m_new);
+                l = sum4(sum4(sum4(sum4(l, ea), eb), ec), ed);
+                let r = vb + jj * hd;
+                o0 = acc16(o0, r, hd, ea, eb, ec, ed);
+                if (has1) {
+                    o1 = acc16(o1, r + 64u, hd, ea, eb, ec, ed);
+                }
+                if (has2) {
+                    o2 = acc16(o2, r + 128u, hd, ea, eb, ec, ed);
+                }
+                if (has3) {
+                    o3 = acc16(o3, r + 192u, hd, ea, eb, ec, ed);
+                }
+            }
+            for (; jj + 4u <= nk; jj += 4u) {
+                let e = exp4(sb + jj, m_new);
+                l = sum4(l, e);
+                let r = vb + jj * hd;
+                o0 = acc4(o0, r, hd, e);
+                if (has1) {
+                    o1 = acc4(o1, r + 64u, hd, e);
+                }
+                if (has2) {
+                    o2 = acc4(o2, r + 128u, hd, e);
+                }
+                if (has3) {
+                    o3 = acc4(o3, r + 192u, hd, e);
+                }
+            }
+            for (; jj < nk; jj++) {
+                let e = exp(sc[sb + jj] - m_new);
+                l = l + e;
+                let r = vb + jj * hd;
+                o0 = fma(vec2<f32>(e), value(r), o0);
+                if (has1) {
+                    o1 = fma(vec2<f32>(e), value(r + 64u), o1);
+                }
+                if (has2) {
+                    o2 = fma(vec2<f32>(e), value(r + 128u), o2);
+                }
+                if (has3) {
+                    o3 = fma(vec2<f32>(e), value(r + 192u), o3);
+                }
+            }
+            m = m_new;
         }
         workgroupBarrier();
     }
     let gb = g * 256u + 2u * lane;
     if (lane < npairs) {
-        sc[gb] = o0.x;
-        sc[gb + 1u] = o0.y;
+        go[gb] = o0.x;
+        go[gb + 1u] = o0.y;
     }
     if (has1) {
-        sc[gb + 64u] = o1.x;
-        sc[gb + 65u] = o1.y;
+        go[gb + 64u] = o1.x;
+        go[gb + 65u] = o1.y;
     }
     if (has2) {
-        sc[gb + 128u] = o2.x;
-        sc[gb + 129u] = o2.y;
+        go[gb + 128u] = o2.x;
+        go[gb + 129u] = o2.y;
     }
     if (has3) {
-        sc[gb + 192u] = o3.x;
-        sc[gb + 193u] = o3.y;
+        go[gb + 192u] = o3.x;
+        go[gb + 193u] = o3.y;
     }
     if (lane == 0u) {
         gm[g] = m;
@@ -420,7 +341,7 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec
         for (var k = 0u; k < G; k++) {
             let c = exp(gm[k] - mx);
             sum = fma(gl[k], c, sum);
-            acc = fma(sc[k * 256u + d], c, acc);
+            acc = fma(go[k * 256u + d], c, acc);
         }
         var r = 0.0;
         if (sum > 0.0) {
@@ -432,7 +353,7 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec
             o = t * width + (((e >> 2u) & 7u) * (width >> 5u) + (e >> 5u)) * 4u + (e & 3u);
         }
         O[o] = r;
-        qv[d] = r;
+        sc[d] = r;
     }
     if (p.q8_out != 0u) {
         // the head's values as 4 values per thread, 8 threads per block of 32 (q8_coop)
@@ -441,7 +362,7 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec
         let live = li < nv;
         var v = vec4<f32>(0.0);
         if (live) {
-            v = vec4<f32>(qv[4u * li], qv[4u * li + 1u], qv[4u * li + 2u], qv[4u * li + 3u]);
+            v = vec4<f32>(sc[4u * li], sc[4u * li + 1u], sc[4u * li + 2u], sc[4u * li + 3u]);
         }
         let q = q8_coop(li, v);
         if (live) {

@@ -17,10 +17,6 @@ fn key_dot(kb: u32) -> f32 {
     return cache_dot(kb);
 }
 
-fn key_dot4(kb: vec4<u32>) -> vec4<f32> {
-    return cache_dot4(kb);
-}
-
 fn value(e: u32) -> vec2<f32> {
     return v_pair(e);
 }

@@ -75,17 +75,6 @@ fn key_dot(kb: u32) -> f32 {
     return dot;
 }
 
-// key_dot of four keys: the cache's keys four at a time, the token's own key from `kown` (its
-// slot in the cache, being written, is read and dropped).
-fn key_dot4(kb: vec4<u32>) -> vec4<f32> {
-    let mine = kb == vec4<u32>(own);
-    let r = cache_dot4(kb);
-    if (any(mine)) {
-        return select(r, vec4<f32>(key_dot(own)), mine);
-    }
-    return r;
-}
-
 fn value(e: u32) -> vec2<f32> {
     let o = e - own;
     if (o < p.head_dim) {

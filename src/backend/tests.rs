@@ -332,8 +332,8 @@ fn attention_on_every_backend() {
     for (n_head, n_kv, hd) in [(4, 2, 64), (2, 1, 128), (8, 2, 32)] {
         let (k, v) = (f16s(5, n_kv * cap * hd), f16s(6, n_kv * cap * hd));
         // decode-like (one late position), prefill-like (a run crossing tile edges), position 0,
-        // and past the wgpu kernel's first round of 1024 scored keys (decode-like, and a run
-        // crossing the round's edge)
+        // and the same two past 1024 keys (tg128@d1024's depth, where a kernel that splits the
+        // keys into rounds or chunks of 1024 has its first edge)
         for positions in [vec![299u32], (120..140).collect::<Vec<u32>>(), vec![0], vec![1090], (1015..1030).collect()] {
             let q = uniform(7, positions.len() * n_head * hd);
             let reference = attention(&*all[0].backend, &q, &k, &v, cap, &positions, (n_head, n_kv, hd));
