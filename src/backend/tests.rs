@@ -328,11 +328,13 @@ pub(crate) fn attention(b: &dyn Backend, q: &[f32], k: &[f16], v: &[f16], cap: u
 fn attention_on_every_backend() {
     let _gpu = gpu_lock();
     let all = backends();
-    let cap = 300;
+    let cap = 1100;
     for (n_head, n_kv, hd) in [(4, 2, 64), (2, 1, 128), (8, 2, 32)] {
         let (k, v) = (f16s(5, n_kv * cap * hd), f16s(6, n_kv * cap * hd));
-        // decode-like (one late position), prefill-like (a run crossing tile edges), position 0
-        for positions in [vec![299u32], (120..140).collect::<Vec<u32>>(), vec![0]] {
+        // decode-like (one late position), prefill-like (a run crossing tile edges), position 0,
+        // and the same two past 1024 keys (tg128@d1024's depth, where a kernel that splits the
+        // keys into rounds or chunks of 1024 has its first edge)
+        for positions in [vec![299u32], (120..140).collect::<Vec<u32>>(), vec![0], vec![1090], (1015..1030).collect()] {
             let q = uniform(7, positions.len() * n_head * hd);
             let reference = attention(&*all[0].backend, &q, &k, &v, cap, &positions, (n_head, n_kv, hd));
             for p in all.iter().filter(|p| hd == 64 || p.kind != Kind::Wgpu) {

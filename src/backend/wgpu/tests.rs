@@ -235,9 +235,10 @@ fn batch_invariance_on(gpu: WgpuBackend) {
         gpu.try_matmul(w, &x[3 * cols..8 * cols], 5, &mut part).expect("matmul");
         assert!(part.iter().zip(&batch[3 * rows..8 * rows]).all(|(a, b)| a.to_bits() == b.to_bits()), "{ty:?}: tokens 3..8");
     }
-    let (n_head, n_kv, hd, cap) = (4, 2, 64, 300);
+    // across 1024 keys (tg128@d1024's depth)
+    let (n_head, n_kv, hd, cap) = (4, 2, 64, 1100);
     let (k, v) = (f16s(16, n_kv * cap * hd), f16s(17, n_kv * cap * hd));
-    let positions: Vec<u32> = (250..300).collect();
+    let positions: Vec<u32> = (1000..1040).collect();
     let q = uniform(18, positions.len() * n_head * hd);
     let batch = attention(&gpu, &q, &k, &v, cap, &positions, (n_head, n_kv, hd));
     let wdt = n_head * hd;
