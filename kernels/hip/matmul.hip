@@ -253,82 +253,104 @@ FC_DEV void mma_s8_16x8x32(int* c, int a0, int a1, int a2, int a3, int b0, int b
 #define FC_MMA_BN 32
 // (float)v for |v| < 2^22, exactly, without the slow int-to-float conversion.
 FC_DEV float i2f_exact(int v) { return __fsub_rn(__int_as_float(0x4B400000 + v), 12582912.0f); }
-// W::qblock from 32-bit loads: the block's bytes (2-byte aligned, in a 4-byte aligned matrix) as
-// the aligned words around them, funnel-shifted into place (same values as W::qblock's 16-bit loads).
-template <int NW>
-FC_DEV uint32_t word_at(const uint32_t* v, int o2, int off) {  // bytes off..off+4 of the block
-    const int a = off + o2;
-    return __funnelshift_r(v[a >> 2], v[(a >> 2) + 1], 8 * (a & 3));
-}
+
+// The tile's inputs are copied into shared memory as they are stored (no unpacking on the way):
+// a chunk of 8 blocks of each of the 64 rows (8 * BB bytes), and of each of the 32 tokens (8
+// BlockQ8s, 320 bytes), in 16-byte pieces, each read with one coalesced 16-byte load where the
+// matrix allows it (else 4- or 2-byte loads, same bytes). The fragments are then read from those
+// copies with the one-token kernel's W::qpart, so they are the same words as ever.
+// Row stride in words: a multiple of 4 (whole pieces) that is 4 mod 8, so that the 8 rows x 4
+// words of a fragment load fall in 32 different banks; tokens likewise (80 words + 4).
 template <class W>
-FC_DEV void qblock_a4(const uint8_t* b, int* q, float* d, float* m) {
-    constexpr int NW = (W::BB + 2 + 3) / 4;
-    const uint32_t* base = (const uint32_t*)((unsigned long long)b & ~3ull);
-    const int o2 = (int)((unsigned long long)b & 2);
-    uint32_t v[NW + 1];
-#pragma unroll
-    for (int j = 0; j < NW; ++j) v[j] = 4 * j < o2 + W::BB ? base[j] : 0u;  // no word past the block
-    v[NW] = 0;
-    // o2 is 0 or 2: both cases spelled out so that every index into v is a constant
-    uint32_t w[W::BB / 4 + 1];
-#pragma unroll
-    for (int j = 0; j <= W::BB / 4; ++j) w[j] = o2 ? word_at<NW>(v, 2, 4 * j) : word_at<NW>(v, 0, 4 * j);
-    W::qblock_words(w, q, d, m);
+struct MmaRaw {
+    static constexpr int PR = (8 * W::BB + 15) / 16;                     // pieces per row
+    static constexpr int SWW = (PR * 4) % 8 == 0 ? PR * 4 + 4 : PR * 4;  // words per row
+    static constexpr int NPW = (FC_MMA_BM * PR + 255) / 256;             // pieces per thread
+};
+#define FC_MMA_XPR 20   // pieces per token (8 x 40 bytes)
+#define FC_MMA_XWW 84   // words per token in shared memory
+#define FC_MMA_NPX ((FC_MMA_BN * FC_MMA_XPR + 255) / 256)
+
+// The alignment every piece of a matrix shares: 16 (one 16-byte load), 4 or 2 bytes.
+FC_DEV int piece_align(unsigned long long base, unsigned long long stride, unsigned long long len) {
+    const unsigned long long a = base | stride | len;
+    return (a & 15) == 0 ? 16 : (a & 3) == 0 ? 4 : 2;
 }
-// Shared tiles keep a row's 8 words in halves swapped on every other group of 4 rows, so that a
-// fragment load (8 rows x 4 words) hits 32 different banks.
-FC_DEV int half_swap(int row) { return (row >> 2) & 1; }
+// The 16 bytes at p, or those of them below p + avail (the rest zero); al: piece_align's answer.
+FC_DEV int4 ld_piece(const uint8_t* p, int avail, int al) {
+    if (al == 16 && avail >= 16) return *(const int4*)p;
+    uint32_t v[4];
+    if (al >= 4) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) v[j] = 4 * j + 4 <= avail ? ((const uint32_t*)p)[j] : 0u;
+    } else {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const uint32_t lo = 4 * j + 2 <= avail ? ld_u16(p + 4 * j) : 0u;
+            const uint32_t hi = 4 * j + 4 <= avail ? ld_u16(p + 4 * j + 2) : 0u;
+            v[j] = lo | (hi << 16);
+        }
+    }
+    return make_int4((int)v[0], (int)v[1], (int)v[2], (int)v[3]);
+}
+#ifdef FC_MMA
+// ld_piece into shared memory: a 16-byte piece asynchronously (cp.async, no registers; complete
+// after cp_async_wait), any other synchronously.
+FC_DEV void cp_piece(int4* dst, const uint8_t* p, int avail, int al) {
+    if (al == 16 && avail >= 16) {
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"((unsigned)__cvta_generic_to_shared(dst)), "l"(p));
+    } else {
+        *dst = ld_piece(p, avail, al);
+    }
+}
+FC_DEV void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+FC_DEV void cp_async_wait() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+#endif
 
 // 256 threads (8 warps) per 64-row x 32-token tile. K runs in chunks of 8 blocks: every thread
-// loads (next chunk into registers while the warps work on this one) and unpacks into shared
-// memory; warp w multiplies block w of the chunk, i.e. its segment, and keeps 64 sums per lane.
+// loads its pieces of the next chunk (weights into registers, then shared memory; activations
+// straight into the other of two shared buffers) while the warps work on this one; warp w multiplies block w of the chunk, i.e. its segment, and
+// keeps 64 sums per lane.
 template <class W, int EPI>
 FC_DEV void mmq_mma_body(const uint8_t* __restrict__ w, unsigned long long row_bytes, int rows, int nb,
                          const BlockQ8* __restrict__ x, int xs, int n_tok, float* __restrict__ out, int ldo) {
 #ifdef FC_MMA
-    // tiles: wq [8][64][8] int, wd, wm [8][64], xq [8][32][8] int, xd, xsum [8][32] (30 KiB);
+    typedef MmaRaw<W> R;
+    // tiles: wraw [64][SWW] words (at most 17 KiB), xraw [2][32][84] words (2 x 10.5 KiB: the
+    // activations of the next chunk arrive by cp.async while the warps read this one's);
     // afterwards the segment sums: red [8][32 tokens][36] (36 KiB)
-    __shared__ int4 smem[8 * 32 * 36 / 4];
-    int* wq = (int*)smem;
-    float* wd = (float*)(wq + 8 * 64 * 8);
-    float* wm = wd + 8 * 64;
-    int* xq = (int*)(wm + 8 * 64);
-    float* xd = (float*)(xq + 8 * 32 * 8);
-    float* xsm = xd + 8 * 32;
+    constexpr int TILE_WORDS = FC_MMA_BM * R::SWW + 2 * FC_MMA_BN * FC_MMA_XWW, RED_WORDS = 8 * 32 * 36;
+    __shared__ int4 smem[(TILE_WORDS > RED_WORDS ? TILE_WORDS : RED_WORDS) / 4];
+    int4* wraw = smem;
+    int4* xraw0 = smem + FC_MMA_BM * R::SWW / 4;
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, tig = lane & 3;
     const int r0 = blockIdx.x * FC_MMA_BM, t0 = blockIdx.y * FC_MMA_BN;
     const int nc = (nb + 7) >> 3;
+    const int wlen = nb * W::BB, xlen = nb * (int)sizeof(BlockQ8);
+    const int wal = piece_align((unsigned long long)w, row_bytes, (unsigned long long)wlen);
+    const int xal = piece_align((unsigned long long)x, (unsigned long long)xs * sizeof(BlockQ8), (unsigned long long)xlen);
 
-    // this thread's loads: weight (row, block) pairs p = tid, tid + 256 (block p & 7, row p >> 3),
-    // activation (token tid >> 3, block tid & 7)
-    const uint8_t* wrow[2];
-#pragma unroll
-    for (int k = 0; k < 2; ++k) wrow[k] = w + (unsigned long long)min(r0 + ((tid + 256 * k) >> 3), rows - 1) * row_bytes;
-    const BlockQ8* xrow = x + (unsigned long long)min(t0 + (tid >> 3), n_tok - 1) * xs;
-    const int lb = tid & 7;
-    const bool aligned = ((unsigned long long)w & 3) == 0;
-    int gq[2][8], gx[8];
-    float gd[2], gm[2], gxd, gxs;
+    int4 gw[R::NPW];
     auto fetch = [&](int c) {
-        const int b = 8 * c + lb;
-        if (b < nb) {
 #pragma unroll
-            for (int k = 0; k < 2; ++k) {
-                if (aligned) qblock_a4<W>(wrow[k] + (unsigned long long)b * W::BB, gq[k], &gd[k], &gm[k]);
-                else W::qblock(wrow[k] + (unsigned long long)b * W::BB, gq[k], &gd[k], &gm[k]);
-            }
-            const BlockQ8* xb = xrow + b;
-            const float2 ds = *(const float2*)xb;
-            gxd = ds.x;
-            gxs = ds.y;
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                const int2 v = ld_x8(xb->qs + 8 * j);
-                gx[2 * j] = v.x;
-                gx[2 * j + 1] = v.y;
+        for (int k = 0; k < R::NPW; ++k) {
+            const int p = tid + 256 * k, row = p / R::PR, o = c * 8 * W::BB + 16 * (p % R::PR);
+            if (p < FC_MMA_BM * R::PR) {
+                const uint8_t* src = w + (unsigned long long)min(r0 + row, rows - 1) * row_bytes + o;
+                gw[k] = ld_piece(src, wlen - o, wal);
             }
         }
+        int4* xraw = xraw0 + (c & 1) * (FC_MMA_BN * FC_MMA_XWW / 4);
+#pragma unroll
+        for (int k = 0; k < FC_MMA_NPX; ++k) {
+            const int p = tid + 256 * k, tok = p / FC_MMA_XPR, o = c * 8 * (int)sizeof(BlockQ8) + 16 * (p % FC_MMA_XPR);
+            if (p < FC_MMA_BN * FC_MMA_XPR) {
+                const uint8_t* src = (const uint8_t*)(x + (unsigned long long)min(t0 + tok, n_tok - 1) * xs) + o;
+                cp_piece(xraw + tok * (FC_MMA_XWW / 4) + p % FC_MMA_XPR, src, xlen - o, xal);
+            }
+        }
+        cp_async_commit();
     };
 
     float acc[4][4][4];
@@ -342,48 +364,39 @@ FC_DEV void mmq_mma_body(const uint8_t* __restrict__ w, unsigned long long row_b
     fetch(0);
     for (int c = 0; c < nc; ++c) {
         __syncthreads();
-        if (8 * c + lb < nb) {
 #pragma unroll
-            for (int k = 0; k < 2; ++k) {
-                const int row = (tid + 256 * k) >> 3, h = half_swap(row);
-                int4* dst = (int4*)(wq + (lb * 64 + row) * 8);
-                dst[h] = make_int4(gq[k][0], gq[k][1], gq[k][2], gq[k][3]);
-                dst[h ^ 1] = make_int4(gq[k][4], gq[k][5], gq[k][6], gq[k][7]);
-                wd[lb * 64 + row] = gd[k];
-                wm[lb * 64 + row] = gm[k];
-            }
-            const int tok = tid >> 3, h = half_swap(tok);
-            int4* dst = (int4*)(xq + (lb * 32 + tok) * 8);
-            dst[h] = make_int4(gx[0], gx[1], gx[2], gx[3]);
-            dst[h ^ 1] = make_int4(gx[4], gx[5], gx[6], gx[7]);
-            xd[lb * 32 + tok] = gxd;
-            xsm[lb * 32 + tok] = gxs;
+        for (int k = 0; k < R::NPW; ++k) {
+            const int p = tid + 256 * k;
+            if (p < FC_MMA_BM * R::PR) wraw[(p / R::PR) * (R::SWW / 4) + p % R::PR] = gw[k];
         }
+        cp_async_wait();
         __syncthreads();
         if (c + 1 < nc) fetch(c + 1);
+        const int4* xraw = xraw0 + (c & 1) * (FC_MMA_BN * FC_MMA_XWW / 4);
         if (8 * c + warp < nb) {
-            const int sw = half_swap(g) << 2;
-            const int* bq = wq + warp * 64 * 8;
-            const int* bx = xq + warp * 32 * 8;
+            const int* xw = (const int*)xraw + warp * (int)(sizeof(BlockQ8) / 4);  // block `warp` of token 0
             int b0[4], b1[4];
             float dx0[4], dx1[4], sx0[4], sx1[4];
 #pragma unroll
             for (int j = 0; j < 4; ++j) {
-                const int n = 8 * j + g;
-                b0[j] = bx[n * 8 + (tig ^ sw)];
-                b1[j] = bx[n * 8 + ((4 + tig) ^ sw)];
-                dx0[j] = xd[warp * 32 + 8 * j + 2 * tig];
-                dx1[j] = xd[warp * 32 + 8 * j + 2 * tig + 1];
-                sx0[j] = xsm[warp * 32 + 8 * j + 2 * tig];
-                sx1[j] = xsm[warp * 32 + 8 * j + 2 * tig + 1];
+                const int* xn = xw + (8 * j + g) * FC_MMA_XWW;
+                b0[j] = xn[2 + tig];  // qs words tig and 4 + tig (qs at byte 8)
+                b1[j] = xn[6 + tig];
+                const float2 s0 = *(const float2*)(xw + (8 * j + 2 * tig) * FC_MMA_XWW);
+                const float2 s1 = *(const float2*)(xw + (8 * j + 2 * tig + 1) * FC_MMA_XWW);
+                dx0[j] = s0.x;
+                sx0[j] = s0.y;
+                dx1[j] = s1.x;
+                sx1[j] = s1.y;
             }
+            const uint8_t* wb = (const uint8_t*)wraw + warp * W::BB;  // block `warp` of row 0
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
                 const int m = 16 * i + g;
-                const int a0 = bq[m * 8 + (tig ^ sw)], a1 = bq[(m + 8) * 8 + (tig ^ sw)];
-                const int a2 = bq[m * 8 + ((4 + tig) ^ sw)], a3 = bq[(m + 8) * 8 + ((4 + tig) ^ sw)];
-                const float d0 = wd[warp * 64 + m], d1 = wd[warp * 64 + m + 8];
-                const float m0 = wm[warp * 64 + m], m1 = wm[warp * 64 + m + 8];
+                int a0, a1, a2, a3;
+                float d0, d1, m0, m1;
+                W::qpart(wb + m * R::SWW * 4, tig, &a0, &a2, &d0, &m0);
+                W::qpart(wb + (m + 8) * R::SWW * 4, tig, &a1, &a3, &d1, &m1);
 #pragma unroll
                 for (int j = 0; j < 4; ++j) {
                     int cc[4];

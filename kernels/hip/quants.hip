@@ -53,17 +53,6 @@ struct WQ4_0 {
         *d = ld_f16(b);
         *m = 0.0f;
     }
-    // qblock from the block's bytes as words: w[j] = bytes 4j..4j+4 (j <= 4).
-    FC_DEV static void qblock_words(const uint32_t* w, int* q, float* d, float* m) {
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            const uint32_t x = (w[j] >> 16) | (w[j + 1] << 16);  // bytes 2 + 4j ..
-            q[j] = nib_lo_m8(x);
-            q[4 + j] = nib_hi_m8(x);
-        }
-        *d = f16_to_f32((uint16_t)(w[0] & 0xFFFF));
-        *m = 0.0f;
-    }
     // Words k and 4 + k (k < 4) of qblock's q: a quarter of the block, for 4 lanes per block.
     FC_DEV static void qpart(const uint8_t* b, int k, int* lo, int* hi, float* d, float* m) {
         const uint32_t w = (uint32_t)ld_i32_a2(b + 2 + 4 * k);
@@ -111,15 +100,6 @@ struct WQ4_1 {
         *d = ld_f16(b);
         *m = ld_f16(b + 2);
     }
-    FC_DEV static void qblock_words(const uint32_t* w, int* q, float* d, float* m) {
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            q[j] = (int)(w[j + 1] & 0x0F0F0F0Fu);
-            q[4 + j] = (int)((w[j + 1] >> 4) & 0x0F0F0F0Fu);
-        }
-        *d = f16_to_f32((uint16_t)(w[0] & 0xFFFF));
-        *m = f16_to_f32((uint16_t)(w[0] >> 16));
-    }
     FC_DEV static void qpart(const uint8_t* b, int k, int* lo, int* hi, float* d, float* m) {
         const uint32_t w = (uint32_t)ld_i32_a2(b + 4 + 4 * k);
         *lo = (int)(w & 0x0F0F0F0Fu);
@@ -154,12 +134,6 @@ struct WQ8_0 {
 #pragma unroll
         for (int j = 0; j < 8; ++j) q[j] = ld_i32_a2(b + 2 + 4 * j);
         *d = ld_f16(b);
-        *m = 0.0f;
-    }
-    FC_DEV static void qblock_words(const uint32_t* w, int* q, float* d, float* m) {
-#pragma unroll
-        for (int j = 0; j < 8; ++j) q[j] = (int)((w[j] >> 16) | (w[j + 1] << 16));
-        *d = f16_to_f32((uint16_t)(w[0] & 0xFFFF));
         *m = 0.0f;
     }
     FC_DEV static void qpart(const uint8_t* b, int k, int* lo, int* hi, float* d, float* m) {

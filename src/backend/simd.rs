@@ -126,7 +126,7 @@ fn amx_arch() -> Result<&'static str, String> {
     if rc != 0 {
         return Err(format!("Linux refused tile data permission (arch_prctl: {})", std::io::Error::last_os_error()));
     }
-    Ok("AMX-INT8 tiles (prefill over repacked Q5_0/Q4_K/Q6_K, 16+ tokens)")
+    Ok("AMX-INT8 tiles (prefill over repacked Q4_0/Q4_1/Q5_0/Q8_0/Q4_K/Q6_K, 16+ tokens)")
 }
 
 /// XCR0, the OS-enabled state components.

@@ -1,4 +1,4 @@
-//! AMX-INT8 tile matmul for prefill over the 16-row repacked layouts (`x16`, `x16k`), on CPUs
+//! AMX-INT8 tile matmul for prefill over the 16-row repacked layouts (`x16`, `x16q`, `x16k`), on CPUs
 //! that have AMX (Intel Sapphire Rapids and later; chosen at run time, see
 //! `simd::amx_status`). Batches of 16+ tokens only: whole 16-token tiles run here, the other
 //! tokens (decode, small tails) on the `x16` kernels, which give the same bits.
@@ -30,6 +30,7 @@ use super::quant::BlockQ8K;
 use super::shared::SharedOut;
 use super::x16::{store16, unpack_q5, Block16, BlockQ5x16, BlockQ8O, Packed16, ROWS};
 use super::x16k::{q4k_add, q4k_mins, BlockQ4Kx16, BlockQ6Kx16};
+use super::x16q::{add, q4_1_dot, q4_1_min, scaled, unpack_q4_0, unpack_q4_1, BlockQ40x16, BlockQ41x16, BlockQ80x16};
 
 /// Tokens per tile (rows of the A and C tiles).
 pub const TOK: usize = 16;
@@ -57,8 +58,27 @@ pub trait AmxBlock: Block16 {
     /// `acts[t * stride]`.
     ///
     /// # Safety
-    /// AVX-512F/BW/VNNI and F16C must be enabled in the caller; `sums.len() >= 256 * UNITS`.
+    /// AVX-512F/BW/VNNI and F16C must be enabled in the caller; `sums.len() >= 256 * UNITS`;
+    /// `acts.len() > 15 * stride`.
     unsafe fn combine(&self, sums: &[i32], acts: &[Self::Act], stride: usize, acc: &mut [__m512; TOK]);
+    /// A second sum per token over all the blocks `w` of a row group, in block order, for types
+    /// whose reference keeps two (Q4_1's min terms): a pass of its own, so that neither pass's
+    /// 16 accumulators leave the registers. Token t's block b is `acts[t * stride + b]`. None
+    /// by default.
+    ///
+    /// # Safety
+    /// As [`combine`](Self::combine), with `acts.len() > 15 * stride + w.len() - 1`.
+    #[inline(always)]
+    unsafe fn side(_w: &[Self], _acts: &[Self::Act], _stride: usize, _acc2: &mut [__m512; TOK]) {}
+    /// A token's result from its two accumulators after the last block (`acc` unless the type
+    /// keeps two sums).
+    ///
+    /// # Safety
+    /// AVX-512F must be enabled in the caller.
+    #[inline(always)]
+    unsafe fn result(acc: __m512, _acc2: __m512) -> __m512 {
+        acc
+    }
 }
 
 /// The `x16` kernel of a type (`x16::matmul_rows_q5_0`, ...): what runs the tokens after the
@@ -174,42 +194,18 @@ unsafe fn tiles<B: AmxBlock>(p: &Packed16<B>, rows: Range<usize>, acts: &[B::Act
                 let w = &p.blocks[g * nb..(g + 1) * nb];
                 let at = &s.at[(g - g0) * nb..(g - g0 + 1) * nb];
                 let x = &acts[t0 * nb..];
-                let mut acc = [_mm512_setzero_ps(); TOK];
+                let (mut acc, mut acc2) = ([_mm512_setzero_ps(); TOK], [_mm512_setzero_ps(); TOK]);
                 // Software pipeline: step i's products (its `SPAN` blocks) are issued before step
                 // i - 1's sums are read back (a tile store read at once by vector loads stalls).
                 let n_steps = nb.div_ceil(span);
                 let sums = s.sums.as_mut_ptr();
-                let issue = |i: usize| {
-                    let (b, half) = (i * span, (i % 2) * span * B::UNITS * 256);
-                    let n_ops = span.min(nb - b) * B::UNITS;
-                    let op = |o: usize| {
-                        let (bi, u) = (b + o / B::UNITS, o % B::UNITS);
-                        let a = (&x[bi] as *const B::Act as *const u8).wrapping_add(B::act_at(u));
-                        (a, (at[bi] + u * tb) as *const u8, sums.wrapping_add(half + o * 256))
-                    };
-                    let mut o = 0;
-                    while o < n_ops {
-                        let (a0, b0, c0) = op(o);
-                        // SAFETY: A rows are the 16 tokens' `K` bytes at `act_at(u)` of block bi
-                        // (token 15's last byte is inside `acts`, asserted above); B is `tb` bytes
-                        // of the block's tiles; C is 1 KiB inside `s.sums` (2 halves of SPAN ×
-                        // UNITS × 256 i32).
-                        unsafe {
-                            if o + 1 < n_ops {
-                                let (a1, b1, c1) = op(o + 1);
-                                tdp2(a0, a1, stride, b0, b1, c0, c1);
-                                o += 2;
-                            } else {
-                                tdp1(a0, stride, b0, c0);
-                                o += 1;
-                            }
-                        }
-                    }
-                };
-                issue(0);
+                // SAFETY (both calls): see `issue`; `x` holds the tile's 16 tokens' blocks, `at`
+                // this group's B tiles, `sums` two halves of `span * UNITS` C tiles.
+                unsafe { issue::<B>(x, at, sums, 0, span, nb, stride, tb) };
                 for i in 0..n_steps {
                     if i + 1 < n_steps {
-                        issue(i + 1);
+                        // SAFETY: as above.
+                        unsafe { issue::<B>(x, at, sums, i + 1, span, nb, stride, tb) };
                     }
                     let (b, half) = (i * span, (i % 2) * span * B::UNITS * 256);
                     for k in 0..span.min(nb - b) {
@@ -221,8 +217,11 @@ unsafe fn tiles<B: AmxBlock>(p: &Packed16<B>, rows: Range<usize>, acts: &[B::Act
                         };
                     }
                 }
-                for (t, a) in acc.iter().enumerate() {
-                    store16(out, t0 + t, g * ROWS, *a);
+                // SAFETY: AVX-512 is enabled here; `x` holds the 16 tokens' `nb` blocks.
+                unsafe { B::side(w, x, nb, &mut acc2) };
+                for t in 0..TOK {
+                    // SAFETY: AVX-512F is enabled here.
+                    store16(out, t0 + t, g * ROWS, unsafe { B::result(acc[t], acc2[t]) });
                 }
             }
         }
@@ -231,6 +230,41 @@ unsafe fn tiles<B: AmxBlock>(p: &Packed16<B>, rows: Range<usize>, acts: &[B::Act
     // SAFETY: AMX is present (the caller's promise); releases the tile state configured above.
     unsafe { asm!("tilerelease", options(nostack, nomem)) };
     SCRATCH.set(s);
+}
+
+/// Issues pipeline step i's tile products (blocks `i * span..`, at most `span` of them, every
+/// unit): their C tiles go to half `i % 2` of `sums`. A function, not a closure: a closure does
+/// not inherit the kernel's target features and, called, forces the accumulators out of registers.
+///
+/// # Safety
+/// Tiles configured by [`tiles`]; `x` holds 16 tokens' `nb` blocks `stride` bytes apart (token 15's
+/// last byte inside it); `at[b]` points at block b's `UNITS * K * 16` bytes of B tiles; `sums`
+/// is valid for `2 * span * UNITS * 256` i32.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn issue<B: AmxBlock>(x: &[B::Act], at: &[usize], sums: *mut i32, i: usize, span: usize, nb: usize, stride: usize, tb: usize) {
+    let (b, half) = (i * span, (i % 2) * span * B::UNITS * 256);
+    let n_ops = span.min(nb - b) * B::UNITS;
+    let mut o = 0;
+    while o < n_ops {
+        let (bi, u) = (b + o / B::UNITS, o % B::UNITS);
+        let a0 = (&x[bi] as *const B::Act as *const u8).wrapping_add(B::act_at(u));
+        let (b0, c0) = ((at[bi] + u * tb) as *const u8, sums.wrapping_add(half + o * 256));
+        // SAFETY: A rows are the 16 tokens' `K` bytes at `act_at(u)` of block bi (the caller's
+        // promise); B is `tb` bytes of the block's tiles; C is 1 KiB inside `sums`.
+        unsafe {
+            if o + 1 < n_ops {
+                let (bi, u) = (b + (o + 1) / B::UNITS, (o + 1) % B::UNITS);
+                let a1 = (&x[bi] as *const B::Act as *const u8).wrapping_add(B::act_at(u));
+                let (b1, c1) = ((at[bi] + u * tb) as *const u8, sums.wrapping_add(half + (o + 1) * 256));
+                tdp2(a0, a1, stride, b0, b1, c0, c1);
+                o += 2;
+            } else {
+                tdp1(a0, stride, b0, c0);
+                o += 1;
+            }
+        }
+    }
 }
 
 /// Two independent products: C0 = A0·B0 and C1 = A1·B1 (signed × unsigned bytes), stored.
@@ -280,6 +314,32 @@ unsafe fn tdp1(a0: *const u8, sa: usize, b0: *const u8, c0: *mut i32) {
     }
 }
 
+/// `$body` once for each token t of a tile, t a constant (LLVM does not always unroll the loop,
+/// and then the 16 accumulators live on the stack: a load and a store per token and block).
+macro_rules! each_token {
+    ($t:ident => $body:block) => {
+        each_token!(@ $t $body; 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15)
+    };
+    (@ $t:ident $body:block; $($n:literal)*) => {
+        $({
+            let $t: usize = $n;
+            $body
+        })*
+    };
+}
+
+/// Token t's activation block in a combine (unchecked: a bounds check per token keeps LLVM
+/// from unrolling the 16 tokens, and the accumulators then live on the stack).
+///
+/// # Safety
+/// `t * stride < acts.len()` (the combine's contract: `acts.len() > 15 * stride`, t < 16).
+#[inline(always)]
+unsafe fn act<A>(acts: &[A], stride: usize, t: usize) -> &A {
+    debug_assert!(t * stride < acts.len());
+    // SAFETY: the caller's promise.
+    unsafe { acts.get_unchecked(t * stride) }
+}
+
 /// Token t's 16 row sums of unit u.
 #[inline(always)]
 unsafe fn sum_row(sums: &[i32], u: usize, t: usize) -> __m512i {
@@ -315,12 +375,12 @@ impl AmxBlock for BlockQ5x16 {
         // SAFETY: the caller's promise; `d` is 32 bytes.
         unsafe {
             let d = _mm512_cvtph_ps(_mm256_loadu_si256(self.d.as_ptr() as *const __m256i));
-            for (t, acc) in acc.iter_mut().enumerate() {
-                let a = &acts[t * stride];
+            each_token!(t => {
+                let a = act(acts, stride, t);
                 let s = _mm512_add_epi32(_mm512_set1_epi32(a.off), sum_row(sums, 0, t));
                 let sc = _mm512_mul_ps(d, _mm512_set1_ps(a.d));
-                *acc = _mm512_add_ps(*acc, _mm512_mul_ps(sc, _mm512_cvtepi32_ps(s)));
-            }
+                acc[t] = _mm512_add_ps(acc[t], _mm512_mul_ps(sc, _mm512_cvtepi32_ps(s)));
+            });
         }
     }
 }
@@ -367,7 +427,7 @@ impl AmxBlock for BlockQ4Kx16 {
                     isc = _mm512_add_epi32(isc, _mm512_mullo_epi32(sum_row(sums, j, t), *scj));
                 }
                 // x16k's float step, so the bits are the x16 kernel's
-                *acc = q4k_add(*acc, isc, &m, &acts[t * stride]);
+                *acc = q4k_add(*acc, isc, &m, act(acts, stride, t));
             }
         }
     }
@@ -403,7 +463,7 @@ impl AmxBlock for BlockQ6Kx16 {
             }
             let dw = _mm512_cvtph_ps(_mm256_loadu_si256(self.d.as_ptr() as *const __m256i));
             for (t, acc) in acc.iter_mut().enumerate() {
-                let xb = &acts[t * stride];
+                let xb = act(acts, stride, t);
                 let mut isc = _mm512_setzero_si512();
                 for (g, s) in sc.iter().enumerate() {
                     isc = _mm512_add_epi32(isc, _mm512_mullo_epi32(sum_row(sums, g, t), *s));
@@ -418,6 +478,129 @@ impl AmxBlock for BlockQ6Kx16 {
                 let d = _mm512_mul_ps(dw, _mm512_set1_ps(xb.d));
                 *acc = _mm512_add_ps(*acc, _mm512_mul_ps(d, _mm512_cvtepi32_ps(sum)));
             }
+        }
+    }
+}
+
+/// Stores a block's 8 weight vectors (vector k, lane r: row r's elements 4k..4k + 4, u8) as
+/// its B tile (K = 32: 8 rows of 64 bytes).
+///
+/// # Safety
+/// AVX-512F in the caller; 512 writable bytes at `dst`.
+#[inline(always)]
+unsafe fn store_b(q: &[__m512i; 8], dst: *mut u8) -> *const u8 {
+    for (k, v) in q.iter().enumerate() {
+        // SAFETY: the caller's promise.
+        unsafe { _mm512_storeu_si512(dst.add(64 * k) as *mut __m512i, *v) };
+    }
+    dst
+}
+
+/// Q4_0: one product per block (K = 32) over the unpacked nibbles u; sumi = Σ u·x + off / 2
+/// (the weights are u - 8), then `x16q::tile_q4_0`'s float step.
+impl AmxBlock for BlockQ40x16 {
+    type Act = BlockQ8O;
+    const UNITS: usize = 1;
+    const K: usize = 32;
+
+    fn act_at(_: usize) -> usize {
+        std::mem::offset_of!(BlockQ8O, qs)
+    }
+
+    #[inline(always)]
+    unsafe fn b_tiles(&self, dst: *mut u8) -> *const u8 {
+        // SAFETY: the caller's promise (AVX-512, 512 writable bytes at `dst`).
+        unsafe { store_b(&unpack_q4_0(self).0, dst) }
+    }
+
+    #[inline(always)]
+    unsafe fn combine(&self, sums: &[i32], acts: &[BlockQ8O], stride: usize, acc: &mut [__m512; TOK]) {
+        // SAFETY: the caller's promise; `d` is 32 bytes.
+        unsafe {
+            let d = _mm512_cvtph_ps(_mm256_loadu_si256(self.d.as_ptr() as *const __m256i));
+            each_token!(t => {
+                let a = act(acts, stride, t);
+                add(&mut acc[t], scaled(d, a, _mm512_add_epi32(_mm512_set1_epi32(a.off >> 1), sum_row(sums, 0, t))));
+            });
+        }
+    }
+}
+
+/// Q4_1: one product per block (K = 32) over the nibbles u; sumi = Σ u·x, then
+/// `x16q::tile_q4_1`'s two fused sums (the min terms in a pass of their own, `side`), added at
+/// the end.
+impl AmxBlock for BlockQ41x16 {
+    type Act = BlockQ8O;
+    const UNITS: usize = 1;
+    const K: usize = 32;
+
+    fn act_at(_: usize) -> usize {
+        std::mem::offset_of!(BlockQ8O, qs)
+    }
+
+    #[inline(always)]
+    unsafe fn b_tiles(&self, dst: *mut u8) -> *const u8 {
+        // SAFETY: the caller's promise (AVX-512, 512 writable bytes at `dst`).
+        unsafe { store_b(&unpack_q4_1(self).0, dst) }
+    }
+
+    #[inline(always)]
+    unsafe fn combine(&self, sums: &[i32], acts: &[BlockQ8O], stride: usize, acc: &mut [__m512; TOK]) {
+        // SAFETY: the caller's promise; `d` and `m` are 32 bytes each.
+        unsafe {
+            let d = _mm512_cvtph_ps(_mm256_loadu_si256(self.d.as_ptr() as *const __m256i));
+            each_token!(t => {
+                q4_1_dot(&mut acc[t], d, act(acts, stride, t), sum_row(sums, 0, t));
+            });
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn side(w: &[Self], acts: &[BlockQ8O], stride: usize, acc2: &mut [__m512; TOK]) {
+        for (b, blk) in w.iter().enumerate() {
+            let x = &acts[b..];
+            // SAFETY: the caller's promise; `m` is 32 bytes; token t's block b is `x[t * stride]`.
+            unsafe {
+                let m = _mm512_cvtph_ps(_mm256_loadu_si256(blk.m.as_ptr() as *const __m256i));
+                each_token!(t => {
+                    q4_1_min(&mut acc2[t], m, act(x, stride, t));
+                });
+            }
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn result(acc: __m512, acc2: __m512) -> __m512 {
+        // SAFETY: the caller's promise.
+        unsafe { _mm512_add_ps(acc, acc2) }
+    }
+}
+
+/// Q8_0: one product per block (K = 32); the stored bytes w + 128 are the B tile; sumi =
+/// Σ (w + 128)·x + 8·off, then `x16q::tile_q8_0`'s float step.
+impl AmxBlock for BlockQ80x16 {
+    type Act = BlockQ8O;
+    const UNITS: usize = 1;
+    const K: usize = 32;
+
+    fn act_at(_: usize) -> usize {
+        std::mem::offset_of!(BlockQ8O, qs)
+    }
+
+    #[inline(always)]
+    unsafe fn b_tiles(&self, _: *mut u8) -> *const u8 {
+        self.qs.as_ptr()
+    }
+
+    #[inline(always)]
+    unsafe fn combine(&self, sums: &[i32], acts: &[BlockQ8O], stride: usize, acc: &mut [__m512; TOK]) {
+        // SAFETY: the caller's promise; `d` is 32 bytes.
+        unsafe {
+            let d = _mm512_cvtph_ps(_mm256_loadu_si256(self.d.as_ptr() as *const __m256i));
+            each_token!(t => {
+                let a = act(acts, stride, t);
+                add(&mut acc[t], scaled(d, a, _mm512_add_epi32(_mm512_set1_epi32(a.off << 3), sum_row(sums, 0, t))));
+            });
         }
     }
 }

@@ -4,7 +4,7 @@
 use super::*;
 use crate::backend::cpu::quant::{dot_q8_scalar, dot_q8k_scalar, quantize_q8, quantize_q8k, BlockQ8};
 use crate::backend::cpu::testutil::{rand_f32, rand_row};
-use crate::backend::cpu::{x16, x16k};
+use crate::backend::cpu::{x16, x16k, x16q};
 use crate::backend::simd::amx_status;
 use crate::backend::WeightView;
 use crate::gguf::{GgmlType, QK, QK_K};
@@ -36,16 +36,14 @@ fn check(name: &str, rows: usize, n_tok: usize, f: impl Fn(Range<usize>, &Shared
     }
 }
 
-#[test]
-fn q5_0_tiles_equal_reference_bitwise() {
-    if !amx_or_skip("q5_0_tiles_equal_reference_bitwise") {
-        return;
-    }
-    // 3 blocks per row: a pair of blocks, then a single one
+/// A 32-element type's tiles (`packed` repacks a view, `rest` is its x16 kernel) against the
+/// scalar reference at every token count of [`N_TOK`]; 3 blocks per row (a pair of blocks, then
+/// a single one), a last group of 5 rows.
+fn legacy_tiles_equal_reference<B: AmxBlock<Act = BlockQ8O>>(ty: GgmlType, packed: fn(&WeightView<'_>) -> Packed16<B>, rest: RestKernel<B>) {
     for (rows, cols) in [(48, 640), (32, 96), (37, 96)] {
-        let data: Vec<u8> = (0..rows).flat_map(|r| rand_row(GgmlType::Q5_0, cols, 300 + r as u64)).collect();
-        let w = WeightView::new(GgmlType::Q5_0, rows, cols, &data).expect("view");
-        let p = x16::PackedQ5x16::new(&w);
+        let data: Vec<u8> = (0..rows).flat_map(|r| rand_row(ty, cols, 300 + r as u64)).collect();
+        let w = WeightView::new(ty, rows, cols, &data).expect("view");
+        let p = packed(&w);
         let nb = cols / QK;
         for n_tok in N_TOK {
             let x = rand_f32(7 + n_tok as u64, n_tok * cols);
@@ -53,19 +51,38 @@ fn q5_0_tiles_equal_reference_bitwise() {
             let mut q8o = vec![BlockQ8O::default(); n_tok * nb];
             for t in 0..n_tok {
                 quantize_q8(&x[t * cols..(t + 1) * cols], &mut q8[t * nb..(t + 1) * nb]);
-                // SAFETY: AMX is usable, which includes the AVX-512 level.
+                // SAFETY: AMX is usable (the callers check), which includes the AVX-512 level.
                 unsafe { x16::quantize_q8o(&x[t * cols..(t + 1) * cols], &mut q8o[t * nb..(t + 1) * nb]) };
             }
             check(
-                &format!("Q5_0 {rows}x{cols}"),
+                &format!("{ty:?} {rows}x{cols}"),
                 rows,
                 n_tok,
-                // SAFETY: AMX usable (checked above).
-                |r, out| unsafe { matmul_rows(&p, r, &q8o, n_tok, out, x16::matmul_rows_q5_0) },
-                |t, r| dot_q8_scalar(GgmlType::Q5_0, w.row(r), &q8[t * nb..(t + 1) * nb]),
+                // SAFETY: AMX usable (the callers check).
+                |r, out| unsafe { matmul_rows(&p, r, &q8o, n_tok, out, rest) },
+                |t, r| dot_q8_scalar(ty, w.row(r), &q8[t * nb..(t + 1) * nb]),
             );
         }
     }
+}
+
+#[test]
+fn q5_0_tiles_equal_reference_bitwise() {
+    if !amx_or_skip("q5_0_tiles_equal_reference_bitwise") {
+        return;
+    }
+    legacy_tiles_equal_reference(GgmlType::Q5_0, x16::PackedQ5x16::new, x16::matmul_rows_q5_0);
+}
+
+/// The `x16q` types: Q4_0 (the 1.1B), Q4_1 (SmolLM2, two accumulators), Q8_0 (its output head).
+#[test]
+fn x16q_tiles_equal_reference_bitwise() {
+    if !amx_or_skip("x16q_tiles_equal_reference_bitwise") {
+        return;
+    }
+    legacy_tiles_equal_reference(GgmlType::Q4_0, x16q::PackedQ40x16::new, x16q::matmul_rows_q4_0);
+    legacy_tiles_equal_reference(GgmlType::Q4_1, x16q::PackedQ41x16::new, x16q::matmul_rows_q4_1);
+    legacy_tiles_equal_reference(GgmlType::Q8_0, x16q::PackedQ80x16::new, x16q::matmul_rows_q8_0);
 }
 
 #[test]
@@ -152,6 +169,33 @@ fn amx_speed() {
     time("Q5_0 x16", &|r, o| unsafe { x16::matmul_rows_q5_0(&p, r, &q8o, n_tok, o) });
     // SAFETY: as above.
     time("Q5_0 amx", &|r, o| unsafe { matmul_rows(&p, r, &q8o, n_tok, o, x16::matmul_rows_q5_0) });
+    for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0] {
+        let data: Vec<u8> = (0..rows).flat_map(|r| rand_row(ty, cols, r as u64)).collect();
+        let w = WeightView::new(ty, rows, cols, &data).expect("view");
+        match ty {
+            GgmlType::Q4_0 => {
+                let p = x16q::PackedQ40x16::new(&w);
+                // SAFETY: as above.
+                time("Q4_0 x16", &|r, o| unsafe { x16q::matmul_rows_q4_0(&p, r, &q8o, n_tok, o) });
+                // SAFETY: as above.
+                time("Q4_0 amx", &|r, o| unsafe { matmul_rows(&p, r, &q8o, n_tok, o, x16q::matmul_rows_q4_0) });
+            }
+            GgmlType::Q4_1 => {
+                let p = x16q::PackedQ41x16::new(&w);
+                // SAFETY: as above.
+                time("Q4_1 x16", &|r, o| unsafe { x16q::matmul_rows_q4_1(&p, r, &q8o, n_tok, o) });
+                // SAFETY: as above.
+                time("Q4_1 amx", &|r, o| unsafe { matmul_rows(&p, r, &q8o, n_tok, o, x16q::matmul_rows_q4_1) });
+            }
+            _ => {
+                let p = x16q::PackedQ80x16::new(&w);
+                // SAFETY: as above.
+                time("Q8_0 x16", &|r, o| unsafe { x16q::matmul_rows_q8_0(&p, r, &q8o, n_tok, o) });
+                // SAFETY: as above.
+                time("Q8_0 amx", &|r, o| unsafe { matmul_rows(&p, r, &q8o, n_tok, o, x16q::matmul_rows_q8_0) });
+            }
+        }
+    }
     let nb = cols / QK_K;
     let mut q8k = vec![BlockQ8K::default(); n_tok * nb];
     quantize_q8k(&x, &mut q8k);

@@ -82,6 +82,12 @@ impl CpuBackend {
                         Some(Packed::Q5_0(p)) if self.amx => return unsafe { amx::matmul_rows(p, rows, q8o, n_tok, out, x16::matmul_rows_q5_0) },
                         // SAFETY: as above.
                         Some(Packed::Q5_0(p)) => return unsafe { x16::matmul_rows_q5_0(p, rows, q8o, n_tok, out) },
+                        // SAFETY: as above (AMX).
+                        Some(Packed::Q4_0(p)) if self.amx => return unsafe { amx::matmul_rows(p, rows, q8o, n_tok, out, x16q::matmul_rows_q4_0) },
+                        // SAFETY: as above (AMX).
+                        Some(Packed::Q4_1(p)) if self.amx => return unsafe { amx::matmul_rows(p, rows, q8o, n_tok, out, x16q::matmul_rows_q4_1) },
+                        // SAFETY: as above (AMX).
+                        Some(Packed::Q8_0(p)) if self.amx => return unsafe { amx::matmul_rows(p, rows, q8o, n_tok, out, x16q::matmul_rows_q8_0) },
                         // SAFETY: as above.
                         Some(Packed::Q4_0(p)) => return unsafe { x16q::matmul_rows_q4_0(p, rows, q8o, n_tok, out) },
                         // SAFETY: as above.

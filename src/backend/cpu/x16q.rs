@@ -118,8 +118,7 @@ impl Block16 for BlockQ80x16 {
 #[cfg(target_arch = "x86_64")]
 pub use simd::{matmul_rows_q4_0, matmul_rows_q4_1, matmul_rows_q8_0};
 #[cfg(target_arch = "x86_64")]
-#[allow(unused_imports)]
-pub(super) use simd::{unpack_q4_0, unpack_q4_1, unpack_q8_0};
+pub(super) use simd::{add, q4_1_dot, q4_1_min, scaled, unpack_q4_0, unpack_q4_1};
 
 #[cfg(target_arch = "x86_64")]
 mod simd {
@@ -222,18 +221,43 @@ mod simd {
         }
     }
 
+    // The float steps below are shared with the AMX kernels (`amx.rs`), so both give the same
+    // bits by construction; their callers are `target_feature(avx512f, ...)` kernels only.
+
     /// The rows' (d_w·d_x)·sumi for one token, the reference's rounding.
     #[inline(always)]
-    fn scaled(d: __m512, a: &BlockQ8O, s: __m512i) -> __m512 {
+    pub fn scaled(d: __m512, a: &BlockQ8O, s: __m512i) -> __m512 {
         // SAFETY: AVX-512F is enabled in the only callers.
         unsafe { _mm512_mul_ps(_mm512_mul_ps(d, _mm512_set1_ps(a.d)), _mm512_cvtepi32_ps(s)) }
     }
 
     /// Adds `v` to a token's accumulator (blocks in order, from 0.0).
     #[inline(always)]
-    fn add(acc: &mut __m512, v: __m512) {
+    pub fn add(acc: &mut __m512, v: __m512) {
         // SAFETY: AVX-512F is enabled in the only callers.
         *acc = unsafe { _mm512_add_ps(*acc, v) };
+    }
+
+    /// Q4_1's step for one token and block: `acc = fma(d_w·d_x, sumi, acc)`,
+    /// `acc_m = fma(m_w, s_x, acc_m)` (the row's result is `acc + acc_m` after the last block).
+    #[inline(always)]
+    pub fn q4_1_add(acc: &mut __m512, acc_m: &mut __m512, d: __m512, m: __m512, a: &BlockQ8O, s: __m512i) {
+        q4_1_min(acc_m, m, a);
+        q4_1_dot(acc, d, a, s);
+    }
+
+    /// Q4_1's min step: `acc_m = fma(m_w, s_x, acc_m)`.
+    #[inline(always)]
+    pub fn q4_1_min(acc_m: &mut __m512, m: __m512, a: &BlockQ8O) {
+        // SAFETY: AVX-512F is enabled in the only callers.
+        *acc_m = unsafe { _mm512_fmadd_ps(m, _mm512_set1_ps(a.s), *acc_m) };
+    }
+
+    /// Q4_1's scale step: `acc = fma(d_w·d_x, sumi, acc)`.
+    #[inline(always)]
+    pub fn q4_1_dot(acc: &mut __m512, d: __m512, a: &BlockQ8O, s: __m512i) {
+        // SAFETY: AVX-512F is enabled in the only callers.
+        *acc = unsafe { _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(a.d)), _mm512_cvtepi32_ps(s), *acc) };
     }
 
     /// Q4_0, 16 rows × tokens `t0..t0 + NT`: each block unpacked once for the tile; per token
@@ -269,12 +293,7 @@ mod simd {
             let (q, d, m) = unpack_q4_1(blk);
             for t in 0..NT {
                 let a = &x[t][b];
-                let s = block_sum(&q, a, 0);
-                // SAFETY: AVX-512F is enabled in the only caller.
-                unsafe {
-                    acc_m[t] = _mm512_fmadd_ps(m, _mm512_set1_ps(a.s), acc_m[t]);
-                    acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(a.d)), _mm512_cvtepi32_ps(s), acc[t]);
-                }
+                q4_1_add(&mut acc[t], &mut acc_m[t], d, m, a, block_sum(&q, a, 0));
             }
         }
         for t in 0..NT {
