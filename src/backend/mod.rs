@@ -146,6 +146,15 @@ pub fn attention_keys(pos: u32, window: Option<usize>) -> std::ops::Range<usize>
     }
 }
 
+/// The activation of a gated feed-forward block: gate = act(gate) · up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GatedAct {
+    /// SiLU (SwiGLU: Llama, SmolLM2).
+    Silu,
+    /// GELU, tanh form (GeGLU: Gemma).
+    GeluTanh,
+}
+
 /// The kernels a transformer forward pass needs. All activations are row-major `[n_tok, dim]`.
 pub trait Backend: Send + Sync {
     /// Human-readable name, e.g. "cpu-avx2 (2 threads)".
@@ -172,6 +181,27 @@ pub trait Backend: Send + Sync {
         for (w, o) in ws.iter().zip(outs.iter_mut()) {
             self.matmul(*w, x, n_tok, o);
         }
+    }
+
+    /// A gated feed-forward input: `gate = act(W_gate · x) · (W_up · x)`, with `up` as scratch
+    /// (both [n_tok, rows]); a backend may apply the activation to each row as it is computed.
+    /// The same bits as [`Backend::matmul_multi`] then [`Backend::silu_mul`] /
+    /// [`Backend::gelu_tanh_mul`], which is what this default does.
+    #[allow(clippy::too_many_arguments)]
+    fn matmul_gated(&self, gate_w: WeightView<'_>, up_w: WeightView<'_>, x: &[f32], n_tok: usize, act: GatedAct, gate: &mut [f32], up: &mut [f32]) {
+        self.matmul_multi(&[gate_w, up_w], x, n_tok, &mut [&mut *gate, &mut *up]);
+        match act {
+            GatedAct::Silu => self.silu_mul(gate, up),
+            GatedAct::GeluTanh => self.gelu_tanh_mul(gate, up),
+        }
+    }
+
+    /// A residual projection: `x += W · a`, with `proj` as scratch (x, proj: [n_tok, w.rows]); a
+    /// backend may add each row as it is computed. The same bits as [`Backend::matmul`] into
+    /// `proj` then [`Backend::add`], which is what this default does.
+    fn matmul_add(&self, w: WeightView<'_>, a: &[f32], n_tok: usize, proj: &mut [f32], x: &mut [f32]) {
+        self.matmul(w, a, n_tok, proj);
+        self.add(x, proj);
     }
 
     /// RMSNorm per token: out = x / sqrt(mean(x^2) + eps) * weight. x, out: [n_tok, dim]

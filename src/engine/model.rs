@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use crate::backend::cpu::ops;
 use crate::backend::offload::{LayerOffload, LogitRows, OffloadActs, OffloadError, SeqSpan};
-use crate::backend::{AttentionArgs, Backend};
+use crate::backend::{AttentionArgs, Backend, GatedAct, WeightView};
 use crate::gguf::{dequantize_row, GgufError, GgufFile};
 
 use super::config::{FfnActivation, ModelConfig, RopeStyle};
@@ -30,6 +30,15 @@ pub struct Model {
     /// Runs of layers on accelerators, in layer order (see [`Model::offload`], engine/offload.rs);
     /// the backend runs the others.
     pub(super) segments: Vec<Box<dyn LayerOffload>>,
+}
+
+/// The activations a residual projection reads (a field of [`RunState`]).
+#[derive(Clone, Copy)]
+enum Acts {
+    /// `att`: the attention output (wo)
+    Att,
+    /// `gate`: act(gate)·up (the down projection)
+    Gate,
 }
 
 /// Which logits a sequence wants from a forward call.
@@ -482,34 +491,33 @@ impl Model {
             });
             t0 += m;
         }
-        b.matmul(lw.wo.view(g), &state.att[..n * qd], n, &mut state.proj[..n * e]);
-        self.residual_add(state, n, lw.post_attn_norm.as_deref());
+        self.residual_proj(state, lw.wo.view(g), Acts::Att, n, lw.post_attn_norm.as_deref());
 
-        // Feed-forward: norm, gate|up, act(gate)·up, down.
+        // Feed-forward: norm, act(gate)·up (one backend call: it may fuse them), down.
         b.rmsnorm(&state.x[..n * e], &lw.ffn_norm, c.rms_eps, &mut state.xn[..n * e]);
-        b.matmul_multi(
-            &[lw.w_gate.view(g), lw.w_up.view(g)],
-            &state.xn[..n * e],
-            n,
-            &mut [&mut state.gate[..n * ff], &mut state.up[..n * ff]],
-        );
-        match c.ffn_activation {
-            FfnActivation::Silu => b.silu_mul(&mut state.gate[..n * ff], &state.up[..n * ff]),
-            FfnActivation::GeluTanh => b.gelu_tanh_mul(&mut state.gate[..n * ff], &state.up[..n * ff]),
-        }
-        b.matmul(lw.w_down.view(g), &state.gate[..n * ff], n, &mut state.proj[..n * e]);
-        self.residual_add(state, n, lw.post_ffn_norm.as_deref());
+        let act = match c.ffn_activation {
+            FfnActivation::Silu => GatedAct::Silu,
+            FfnActivation::GeluTanh => GatedAct::GeluTanh,
+        };
+        b.matmul_gated(lw.w_gate.view(g), lw.w_up.view(g), &state.xn[..n * e], n, act, &mut state.gate[..n * ff], &mut state.up[..n * ff]);
+        self.residual_proj(state, lw.w_down.view(g), Acts::Gate, n, lw.post_ffn_norm.as_deref());
     }
 
-    /// x += proj, or x += rmsnorm(proj) with `post_norm` (Gemma's post-attention / post-FFN norms).
-    fn residual_add(&self, state: &mut RunState, n: usize, post_norm: Option<&[f32]>) {
+    /// x += w · acts, or x += rmsnorm(w · acts) with `post_norm` (Gemma's post-attention /
+    /// post-FFN norms); without one the backend may add each row as it computes it.
+    fn residual_proj(&self, state: &mut RunState, w: WeightView<'_>, acts: Acts, n: usize, post_norm: Option<&[f32]>) {
         let (b, e) = (&*self.backend, self.config.n_embd);
+        let a = match acts {
+            Acts::Att => &state.att[..n * w.cols],
+            Acts::Gate => &state.gate[..n * w.cols],
+        };
         match post_norm {
-            Some(w) => {
-                b.rmsnorm(&state.proj[..n * e], w, self.config.rms_eps, &mut state.xn[..n * e]);
+            Some(nw) => {
+                b.matmul(w, a, n, &mut state.proj[..n * e]);
+                b.rmsnorm(&state.proj[..n * e], nw, self.config.rms_eps, &mut state.xn[..n * e]);
                 b.add(&mut state.x[..n * e], &state.xn[..n * e]);
             }
-            None => b.add(&mut state.x[..n * e], &state.proj[..n * e]),
+            None => b.matmul_add(w, a, n, &mut state.proj[..n * e], &mut state.x[..n * e]),
         }
     }
 

@@ -9,6 +9,7 @@
 
 pub mod blocks;
 pub mod f32mm;
+mod matmul;
 pub mod ops;
 pub mod quant;
 pub mod quant_k;
@@ -37,12 +38,12 @@ use std::sync::Mutex;
 
 use half::f16;
 
-use self::quant::{act_format, ActFormat, BlockQ8, BlockQ8K};
+use self::quant::{act_format, BlockQ8, BlockQ8K};
 use self::shared::{SharedOut, SharedSlice};
 use self::team::Team;
 pub use super::simd::SimdLevel;
-use super::{attention_keys, AttentionArgs, Backend, Op, Prepared, WeightView};
-use crate::gguf::{GgmlType, QK, QK_K};
+use super::{attention_keys, AttentionArgs, Backend, GatedAct, Op, Prepared, WeightView};
+use crate::gguf::GgmlType;
 
 /// Quantized activations of the current matmul, reused across calls (no allocation once warm).
 #[derive(Default)]
@@ -169,65 +170,6 @@ impl CpuBackend {
         }
     }
 
-    /// Rows per dynamically scheduled chunk: enough chunks to balance the threads, enough rows
-    /// that a chunk's weights are reused across all tokens while they sit in L1/L2. A
-    /// matrix-vector product (decode: fewer tokens than a tile) reuses nothing, so a very tall
-    /// matrix (Gemma's 262k-row output projection) gets longer chunks, about 64 per thread: each
-    /// thread streams long contiguous runs (the prefetch ahead of a chunk's end is not wasted on
-    /// rows another thread takes), with 64x fewer trips to the shared chunk counter.
-    fn row_chunk(&self, rows: usize, n_tok: usize) -> usize {
-        let chunk = (rows / (self.team.threads() * 4)).clamp(8, 64);
-        if n_tok >= 4 {
-            return chunk;
-        }
-        chunk.max(rows / (self.team.threads() * 64))
-    }
-
-    /// Quantizes `n_tok` activation rows of `cols` values in parallel over tokens.
-    fn quantize<B: Send>(&self, x: &[f32], n_tok: usize, cols: usize, per_row: usize, dst: &mut [B], q: fn(&[f32], &mut [B])) {
-        if n_tok == 1 {
-            return q(x, dst);
-        }
-        let out = SharedSlice::new(dst);
-        let out = &out;
-        self.team.for_chunks(n_tok, 8, &|r| {
-            for t in r {
-                // SAFETY: token t's blocks are written by the one chunk that holds t.
-                let d = unsafe { out.slice(t * per_row, per_row) };
-                q(&x[t * cols..(t + 1) * cols], d);
-            }
-        });
-    }
-
-    /// One parallel region over the rows of every matrix in `ws` (at most [`MAX_MULTI`]; chunks
-    /// never span two matrices); `rows(m, range, out)` computes rows `range` of matrix m for
-    /// every token. Allocates nothing.
-    /// With a repacked matrix among `ws`, chunks are whole groups of `x16::ROWS` rows (a matrix's
-    /// last chunk ends at its last row, which the kernels' padded last group allows).
-    fn rows_parallel(&self, ws: &[WeightView<'_>], n_tok: usize, outs: &mut [&mut [f32]], rows: &(dyn Fn(usize, std::ops::Range<usize>, &SharedOut) + Sync)) {
-        assert!(ws.len() <= MAX_MULTI && ws.len() == outs.len());
-        let mut it = outs.iter_mut().zip(ws);
-        let shared: [Option<SharedOut>; MAX_MULTI] = std::array::from_fn(|_| it.next().map(|(o, w)| SharedOut::new(o, w.rows)));
-        let mut chunk = self.row_chunk(ws.iter().map(|w| w.rows).sum(), n_tok);
-        if ws.iter().any(|w| self.packed(w).is_some()) {
-            chunk = chunk.next_multiple_of(x16::ROWS);
-        }
-        let total: usize = ws.iter().map(|w| w.rows.div_ceil(chunk)).sum();
-        self.team.for_chunks(total, 1, &|range| {
-            for mut c in range {
-                // Map chunk c to (matrix, first row).
-                let mut m = 0;
-                while c >= ws[m].rows.div_ceil(chunk) {
-                    c -= ws[m].rows.div_ceil(chunk);
-                    m += 1;
-                }
-                if let Some(out) = &shared[m] {
-                    let r0 = c * chunk;
-                    rows(m, r0..(r0 + chunk).min(ws[m].rows), out);
-                }
-            }
-        });
-    }
 }
 
 /// A matrix repacked for the AVX-512 level's interleaved kernels (x86-64 only reads them).
@@ -283,6 +225,16 @@ impl Backend for CpuBackend {
         self.matmul_multi(&[w], x, n_tok, &mut [out]);
     }
 
+    /// One parallel region: each chunk of rows of gate and up, then their activation.
+    fn matmul_gated(&self, gate_w: WeightView<'_>, up_w: WeightView<'_>, x: &[f32], n_tok: usize, act: GatedAct, gate: &mut [f32], up: &mut [f32]) {
+        self.gated([gate_w, up_w], x, n_tok, act, gate, up)
+    }
+
+    /// One parallel region: each chunk of rows, then its residual add.
+    fn matmul_add(&self, w: WeightView<'_>, a: &[f32], n_tok: usize, proj: &mut [f32], x: &mut [f32]) {
+        self.residual(w, a, n_tok, proj, x)
+    }
+
     fn matmul_multi(&self, ws: &[WeightView<'_>], x: &[f32], n_tok: usize, outs: &mut [&mut [f32]]) {
         let Some(first) = ws.first() else { return };
         let (cols, fmt) = (first.cols, act_format(first.ty));
@@ -293,137 +245,12 @@ impl Backend for CpuBackend {
             }
             return;
         }
-        assert_eq!(x.len(), n_tok * cols, "matmul: x is not [n_tok, cols]");
         for (w, o) in ws.iter().zip(outs.iter()) {
             assert_eq!(o.len(), n_tok * w.rows, "matmul: out is not [n_tok, rows]");
         }
-        match fmt {
-            ActFormat::F32 => self.rows_parallel(ws, n_tok, outs, &|m, rows, out| f32mm::matmul_rows(self.simd, ws[m], rows, x, n_tok, out)),
-            ActFormat::Q8 => {
-                let nb = cols / QK;
-                let mut s = self.scratch.lock().unwrap_or_else(|p| p.into_inner());
-                let s = &mut *s;
-                // At the AVX-512 level, the types with a pair kernel read pairs; the others (Q8_0
-                // among them: its kernel there takes blocks, see `avx512`) read blocks. A call whose
-                // matrices need both gets both.
-                let pairs_for = |w: &WeightView<'_>| self.simd == SimdLevel::Avx512Vnni && Self::has_pair_kernel(w.ty) && self.packed(w).is_none();
-                #[cfg(target_arch = "x86_64")]
-                let q8o: &[x16::BlockQ8O] = if ws.iter().any(|w| self.packed(w).is_some()) {
-                    s.q8o.resize(n_tok * nb, x16::BlockQ8O::default());
-                    // SAFETY: `packed` is only `Some` at the `Avx512Vnni` level, set only after
-                    // detecting every feature `x16::quantize_q8o` enables.
-                    self.quantize(x, n_tok, cols, nb, &mut s.q8o[..n_tok * nb], |x, b| unsafe { x16::quantize_q8o(x, b) });
-                    &s.q8o[..n_tok * nb]
-                } else {
-                    &[]
-                };
-                #[cfg(target_arch = "x86_64")]
-                let pairs: &[avx512::PairQ8] = if ws.iter().any(pairs_for) {
-                    let np = nb.div_ceil(2);
-                    s.pairs.resize(n_tok * np, avx512::PairQ8::default());
-                    // SAFETY: `Avx512Vnni` is only set after detecting every feature
-                    // `avx512::quantize_pairs` enables.
-                    self.quantize(x, n_tok, cols, np, &mut s.pairs[..n_tok * np], |x, p| unsafe { avx512::quantize_pairs(x, p) });
-                    &s.pairs[..n_tok * np]
-                } else {
-                    &[]
-                };
-                let q8: &[BlockQ8] = if ws.iter().any(|w| !pairs_for(w) && self.packed(w).is_none()) {
-                    s.q8.resize(n_tok * nb, BlockQ8::default());
-                    let q: fn(&[f32], &mut [BlockQ8]) = match self.simd {
-                        #[cfg(target_arch = "x86_64")]
-                        // SAFETY: `Avx512Vnni` is only set after detecting every feature
-                        // `avx512::quantize_q8` enables.
-                        SimdLevel::Avx512Vnni => |x, b| unsafe { avx512::quantize_q8(x, b) },
-                        _ => quant::quantize_q8,
-                    };
-                    self.quantize(x, n_tok, cols, nb, &mut s.q8[..n_tok * nb], q);
-                    &s.q8[..n_tok * nb]
-                } else {
-                    &[]
-                };
-                self.rows_parallel(ws, n_tok, outs, &|m, rows, out| {
-                    #[cfg(target_arch = "x86_64")]
-                    match self.packed(&ws[m]) {
-                        // SAFETY: as for `quantize_q8o` above; `amx` is only set where
-                        // `simd::amx_usable()` (AMX-INT8 with tile permission) is true.
-                        Some(Packed::Q5_0(p)) if self.amx => return unsafe { amx::matmul_rows(p, rows, q8o, n_tok, out, x16::matmul_rows_q5_0) },
-                        // SAFETY: as above.
-                        Some(Packed::Q5_0(p)) => return unsafe { x16::matmul_rows_q5_0(p, rows, q8o, n_tok, out) },
-                        // SAFETY: as above (AMX).
-                        Some(Packed::Q4_0(p)) if self.amx => return unsafe { amx::matmul_rows(p, rows, q8o, n_tok, out, x16q::matmul_rows_q4_0) },
-                        // SAFETY: as above (AMX).
-                        Some(Packed::Q4_1(p)) if self.amx => return unsafe { amx::matmul_rows(p, rows, q8o, n_tok, out, x16q::matmul_rows_q4_1) },
-                        // SAFETY: as above (AMX).
-                        Some(Packed::Q8_0(p)) if self.amx => return unsafe { amx::matmul_rows(p, rows, q8o, n_tok, out, x16q::matmul_rows_q8_0) },
-                        // SAFETY: as above.
-                        Some(Packed::Q4_0(p)) => return unsafe { x16q::matmul_rows_q4_0(p, rows, q8o, n_tok, out) },
-                        // SAFETY: as above.
-                        Some(Packed::Q4_1(p)) => return unsafe { x16q::matmul_rows_q4_1(p, rows, q8o, n_tok, out) },
-                        // SAFETY: as above.
-                        Some(Packed::Q8_0(p)) => return unsafe { x16q::matmul_rows_q8_0(p, rows, q8o, n_tok, out) },
-                        _ => {}
-                    }
-                    #[cfg(target_arch = "x86_64")]
-                    if pairs_for(&ws[m]) {
-                        // SAFETY: `SimdLevel::Avx512Vnni` is only set after detecting every feature
-                        // `avx512::matmul_rows_q8` enables.
-                        return unsafe { avx512::matmul_rows_q8(ws[m], rows, pairs, n_tok, out) };
-                    }
-                    self.rows_q8(ws[m], rows, q8, n_tok, out)
-                });
-            }
-            ActFormat::Q8K => {
-                let nb = cols / QK_K;
-                let mut s = self.scratch.lock().unwrap_or_else(|p| p.into_inner());
-                s.q8k.resize(n_tok * nb, BlockQ8K::default());
-                let q: fn(&[f32], &mut [BlockQ8K]) = match self.simd {
-                    #[cfg(target_arch = "x86_64")]
-                    // SAFETY: `Avx512Vnni` is only set after detecting every feature
-                    // `avx512_k::quantize_q8k` enables.
-                    SimdLevel::Avx512Vnni => |x, b| unsafe { avx512_k::quantize_q8k(x, b) },
-                    _ => quant::quantize_q8k,
-                };
-                self.quantize(x, n_tok, cols, nb, &mut s.q8k[..n_tok * nb], q);
-                let q8k = &s.q8k[..n_tok * nb];
-                self.rows_parallel(ws, n_tok, outs, &|m, rows, out| match self.simd {
-                    #[cfg(target_arch = "x86_64")]
-                    SimdLevel::Avx512Vnni if matches!(self.packed(&ws[m]), Some(Packed::Q4K(_) | Packed::Q6K(_))) => match self.packed(&ws[m]) {
-                        // SAFETY: `packed` is only `Some` at the `Avx512Vnni` level, set only
-                        // after detecting every feature these kernels enable; `amx` only where
-                        // `simd::amx_usable()` is true.
-                        Some(Packed::Q4K(p)) if self.amx => unsafe { amx::matmul_rows(p, rows, q8k, n_tok, out, x16k::matmul_rows_q4k) },
-                        // SAFETY: as above.
-                        Some(Packed::Q6K(p)) if self.amx => unsafe { amx::matmul_rows(p, rows, q8k, n_tok, out, x16k::matmul_rows_q6k) },
-                        // SAFETY: as above.
-                        Some(Packed::Q4K(p)) => unsafe { x16k::matmul_rows_q4k(p, rows, q8k, n_tok, out) },
-                        // SAFETY: as above.
-                        Some(Packed::Q6K(p)) => unsafe { x16k::matmul_rows_q6k(p, rows, q8k, n_tok, out) },
-                        _ => unreachable!("checked by the guard"),
-                    },
-                    #[cfg(target_arch = "x86_64")]
-                    // SAFETY: `Avx512Vnni` is only set after detecting every feature
-                    // `avx512_k::matmul_rows_q8k` enables.
-                    SimdLevel::Avx512Vnni if avx2_k::Q8K_TYPES.contains(&ws[m].ty) => unsafe {
-                        avx512_k::matmul_rows_q8k(ws[m], rows, q8k, n_tok, out)
-                    },
-                    #[cfg(target_arch = "x86_64")]
-                    // SAFETY: `Avx2` is only set after detecting avx2, fma, f16c.
-                    SimdLevel::Avx2 if avx2_k::Q8K_TYPES.contains(&ws[m].ty) => unsafe {
-                        avx2_k::matmul_rows_q8k(ws[m], rows, q8k, n_tok, out)
-                    },
-                    #[cfg(target_arch = "aarch64")]
-                    SimdLevel::Neon if neon::Q8K_TYPES.contains(&ws[m].ty) => neon::matmul_rows_q8k(ws[m], rows, q8k, n_tok, out),
-                    _ => {
-                        for t in 0..n_tok {
-                            for r in rows.clone() {
-                                out.write(t, r, quant::dot_q8k_scalar(ws[m].ty, ws[m].row(r), &q8k[t * nb..(t + 1) * nb]));
-                            }
-                        }
-                    }
-                });
-            }
-        }
+        let mut it = outs.iter_mut().zip(ws);
+        let shared: [Option<SharedOut>; MAX_MULTI] = std::array::from_fn(|_| it.next().map(|(o, w)| SharedOut::new(o, w.rows)));
+        self.with_kernel(ws, x, n_tok, &mut |rows| self.rows_parallel(ws, n_tok, &shared, rows));
     }
 
     /// Rows split over the team in chunks of 16 (a row's arithmetic is the same in any chunk).

@@ -55,6 +55,20 @@ impl SharedOut {
     }
 }
 
+impl SharedOut {
+    /// Token t's rows `rows` as a slice.
+    ///
+    /// # Safety
+    /// No other thread may access these elements while the slice lives (the caller owns the rows).
+    #[allow(clippy::mut_from_ref)]
+    pub unsafe fn run_mut(&self, t: usize, rows: std::ops::Range<usize>) -> &mut [f32] {
+        let i = t * self.rows + rows.start;
+        assert!(rows.start <= rows.end && rows.end <= self.rows && i + rows.len() <= self.len);
+        // SAFETY: in bounds (asserted); exclusive access is the caller's promise.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(i), rows.len()) }
+    }
+}
+
 /// A slice whose disjoint sub-ranges are handed to different threads.
 pub struct SharedSlice<B>(*mut B, usize);
 

@@ -20,14 +20,28 @@ use std::time::{Duration, Instant};
 
 type Job = *const (dyn Fn(usize) + Sync);
 
+/// `T` alone on its cache lines (128 bytes: the line and its prefetched neighbour), so a word one
+/// thread writes does not evict a word another thread is spinning on or writing.
+#[repr(align(128))]
+pub(super) struct Padded<T>(pub(super) T);
+
+impl<T> std::ops::Deref for Padded<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.0
+    }
+}
+
+/// The words the caller writes (`generation`, `job`, `open`) and the one workers write (`active`)
+/// live on separate lines: spinning workers read only the caller's line, the caller waits on theirs.
 struct Shared {
     /// Bumped (Release) after `job` is written: a new job is published.
-    generation: AtomicU64,
+    generation: Padded<AtomicU64>,
     job: UnsafeCell<Option<Job>>,
     /// Whether workers may still join the current job.
     open: AtomicBool,
     /// Workers inside the current job.
-    active: AtomicUsize,
+    active: Padded<AtomicUsize>,
     panicked: AtomicBool,
     stop: AtomicBool,
 }
@@ -44,6 +58,9 @@ pub struct Team {
     shared: Arc<Shared>,
     workers: Vec<JoinHandle<()>>,
     n: usize,
+    /// Per thread, the items of its home range not yet taken by [`Team::for_items_home`]:
+    /// (first, end) as `first | end << 32`, each on its own lines.
+    homes: Box<[Padded<AtomicU64>]>,
     /// One job at a time.
     caller: Mutex<()>,
 }
@@ -53,10 +70,10 @@ impl Team {
     pub fn new(n: usize) -> std::io::Result<Team> {
         let n = n.max(1);
         let shared = Arc::new(Shared {
-            generation: AtomicU64::new(0),
+            generation: Padded(AtomicU64::new(0)),
             job: UnsafeCell::new(None),
             open: AtomicBool::new(false),
-            active: AtomicUsize::new(0),
+            active: Padded(AtomicUsize::new(0)),
             panicked: AtomicBool::new(false),
             stop: AtomicBool::new(false),
         });
@@ -66,7 +83,8 @@ impl Team {
                 std::thread::Builder::new().name(format!("forge-cpu-{idx}")).spawn(move || worker(s, idx))
             })
             .collect::<std::io::Result<Vec<_>>>()?;
-        Ok(Team { shared, workers, n, caller: Mutex::new(()) })
+        let homes = (0..n).map(|_| Padded(AtomicU64::new(0))).collect();
+        Ok(Team { shared, workers, n, homes, caller: Mutex::new(()) })
     }
 
     pub fn threads(&self) -> usize {
@@ -82,6 +100,11 @@ impl Team {
             return f(0);
         }
         let _guard = self.caller.lock().unwrap_or_else(|p| p.into_inner());
+        self.run_held(f)
+    }
+
+    /// [`Team::run`] for a caller holding `self.caller`, with more than one thread.
+    fn run_held(&self, f: &(dyn Fn(usize) + Sync)) {
         let s = &*self.shared;
         // SAFETY: we erase the closure's lifetime to hand it to the workers. It stays valid: we
         // do not return (or unwind) before every worker that joined has left (`active == 0`
@@ -115,6 +138,38 @@ impl Team {
         }
     }
 
+    /// Calls `f(i)` for every item of `0..n_items`, each once. Thread t starts on its home range
+    /// (the t-th of `threads` equal parts) and takes its items in order, so each thread streams
+    /// one contiguous run of the work (weights rows, for a matmul) and no two threads touch one
+    /// counter until a thread's home is empty; then it takes the other homes' items from their
+    /// ends. A thread that never joins leaves its home to the others. Which thread runs an item
+    /// never changes what it computes.
+    pub fn for_items_home(&self, n_items: usize, f: &(dyn Fn(usize) + Sync)) {
+        if n_items <= 1 || self.n == 1 {
+            (0..n_items).for_each(f);
+            return;
+        }
+        assert!(n_items < 1 << 32, "for_items_home: {n_items} items");
+        let _guard = self.caller.lock().unwrap_or_else(|p| p.into_inner());
+        let n = self.n;
+        for (t, h) in self.homes.iter().enumerate() {
+            let (lo, hi) = (t * n_items / n, (t + 1) * n_items / n);
+            // Before the job is published (SeqCst in `run_held`); the last job's threads have left.
+            h.store(lo as u64 | (hi as u64) << 32, Ordering::Relaxed);
+        }
+        let homes = &self.homes;
+        self.run_held(&|t| {
+            while let Some(i) = take(&homes[t], true) {
+                f(i);
+            }
+            for k in 1..n {
+                while let Some(i) = take(&homes[(t + k) % n], false) {
+                    f(i);
+                }
+            }
+        });
+    }
+
     /// Splits `0..n_items` into chunks of `chunk` handed out dynamically (an atomic counter) and
     /// calls `f(start..end)` for each. Which thread runs a chunk never changes what it computes.
     pub fn for_chunks(&self, n_items: usize, chunk: usize, f: &(dyn Fn(std::ops::Range<usize>) + Sync)) {
@@ -126,7 +181,8 @@ impl Team {
             }
             return;
         }
-        let next = AtomicUsize::new(0);
+        // On its own lines: both threads take chunks from it while the caller writes its stack.
+        let next = Padded(AtomicUsize::new(0));
         self.run(&|_| loop {
             let c = next.fetch_add(1, Ordering::Relaxed);
             if c >= n_chunks {
@@ -143,6 +199,22 @@ impl Drop for Team {
         self.shared.generation.fetch_add(1, Ordering::Release);
         for w in self.workers.drain(..) {
             let _ = w.join();
+        }
+    }
+}
+
+/// Takes the first (`front`) or the last item left in a home range (`first | end << 32`).
+fn take(h: &AtomicU64, front: bool) -> Option<usize> {
+    let mut cur = h.load(Ordering::Relaxed);
+    loop {
+        let (first, end) = (cur & 0xFFFF_FFFF, cur >> 32);
+        if first >= end {
+            return None;
+        }
+        let (next, item) = if front { (cur + 1, first) } else { (first | (end - 1) << 32, end - 1) };
+        match h.compare_exchange_weak(cur, next, Ordering::AcqRel, Ordering::Relaxed) {
+            Ok(_) => return Some(item as usize),
+            Err(now) => cur = now,
         }
     }
 }
@@ -217,6 +289,20 @@ mod tests {
             }
         });
         assert!(seen.iter().all(|s| s.load(Ordering::Relaxed) == 1));
+    }
+
+    #[test]
+    fn home_items_are_each_taken_once() {
+        for threads in [2, 3] {
+            let team = Team::new(threads).expect("team");
+            for n_items in [0, 1, 2, 5, 97, 1000] {
+                let seen: Vec<AtomicU32> = (0..n_items).map(|_| AtomicU32::new(0)).collect();
+                team.for_items_home(n_items, &|i| {
+                    seen[i].fetch_add(1, Ordering::Relaxed);
+                });
+                assert!(seen.iter().all(|s| s.load(Ordering::Relaxed) == 1), "{threads} threads, {n_items} items");
+            }
+        }
     }
 
     #[test]

@@ -5,7 +5,7 @@ use half::f16;
 
 use super::testutil::{rand_f32, rand_row};
 use super::{ops, CpuBackend, SimdLevel};
-use crate::backend::{AttentionArgs, Backend, WeightView};
+use crate::backend::{AttentionArgs, Backend, GatedAct, WeightView};
 use crate::gguf::GgmlType;
 
 /// Every weight type the CPU runs.
@@ -285,6 +285,53 @@ fn mixed_type_matmul_multi_equals_separate_matmuls() {
             assert!(alone.iter().zip(t).all(|(a, c)| a.to_bits() == c.to_bits()), "{:?} {:?}", b.simd(), w.ty);
         }
     }
+}
+
+/// The fused forms (`matmul_gated`: gate|up and the activation in one region; `matmul_add`: a
+/// projection and its residual add) give exactly the bits of the separate calls, on every level,
+/// with the repacked copies attached, in decode and in a batch, for 2 and 3 threads (home ranges
+/// of uneven sizes, a padded last group of 16 rows).
+#[test]
+fn fused_gated_and_residual_equal_separate_calls() {
+    let (rows, cols) = (40, 256);
+    for ty in [GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q5_0, GgmlType::Q4K, GgmlType::F32] {
+        let (dg, du) = (matrix(ty, rows, cols), rand_row_matrix(ty, rows, cols));
+        for threads in [2, 3] {
+            for b in backends(threads) {
+                let (g0, u0) = (WeightView::new(ty, rows, cols, &dg).expect("view"), WeightView::new(ty, rows, cols, &du).expect("view"));
+                let (pg, pu) = (b.prepare(g0), b.prepare(u0));
+                let (gw, uw) = (g0.with_prepared(pg.as_ref()), u0.with_prepared(pu.as_ref()));
+                for n_tok in [1, 5] {
+                    let x = rand_f32(7 + n_tok as u64, n_tok * cols);
+                    for act in [GatedAct::Silu, GatedAct::GeluTanh] {
+                        let (mut g1, mut u1) = (vec![0f32; n_tok * rows], vec![0f32; n_tok * rows]);
+                        b.matmul_multi(&[gw, uw], &x, n_tok, &mut [&mut g1, &mut u1]);
+                        match act {
+                            GatedAct::Silu => b.silu_mul(&mut g1, &u1),
+                            GatedAct::GeluTanh => b.gelu_tanh_mul(&mut g1, &u1),
+                        }
+                        let (mut g2, mut u2) = (vec![f32::NAN; n_tok * rows], vec![f32::NAN; n_tok * rows]);
+                        b.matmul_gated(gw, uw, &x, n_tok, act, &mut g2, &mut u2);
+                        assert!(g1.iter().zip(&g2).all(|(a, c)| a.to_bits() == c.to_bits()), "gated {ty:?} {:?} {act:?} {threads}t {n_tok} tok", b.simd());
+                    }
+                    // x += W·a, W [rows, cols] with rows = cols of the residual: a square slice of gw.
+                    let a = rand_f32(11 + n_tok as u64, n_tok * cols);
+                    let resid = rand_f32(13, n_tok * rows);
+                    let (mut x1, mut p1) = (resid.clone(), vec![0f32; n_tok * rows]);
+                    b.matmul(gw, &a, n_tok, &mut p1);
+                    b.add(&mut x1, &p1);
+                    let (mut x2, mut p2) = (resid.clone(), vec![f32::NAN; n_tok * rows]);
+                    b.matmul_add(gw, &a, n_tok, &mut p2, &mut x2);
+                    assert!(x1.iter().zip(&x2).all(|(a, c)| a.to_bits() == c.to_bits()), "residual {ty:?} {:?} {threads}t {n_tok} tok", b.simd());
+                }
+            }
+        }
+    }
+}
+
+/// A second matrix of other values (seeds apart from `matrix`'s).
+fn rand_row_matrix(ty: GgmlType, rows: usize, cols: usize) -> Vec<u8> {
+    (0..rows).flat_map(|r| rand_row(ty, cols, 9000 + r as u64)).collect()
 }
 
 /// The SIMD GeGLU (tanh GELU through e^x) against `ops::gelu_tanh`, over Gemma's range and the
