@@ -7,7 +7,7 @@ use super::WgpuError;
 /// Layers per submission of a layer step recorded as it goes (a step recorded ahead, layers/step.rs,
 /// is one command buffer): the GPU runs the first parts while the CPU records the rest. H100, 1.1B model, tg128 in tokens/s, with the Q8 matmuls (two rounds, one call):
 /// 1: 549 / 568, 2: 612 / 587, 3: 633 / 630, 4: 617 / 612, 5: 581 / 572, 6: 605 / 588 (with the
-/// slower kernels of docs/perf.md part 3, 6 was best: the faster the GPU, the more the CPU's
+/// slower kernels of issue 7 part 3, in docs/perf.md's history, 6 was best: the faster the GPU, the more the CPU's
 /// recording of the dispatches shows).
 pub const SUBMIT_LAYERS: usize = 3;
 /// Microseconds a read-back polls before it sleeps (default of [`WgpuOptions::spin_us`]).
@@ -45,7 +45,7 @@ pub struct WgpuOptions {
     pub decode_kernels: Option<DecodePlan>,
     /// A sequence of one token in a step runs attention_one.wgsl (RoPE and KV store inside its
     /// attention: one dispatch instead of two). Off by default: slower on the H100 (tg128 504-537
-    /// vs 576-593 t/s, 1.1B model, docs/perf.md). Same bits. `$FORGE_WGPU_ATTN_ONE=1`.
+    /// vs 576-593 t/s, 1.1B model, in docs/perf.md's history). Same bits. `$FORGE_WGPU_ATTN_ONE=1`.
     pub attention_one: bool,
     /// The layer runner multiplies Q4_0 / Q4_1 / Q8_0 weights by activations quantized to 8 bits
     /// with integer dot products, as the CPU does (plan.rs); `false`: f32 activations and the
