@@ -34,6 +34,8 @@ pub mod wgpu;
 
 use crate::gguf::GgmlType;
 
+use self::offload::FfnActivation;
+
 /// Operations of the forward pass, for capability queries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Op {
@@ -146,15 +148,6 @@ pub fn attention_keys(pos: u32, window: Option<usize>) -> std::ops::Range<usize>
     }
 }
 
-/// The activation of a gated feed-forward block: gate = act(gate) · up.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum GatedAct {
-    /// SiLU (SwiGLU: Llama, SmolLM2).
-    Silu,
-    /// GELU, tanh form (GeGLU: Gemma).
-    GeluTanh,
-}
-
 /// The kernels a transformer forward pass needs. All activations are row-major `[n_tok, dim]`.
 pub trait Backend: Send + Sync {
     /// Human-readable name, e.g. "cpu-avx2 (2 threads)".
@@ -185,14 +178,19 @@ pub trait Backend: Send + Sync {
 
     /// A gated feed-forward input: `gate = act(W_gate · x) · (W_up · x)`, with `up` as scratch
     /// (both [n_tok, rows]); a backend may apply the activation to each row as it is computed.
-    /// The same bits as [`Backend::matmul_multi`] then [`Backend::silu_mul`] /
-    /// [`Backend::gelu_tanh_mul`], which is what this default does.
+    /// The same bits as [`Backend::matmul_multi`] then [`Backend::gated_act`], which is what
+    /// this default does.
     #[allow(clippy::too_many_arguments)]
-    fn matmul_gated(&self, gate_w: WeightView<'_>, up_w: WeightView<'_>, x: &[f32], n_tok: usize, act: GatedAct, gate: &mut [f32], up: &mut [f32]) {
+    fn matmul_gated(&self, gate_w: WeightView<'_>, up_w: WeightView<'_>, x: &[f32], n_tok: usize, act: FfnActivation, gate: &mut [f32], up: &mut [f32]) {
         self.matmul_multi(&[gate_w, up_w], x, n_tok, &mut [&mut *gate, &mut *up]);
+        self.gated_act(act, gate, up);
+    }
+
+    /// gate = act(gate) · up: [`Backend::silu_mul`] or [`Backend::gelu_tanh_mul`].
+    fn gated_act(&self, act: FfnActivation, gate: &mut [f32], up: &[f32]) {
         match act {
-            GatedAct::Silu => self.silu_mul(gate, up),
-            GatedAct::GeluTanh => self.gelu_tanh_mul(gate, up),
+            FfnActivation::Silu => self.silu_mul(gate, up),
+            FfnActivation::GeluTanh => self.gelu_tanh_mul(gate, up),
         }
     }
 

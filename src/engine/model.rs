@@ -12,10 +12,10 @@ use std::sync::Arc;
 
 use crate::backend::cpu::ops;
 use crate::backend::offload::{LayerOffload, LogitRows, OffloadActs, OffloadError, SeqSpan};
-use crate::backend::{AttentionArgs, Backend, GatedAct, WeightView};
+use crate::backend::{AttentionArgs, Backend, WeightView};
 use crate::gguf::{dequantize_row, GgufError, GgufFile};
 
-use super::config::{FfnActivation, ModelConfig, RopeStyle};
+use super::config::{ModelConfig, RopeStyle};
 use super::kv::KvCache;
 use super::weights::Weights;
 
@@ -495,11 +495,7 @@ impl Model {
 
         // Feed-forward: norm, act(gate)·up (one backend call: it may fuse them), down.
         b.rmsnorm(&state.x[..n * e], &lw.ffn_norm, c.rms_eps, &mut state.xn[..n * e]);
-        let act = match c.ffn_activation {
-            FfnActivation::Silu => GatedAct::Silu,
-            FfnActivation::GeluTanh => GatedAct::GeluTanh,
-        };
-        b.matmul_gated(lw.w_gate.view(g), lw.w_up.view(g), &state.xn[..n * e], n, act, &mut state.gate[..n * ff], &mut state.up[..n * ff]);
+        b.matmul_gated(lw.w_gate.view(g), lw.w_up.view(g), &state.xn[..n * e], n, c.ffn_activation, &mut state.gate[..n * ff], &mut state.up[..n * ff]);
         self.residual_proj(state, lw.w_down.view(g), Acts::Gate, n, lw.post_ffn_norm.as_deref());
     }
 

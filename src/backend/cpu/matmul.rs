@@ -8,12 +8,13 @@ use std::ops::Range;
 
 use super::quant::{act_format, ActFormat, BlockQ8, BlockQ8K};
 use super::shared::{SharedOut, SharedSlice};
-use super::{f32mm, ops, quant, x16, CpuBackend, SimdLevel, MAX_MULTI};
+use super::{f32mm, quant, x16, CpuBackend, SimdLevel, MAX_MULTI};
 #[cfg(target_arch = "aarch64")]
 use super::neon;
 #[cfg(target_arch = "x86_64")]
 use super::{amx, avx2_k, avx512, avx512_k, x16k, x16q, Packed};
-use crate::backend::{Backend, GatedAct, WeightView};
+use crate::backend::offload::FfnActivation;
+use crate::backend::{Backend, WeightView};
 use crate::gguf::{QK, QK_K};
 
 /// A kernel for rows of one of a call's matrices: `rows(m, range, out)` computes rows `range` of
@@ -231,16 +232,14 @@ impl CpuBackend {
     /// activation, a residual add) runs on the thread that computed them, inside the region,
     /// instead of on the caller alone after it. Chunks go out by home ranges, as in
     /// [`CpuBackend::rows_parallel`].
-    fn rows_fused(&self, ws: &[WeightView<'_>], n_tok: usize, outs: &[Option<SharedOut>; MAX_MULTI], rows: &RowsFn<'_>, epi: &(dyn Fn(Range<usize>) + Sync)) {
+    fn rows_fused(&self, ws: &[WeightView<'_>], n_tok: usize, outs: &[&SharedOut], rows: &RowsFn<'_>, epi: &(dyn Fn(Range<usize>) + Sync)) {
         let r = ws[0].rows;
-        assert!(ws.len() <= MAX_MULTI && ws.iter().all(|w| w.rows == r));
+        assert!(ws.len() == outs.len() && ws.iter().all(|w| w.rows == r));
         let chunk = self.chunk_rows(&ws[..1], n_tok);
         self.team.for_items_home(r.div_ceil(chunk), &|c| {
             let rr = c * chunk..((c + 1) * chunk).min(r);
-            for (m, out) in outs.iter().enumerate().take(ws.len()) {
-                if let Some(out) = out {
-                    rows(m, rr.clone(), out);
-                }
+            for (m, out) in outs.iter().enumerate() {
+                rows(m, rr.clone(), out);
             }
             epi(rr);
         });
@@ -248,40 +247,32 @@ impl CpuBackend {
 
     /// [`Backend::matmul_gated`] on the CPU: one region whose chunks compute rows of gate and up
     /// and then the activation of those rows (elementwise, so the same bits as after the region).
-    pub(super) fn gated(&self, ws: [WeightView<'_>; 2], x: &[f32], n_tok: usize, act: GatedAct, gate: &mut [f32], up: &mut [f32]) {
+    pub(super) fn gated(&self, ws: [WeightView<'_>; 2], x: &[f32], n_tok: usize, act: FfnActivation, gate: &mut [f32], up: &mut [f32]) {
         let r = ws[0].rows;
         if ws[1].rows != r || ws[1].cols != ws[0].cols || act_format(ws[1].ty) != act_format(ws[0].ty) {
             self.matmul_multi(&ws, x, n_tok, &mut [&mut *gate, &mut *up]);
-            return match act {
-                GatedAct::Silu => self.silu_mul(gate, up),
-                GatedAct::GeluTanh => self.gelu_tanh_mul(gate, up),
-            };
+            return self.gated_act(act, gate, up);
         }
         assert!(gate.len() == n_tok * r && up.len() == n_tok * r, "matmul_gated: outputs are not [n_tok, rows]");
-        let outs = [Some(SharedOut::new(gate, r)), Some(SharedOut::new(up, r)), None];
-        let (g, u) = (outs[0].as_ref().expect("gate"), outs[1].as_ref().expect("up"));
+        let (g, u) = (SharedOut::new(gate, r), SharedOut::new(up, r));
         self.with_kernel(&ws, x, n_tok, &mut |k| {
-            self.rows_fused(&ws, n_tok, &outs, k, &|rr| {
+            self.rows_fused(&ws, n_tok, &[&g, &u], k, &|rr| {
                 for t in 0..n_tok {
                     // SAFETY: rows `rr` of every token are this chunk's alone; its kernels have
                     // finished writing them.
                     let (gs, us) = unsafe { (g.run_mut(t, rr.clone()), u.run_mut(t, rr.clone())) };
-                    self.act_mul(act, gs, us);
+                    self.gated_act_run(act, gs, us);
                 }
             })
         });
     }
 
-    /// gate = act(gate) · up over one run of rows: `ops::silu`, or the GeGLU kernel of
-    /// `gelu_tanh_mul` (its lanes are independent: the same bits in any run).
-    fn act_mul(&self, act: GatedAct, gate: &mut [f32], up: &[f32]) {
+    /// gate = act(gate) · up over one run of rows, on this thread: `silu_mul` (elementwise), or
+    /// the GeGLU kernel of `gelu_tanh_mul` (its lanes are independent: the same bits in any run).
+    fn gated_act_run(&self, act: FfnActivation, gate: &mut [f32], up: &[f32]) {
         match act {
-            GatedAct::Silu => {
-                for (g, u) in gate.iter_mut().zip(up) {
-                    *g = ops::silu(*g) * u;
-                }
-            }
-            GatedAct::GeluTanh => self.gelu_tanh_mul_block(gate, up),
+            FfnActivation::Silu => self.silu_mul(gate, up),
+            FfnActivation::GeluTanh => self.gelu_tanh_mul_block(gate, up),
         }
     }
 
@@ -290,17 +281,14 @@ impl CpuBackend {
     pub(super) fn residual(&self, w: WeightView<'_>, a: &[f32], n_tok: usize, proj: &mut [f32], x: &mut [f32]) {
         let r = w.rows;
         assert!(proj.len() == n_tok * r && x.len() == n_tok * r, "matmul_add: proj and x are not [n_tok, rows]");
-        let outs = [Some(SharedOut::new(proj, r)), None, None];
-        let (p, xs) = (outs[0].as_ref().expect("proj"), SharedOut::new(x, r));
+        let (p, xs) = (SharedOut::new(proj, r), SharedOut::new(x, r));
         let ws = [w];
         self.with_kernel(&ws, a, n_tok, &mut |k| {
-            self.rows_fused(&ws, n_tok, &outs, k, &|rr| {
+            self.rows_fused(&ws, n_tok, &[&p], k, &|rr| {
                 for t in 0..n_tok {
                     // SAFETY: rows `rr` of every token are this chunk's alone (in `proj` and `x`).
                     let (ps, xr) = unsafe { (p.run_mut(t, rr.clone()), xs.run_mut(t, rr.clone())) };
-                    for (v, d) in xr.iter_mut().zip(ps.iter()) {
-                        *v += *d;
-                    }
+                    self.add(xr, ps);
                 }
             })
         });

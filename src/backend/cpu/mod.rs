@@ -42,7 +42,8 @@ use self::quant::{act_format, BlockQ8, BlockQ8K};
 use self::shared::{SharedOut, SharedSlice};
 use self::team::Team;
 pub use super::simd::SimdLevel;
-use super::{attention_keys, AttentionArgs, Backend, GatedAct, Op, Prepared, WeightView};
+use super::offload::FfnActivation;
+use super::{attention_keys, AttentionArgs, Backend, Op, Prepared, WeightView};
 use crate::gguf::GgmlType;
 
 /// Quantized activations of the current matmul, reused across calls (no allocation once warm).
@@ -226,7 +227,7 @@ impl Backend for CpuBackend {
     }
 
     /// One parallel region: each chunk of rows of gate and up, then their activation.
-    fn matmul_gated(&self, gate_w: WeightView<'_>, up_w: WeightView<'_>, x: &[f32], n_tok: usize, act: GatedAct, gate: &mut [f32], up: &mut [f32]) {
+    fn matmul_gated(&self, gate_w: WeightView<'_>, up_w: WeightView<'_>, x: &[f32], n_tok: usize, act: FfnActivation, gate: &mut [f32], up: &mut [f32]) {
         self.gated([gate_w, up_w], x, n_tok, act, gate, up)
     }
 

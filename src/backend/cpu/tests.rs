@@ -5,7 +5,8 @@ use half::f16;
 
 use super::testutil::{rand_f32, rand_row};
 use super::{ops, CpuBackend, SimdLevel};
-use crate::backend::{AttentionArgs, Backend, GatedAct, WeightView};
+use crate::backend::offload::FfnActivation;
+use crate::backend::{AttentionArgs, Backend, WeightView};
 use crate::gguf::GgmlType;
 
 /// Every weight type the CPU runs.
@@ -303,12 +304,12 @@ fn fused_gated_and_residual_equal_separate_calls() {
                 let (gw, uw) = (g0.with_prepared(pg.as_ref()), u0.with_prepared(pu.as_ref()));
                 for n_tok in [1, 5] {
                     let x = rand_f32(7 + n_tok as u64, n_tok * cols);
-                    for act in [GatedAct::Silu, GatedAct::GeluTanh] {
+                    for act in [FfnActivation::Silu, FfnActivation::GeluTanh] {
                         let (mut g1, mut u1) = (vec![0f32; n_tok * rows], vec![0f32; n_tok * rows]);
                         b.matmul_multi(&[gw, uw], &x, n_tok, &mut [&mut g1, &mut u1]);
                         match act {
-                            GatedAct::Silu => b.silu_mul(&mut g1, &u1),
-                            GatedAct::GeluTanh => b.gelu_tanh_mul(&mut g1, &u1),
+                            FfnActivation::Silu => b.silu_mul(&mut g1, &u1),
+                            FfnActivation::GeluTanh => b.gelu_tanh_mul(&mut g1, &u1),
                         }
                         let (mut g2, mut u2) = (vec![f32::NAN; n_tok * rows], vec![f32::NAN; n_tok * rows]);
                         b.matmul_gated(gw, uw, &x, n_tok, act, &mut g2, &mut u2);
