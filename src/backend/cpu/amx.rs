@@ -109,7 +109,13 @@ pub unsafe fn matmul_rows<B: AmxBlock>(
     let nb = p.cols / B::QB;
     if n16 > 0 {
         // SAFETY: the caller's promise.
-        unsafe { tiles(p, rows.clone(), acts, n16, out) };
+        unsafe {
+            if B::UNITS == 1 {
+                tiles22(p, rows.clone(), acts, n16, out)
+            } else {
+                tiles(p, rows.clone(), acts, n16, out)
+            }
+        };
     }
     if n16 < n_tok {
         // SAFETY: `rest` is a kernel of the AVX-512 level, which the caller's promise includes.
@@ -130,6 +136,8 @@ struct Scratch {
     sums: Vec<i32>,
     /// where each of those blocks' B tiles are
     at: Vec<usize>,
+    /// [`tiles22`]'s accumulators between chunks: 4 (token tile, group) pairs × 16 tokens
+    acc: Vec<Line>,
 }
 
 #[derive(Clone, Copy)]
@@ -162,6 +170,222 @@ impl TileCfg {
         c
     }
 }
+
+impl TileCfg {
+    /// [`tiles22`]'s configuration: tmm0/tmm1 A (16 × K bytes), tmm2/tmm3 B (K/4 × 64),
+    /// tmm4-tmm7 C (16 × 64).
+    fn new22(k: usize) -> TileCfg {
+        let mut c = TileCfg { palette: 1, start_row: 0, _reserved: [0; 14], colsb: [0; 16], rows: [0; 16] };
+        for a in [0, 1] {
+            (c.colsb[a], c.rows[a]) = (k as u16, TOK as u8);
+            (c.colsb[a + 2], c.rows[a + 2]) = (64, (k / 4) as u8);
+        }
+        for cc in 4..8 {
+            (c.colsb[cc], c.rows[cc]) = (64, TOK as u8);
+        }
+        c
+    }
+}
+
+/// Blocks per chunk of [`tiles22`] (also its number of (token tile, group) pairs: one block's
+/// four products are issued before each pair's combine of the chunk before).
+const KC: usize = 4;
+const _: () = assert!(KC == 4, "tiles22 issues one block of the next chunk per pair");
+
+/// The whole 16-token tiles (`n_tok` a multiple of 16) for one-product-per-block types, 2 × 2:
+/// two token tiles × two 16-row groups per block, so each A and B tile load feeds two products
+/// (tiles 0-7: A0, A1, B0, B1 and the four C). The four (token tile, group) pairs' sums are
+/// stored for a chunk of [`KC`] blocks, then each pair's chunk is combined in block order into
+/// its 16 accumulators (kept in scratch between chunks: the same additions in the same order,
+/// so the same bits as [`tiles`]). The next chunk's products are issued between the pairs'
+/// combines. An odd last token tile or group is paired with itself; its copy is not combined.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn tiles22<B: AmxBlock>(p: &Packed16<B>, rows: Range<usize>, acts: &[B::Act], n_tok: usize, out: &SharedOut) {
+    let nb = p.cols / B::QB;
+    assert!(n_tok % TOK == 0 && B::UNITS == 1 && B::K % 4 == 0 && B::K <= 64);
+    assert!(rows.start % ROWS == 0 && (rows.end % ROWS == 0 || rows.end == p.rows) && rows.end <= p.rows, "rows {rows:?} of {}", p.rows);
+    assert!(acts.len() >= n_tok * nb && p.blocks.len() == p.rows.div_ceil(ROWS) * nb);
+    let tb = B::K * 16;
+    let mut s = SCRATCH.take();
+    s.sums.resize(2 * KC * 4 * 256, 0);
+    s.b.resize(SUB * nb * tb / 64, Line([0; 64]));
+    s.at.resize(SUB * nb, 0);
+    s.acc.resize(4 * TOK, Line([0; 64]));
+    let cfg = TileCfg::new22(B::K);
+    let stride = nb * std::mem::size_of::<B::Act>();
+    // SAFETY: the caller promised AMX with tile permission; `cfg` is a valid palette-1 config.
+    unsafe { asm!("ldtilecfg [{}]", in(reg) &cfg, options(nostack, readonly)) };
+    let (g_end, mut g0) = (rows.end.div_ceil(ROWS), rows.start / ROWS);
+    let n_tt = n_tok / TOK;
+    let n_ch = nb.div_ceil(KC);
+    let (sums, accm) = (s.sums.as_mut_ptr(), s.acc.as_mut_ptr() as *mut f32);
+    while g0 < g_end {
+        let g1 = (g0 + SUB).min(g_end);
+        let bbuf = s.b.as_mut_ptr() as *mut u8;
+        for (i, blk) in p.blocks[g0 * nb..g1 * nb].iter().enumerate() {
+            // SAFETY: AVX-512 is enabled here; slot i is `tb` bytes inside `s.b`.
+            s.at[i] = unsafe { blk.b_tiles(bbuf.add(i * tb)) } as usize;
+        }
+        for ta in (0..n_tt).step_by(2) {
+            let tb1 = (ta + 1).min(n_tt - 1);
+            for ga in (g0..g1).step_by(2) {
+                let gb = (ga + 1).min(g1 - 1);
+                // pair q: token tile `[ta, ta, tb1, tb1][q]`, group `[ga, gb, ga, gb][q]`
+                let pairs = [(ta, ga), (ta, gb), (tb1, ga), (tb1, gb)];
+                let live = [true, gb != ga, tb1 != ta, tb1 != ta && gb != ga];
+                let ops = Ops {
+                    a: [&acts[ta * TOK * nb..], &acts[tb1 * TOK * nb..]],
+                    b: [&s.at[(ga - g0) * nb..(ga - g0 + 1) * nb], &s.at[(gb - g0) * nb..(gb - g0 + 1) * nb]],
+                    sums,
+                    stride,
+                    nb,
+                };
+                for q in 0..4 {
+                    for t in 0..TOK {
+                        // SAFETY: `accm` holds 4 × 16 lines of 16 f32.
+                        unsafe { _mm512_store_ps(accm.add((q * TOK + t) * 16), _mm512_setzero_ps()) };
+                    }
+                }
+                // SAFETY (every `issue22`): see `Ops::issue`.
+                for k in 0..KC.min(nb) {
+                    unsafe { ops.issue::<B>(k) };
+                }
+                for c in 0..n_ch {
+                    let (b0, half) = (c * KC, (c % 2) * KC * 4 * 256);
+                    for (q, &(t, g)) in pairs.iter().enumerate() {
+                        // block q of the next chunk (its four products) before pair q's combine
+                        if (c + 1) * KC + q < nb {
+                            unsafe { ops.issue::<B>((c + 1) * KC + q) };
+                        }
+                        if !live[q] {
+                            continue;
+                        }
+                        let w = &p.blocks[g * nb..(g + 1) * nb];
+                        let x = &acts[t * TOK * nb..];
+                        let mut acc = [_mm512_setzero_ps(); TOK];
+                        for (i, a) in acc.iter_mut().enumerate() {
+                            // SAFETY: as above.
+                            *a = unsafe { _mm512_load_ps(accm.add((q * TOK + i) * 16)) };
+                        }
+                        for k in 0..KC.min(nb - b0) {
+                            // SAFETY: AVX-512 VNNI and F16C are enabled here; block b0 + k's
+                            // sums of pair q are the 256 i32 at `half + (4k + q) * 256`, stored
+                            // by `issue22` of this chunk.
+                            unsafe {
+                                let sm = std::slice::from_raw_parts(sums.add(half + (4 * k + q) * 256), 256);
+                                w[b0 + k].combine(sm, &x[b0 + k..], nb, &mut acc)
+                            };
+                        }
+                        for (i, a) in acc.iter().enumerate() {
+                            // SAFETY: as above.
+                            unsafe { _mm512_store_ps(accm.add((q * TOK + i) * 16), *a) };
+                        }
+                    }
+                }
+                for (q, &(t, g)) in pairs.iter().enumerate() {
+                    if !live[q] {
+                        continue;
+                    }
+                    let w = &p.blocks[g * nb..(g + 1) * nb];
+                    let x = &acts[t * TOK * nb..];
+                    let mut acc2 = [_mm512_setzero_ps(); TOK];
+                    // SAFETY: AVX-512 is enabled here; `x` holds the 16 tokens' `nb` blocks.
+                    unsafe { B::side(w, x, nb, &mut acc2) };
+                    for (i, a2) in acc2.iter().enumerate() {
+                        // SAFETY: AVX-512F is enabled here; `accm` as above.
+                        let a = unsafe { _mm512_load_ps(accm.add((q * TOK + i) * 16)) };
+                        store16(out, t * TOK + i, g * ROWS, unsafe { B::result(a, *a2) });
+                    }
+                }
+            }
+        }
+        g0 = g1;
+    }
+    // SAFETY: AMX is present (the caller's promise); releases the tile state configured above.
+    unsafe { asm!("tilerelease", options(nostack, nomem)) };
+    SCRATCH.set(s);
+}
+
+/// The operands of one (token tile pair, group pair) of [`tiles22`].
+struct Ops<'a, A> {
+    /// the two token tiles' activations (token 16i's blocks first)
+    a: [&'a [A]; 2],
+    /// where the two groups' B tiles are, block by block
+    b: [&'a [usize]; 2],
+    /// two halves of `KC` blocks × 4 pairs × 256 i32
+    sums: *mut i32,
+    /// bytes from one token's activation blocks to the next's
+    stride: usize,
+    nb: usize,
+}
+
+impl<A> Ops<'_, A> {
+    /// Block `b`'s four products (A0·B0, A0·B1, A1·B0, A1·B1), stored to chunk `b / KC`'s half
+    /// of `sums` at `(4 (b % KC) + q) * 256`.
+    ///
+    /// # Safety
+    /// Tiles configured by [`TileCfg::new22`]; `b < nb`; each `a[i]` holds 16 tokens' `nb`
+    /// blocks `stride` bytes apart; `self.b[i][b]` points at block b's B tile.
+    #[inline(always)]
+    unsafe fn issue<B: AmxBlock<Act = A>>(&self, b: usize) {
+        debug_assert!(b < self.nb);
+        let (c, k) = (b / KC, b % KC);
+        let c0 = self.sums.wrapping_add((c % 2) * KC * 4 * 256 + 4 * k * 256);
+        let at = B::act_at(0);
+        let a0 = (&self.a[0][b] as *const A as *const u8).wrapping_add(at);
+        let a1 = (&self.a[1][b] as *const A as *const u8).wrapping_add(at);
+        let (b0, b1) = (self.b[0][b] as *const u8, self.b[1][b] as *const u8);
+        // SAFETY: the caller's promise; C is 4 KiB inside `sums`.
+        unsafe {
+            if B::SIGNED {
+                tdp22_ss(a0, a1, self.stride, b0, b1, c0)
+            } else {
+                tdp22(a0, a1, self.stride, b0, b1, c0)
+            }
+        }
+    }
+}
+
+/// Emits one of the 2 × 2 product sequences (`tdpbsud` or `tdpbssd`).
+macro_rules! tdp22_fn {
+    ($name:ident, $op:literal) => {
+        /// C[2i + j] = Ai·Bj for i, j in 0..2 (four C tiles, 1 KiB apart from `c`), stored.
+        ///
+        /// # Safety
+        /// Tiles configured by [`TileCfg::new22`]; A: 16 rows of K bytes `sa` apart; B: K/4 rows
+        /// of 64 bytes; 4 KiB writable at `c`.
+        #[inline(always)]
+        unsafe fn $name(a0: *const u8, a1: *const u8, sa: usize, b0: *const u8, b1: *const u8, c: *mut i32) {
+            // SAFETY: the caller's promise; the tile registers are not allocated by the compiler.
+            unsafe {
+                asm!(
+                    "tileloadd tmm0, [{a0} + {sa}]",
+                    "tileloadd tmm2, [{b0} + {s64}]",
+                    "tilezero tmm4",
+                    "tilezero tmm5",
+                    "tileloadd tmm3, [{b1} + {s64}]",
+                    concat!($op, " tmm4, tmm0, tmm2"),
+                    "tileloadd tmm1, [{a1} + {sa}]",
+                    concat!($op, " tmm5, tmm0, tmm3"),
+                    "tilezero tmm6",
+                    "tilezero tmm7",
+                    concat!($op, " tmm6, tmm1, tmm2"),
+                    concat!($op, " tmm7, tmm1, tmm3"),
+                    "tilestored [{c0} + {s64}], tmm4",
+                    "tilestored [{c1} + {s64}], tmm5",
+                    "tilestored [{c2} + {s64}], tmm6",
+                    "tilestored [{c3} + {s64}], tmm7",
+                    a0 = in(reg) a0, a1 = in(reg) a1, sa = in(reg) sa, b0 = in(reg) b0, b1 = in(reg) b1,
+                    c0 = in(reg) c, c1 = in(reg) c.wrapping_add(256), c2 = in(reg) c.wrapping_add(512),
+                    c3 = in(reg) c.wrapping_add(768), s64 = in(reg) 64usize,
+                    options(nostack)
+                )
+            }
+        }
+    };
+}
+tdp22_fn!(tdp22, "tdpbsud");
+tdp22_fn!(tdp22_ss, "tdpbssd");
 
 /// The whole 16-token tiles (`n_tok` a multiple of 16).
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
