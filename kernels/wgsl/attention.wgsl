@@ -1,15 +1,15 @@
-// attention.wgsl — causal attention of the query tokens of one sequence over its KV cache,
-// split over the keys inside one workgroup (flash-decoding within a workgroup). The body of two
-// kernels, each after q8_act.wgsl (q8_coop) and a prefix that declares bindings 1..3 and 6 (and 7)
-// and three hooks:
+// attention.wgsl — causal attention of the query tokens of one sequence over its KV cache, keys
+// in chunks of 256 (attention_part.wgsl), each chunk split over the 8 groups of a workgroup. The
+// body of two kernels, each after q8_act.wgsl (q8_coop), seq_params.wgsl, attention_part.wgsl and
+// a prefix that declares bindings 1..3, 6 and 7 (and 8) and three hooks:
 // `load_query` (fill `qv` with the workgroup's query head), `key_dot` (q · key j) and `value`
 // (a pair of value j):
 // * attention_cached.wgsl — `attention`: the queries' RoPE is done and every key and value is
-//   in the cache (rope_store.wgsl ran before); prefill, and the op of WgpuBackend.
+//   in the cache (rope_store.wgsl ran before); prefill, decode, and the op of WgpuBackend.
 // * attention_one.wgsl (after rope_pair.wgsl) — `attention_one`: a sequence of one token
 //   (decode). The workgroup ropes its query head itself from the raw q|k|v row, computes its KV
 //   head's key and value for the token's position, and the first query head of each KV group
-//   stores them into the cache (replacing rope_store.wgsl: one dispatch instead of two).
+//   (its chunk-0 workgroup when split) stores them into the cache (replacing rope_store.wgsl).
 //
 // Bindings (group 0):
 //   0 uniform SeqP (seq_params.wgsl, prepended; dynamic offset: one slot per sequence of a step)
@@ -33,27 +33,32 @@
 //                                         q8_out = 1 (head_dim a multiple of 32): the output quantized
 //                                         for the o projection's integer dot products, in addition to O
 //   6 storage read  CS: array<f32>       attention_one only: [n_pos, head_dim / 2, 2] (cos, sin)
-// Rows t0 .. t0 + n_tok are this sequence's (attention_one: n_tok = 1). Dispatch: (n_head, n_tok,
-// 1) workgroups of 256 threads, one per (head, token); head_dim a multiple of 8, at most 256.
-// Query head h reads KV head h / (n_head / n_kv_head).
+//   7 storage rw    S: array<f32>        (binding 8 in attention_one) the chunk partials of a split
+//                                         dispatch (attention_part.wgsl)
+// Rows t0 .. t0 + n_tok are this sequence's (attention_one: n_tok = 1). Head_dim a multiple of 8,
+// at most 256; query head h reads KV head h / (n_head / n_kv_head). Dispatch, workgroups of 256
+// threads: (n_head, n_tok), one per (head, token), each walking its token's chunks and writing O;
+// or split (a sequence of one token, the grid taller than n_tok): (n_head, chunks of the
+// capacity), one per (head, chunk), each storing its chunk's partial in S (workgroups past the
+// token's keys return), then attention_merge.wgsl folds them and writes O.
 //
 // Order of the arithmetic (fixed, so a token's output is bitwise the same alone, in a prefill of
-// any chunking, or next to other sequences, and in either kernel): keys are cut into tiles of 32
-// at absolute positions 0, 32, 64, ...; the workgroup's 8 groups of 32 lanes take tiles g, g + 8,
-// g + 16, ... Lane j of a group scores key j of its tile (a fused multiply-add chain over
-// head_dim, times `scale`). Every lane of the group then walks the tile's scores in key order:
-// the tile's max (a chain of max), the group's running max m, the rescale of its running sum l
-// and outputs by exp(m_old - m), and for each key e = exp(s - m), l += e, o += e * v (lane j owns
-// value pairs j, j + 32, ...). At the end the 8 groups' (m, l, o) are merged in group order 0..7
-// with exp(m_g - max_g m_g). The key split is inside the workgroup, so no scratch buffer and no
-// second dispatch are needed; the 8 groups load keys and values concurrently, which hides memory
-// latency in decode. attention_one's own key and value (position POS[t]) are used as computed,
+// any chunking, or next to other sequences, split or not, and in either kernel): keys are cut into
+// tiles of 32 at absolute positions 0, 32, 64, ...; chunk c holds tiles 8c .. 8c + 7, and group g
+// of the workgroup takes tile 8c + g. Lane j of a group scores key j of its tile (a fused
+// multiply-add chain over head_dim, times `scale`). Every lane of the group then walks the tile's
+// scores in key order: the tile's max m (a chain of max), and for each key e = exp(s - m),
+// l += e, o += e * v (lane j owns value pairs j, j + 32, ...). The 8 groups' (m, l, o) are merged
+// in group order 0..7 with exp(m_g - max_g m_g) into the chunk's partial, and the chunks'
+// partials are folded in chunk order (attention_part.wgsl `fold`); the result is o / l. The 8
+// groups load keys and values concurrently, and in decode the chunks run in parallel workgroups,
+// which hides memory latency. attention_one's own key and value (position POS[t]) are used as computed,
 // rounded as the cache holds them, and never read back from the cache: the other workgroups of
 // the KV group would race with the one that stores them.
-// A sliding window keeps the same tiles: tiles that end before the window's first key k0 are
-// skipped, and in the tile holding k0 the keys before it score -inf (exp gives exactly 0 for them,
-// since the tile's max is that of a key inside the window), so the arithmetic over the window's
-// keys does not depend on the keys outside it.
+// A sliding window keeps the same tiles and chunks: chunks and tiles that end before the window's
+// first key k0 are skipped, and in the tile holding k0 the keys before it score -inf (exp gives
+// exactly 0 for them, since the tile's max is that of a key inside the window), so the arithmetic
+// over the window's keys does not depend on the keys outside it.
 
 const G: u32 = 8u;   // groups per workgroup
 const L: u32 = 32u;  // lanes per group = keys per tile

@@ -6,7 +6,10 @@
 //! queries and keys, keys and values into the cache) then attention; with
 //! `WgpuOptions::attention_one` (off by default: slower on the H100) a sequence of one token gets
 //! one dispatch, attention_one, which does its RoPE and KV store itself (same bits,
-//! attention.wgsl's header).
+//! attention.wgsl's header). A sequence of one token whose cache holds more than one chunk of 256
+//! keys has its attention split over the chunks (one workgroup per query head and chunk, the
+//! partials in the cache's `partials` buffer), then attention_merge.wgsl folds them
+//! (`WgpuOptions::attention_split`, same bits).
 //!
 //! The cached length lives with the caller (the engine's `KvCache`): truncating is forgetting
 //! positions, and [`GpuKv::copy_prefix_from`] copies positions between two caches on the GPU
