@@ -50,7 +50,7 @@ pub struct WgpuOptions {
     /// A sequence of one token splits its attention over chunks of 256 keys, one workgroup per
     /// (query head, chunk), then folds the chunks' partials in a second dispatch
     /// (attention_merge.wgsl); off: one workgroup per head walks the chunks (as prefill does).
-    /// H100, tg128@d1024: SmolLM2-shaped 729-736 vs 579-589 t/s, 1.1B 773-790 vs 632-654 (main's
+    /// H100, tg128@d1024: SmolLM2-shaped 729-740 vs 579-598 t/s, 1.1B 741-790 vs 632-663 (main's
     /// single walk, docs/perf.md). Same bits. `$FORGE_WGPU_ATTN_SPLIT=0`.
     pub attention_split: bool,
     /// The layer runner multiplies Q4_0 / Q4_1 / Q8_0 weights by activations quantized to 8 bits
