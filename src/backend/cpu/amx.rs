@@ -281,98 +281,61 @@ unsafe fn issue<B: AmxBlock>(x: &[B::Act], at: &[usize], sums: *mut i32, i: usiz
     }
 }
 
-/// Two independent products: C0 = A0·B0 and C1 = A1·B1 (signed × unsigned bytes), stored.
-///
-/// # Safety
-/// Tiles configured by [`tiles`]; A: 16 rows of K bytes `sa` apart; B: K/4 rows of 64 bytes;
-/// C: 1 KiB writable.
-#[inline(always)]
-unsafe fn tdp2(a0: *const u8, a1: *const u8, sa: usize, b0: *const u8, b1: *const u8, c0: *mut i32, c1: *mut i32) {
-    // SAFETY: the caller's promise; the tile registers are not allocated by the compiler.
-    unsafe {
-        asm!(
-            "tileloadd tmm0, [{a0} + {sa}]",
-            "tileloadd tmm1, [{b0} + {s64}]",
-            "tilezero tmm2",
-            "tileloadd tmm3, [{a1} + {sa}]",
-            "tileloadd tmm4, [{b1} + {s64}]",
-            "tilezero tmm5",
-            "tdpbsud tmm2, tmm0, tmm1",
-            "tdpbsud tmm5, tmm3, tmm4",
-            "tilestored [{c0} + {s64}], tmm2",
-            "tilestored [{c1} + {s64}], tmm5",
-            a0 = in(reg) a0, a1 = in(reg) a1, sa = in(reg) sa, b0 = in(reg) b0, b1 = in(reg) b1,
-            c0 = in(reg) c0, c1 = in(reg) c1, s64 = in(reg) 64usize,
-            options(nostack)
-        )
-    }
-}
+/// Emits a pair of product sequences for one tile instruction (`tdpbsud`: signed A × unsigned
+/// B bytes, or `tdpbssd`: both signed): `$two` (two independent products, C0 = A0·B0 and C1 =
+/// A1·B1) and `$one` (C0 = A0·B0), each C tile zeroed first and stored.
+macro_rules! tdp_fns {
+    ($two:ident, $one:ident, $op:literal) => {
+        /// Two independent products C0 = A0·B0 and C1 = A1·B1, stored (see `tdp_fns!`).
+        ///
+        /// # Safety
+        /// Tiles configured by [`tiles`]; A: 16 rows of K bytes `sa` apart; B: K/4 rows of 64
+        /// bytes; C: 1 KiB writable.
+        #[inline(always)]
+        unsafe fn $two(a0: *const u8, a1: *const u8, sa: usize, b0: *const u8, b1: *const u8, c0: *mut i32, c1: *mut i32) {
+            // SAFETY: the caller's promise; the tile registers are not allocated by the compiler.
+            unsafe {
+                asm!(
+                    "tileloadd tmm0, [{a0} + {sa}]",
+                    "tileloadd tmm1, [{b0} + {s64}]",
+                    "tilezero tmm2",
+                    "tileloadd tmm3, [{a1} + {sa}]",
+                    "tileloadd tmm4, [{b1} + {s64}]",
+                    "tilezero tmm5",
+                    concat!($op, " tmm2, tmm0, tmm1"),
+                    concat!($op, " tmm5, tmm3, tmm4"),
+                    "tilestored [{c0} + {s64}], tmm2",
+                    "tilestored [{c1} + {s64}], tmm5",
+                    a0 = in(reg) a0, a1 = in(reg) a1, sa = in(reg) sa, b0 = in(reg) b0, b1 = in(reg) b1,
+                    c0 = in(reg) c0, c1 = in(reg) c1, s64 = in(reg) 64usize,
+                    options(nostack)
+                )
+            }
+        }
 
-/// One product C0 = A0·B0, stored (see [`tdp2`]).
-///
-/// # Safety
-/// As [`tdp2`].
-#[inline(always)]
-unsafe fn tdp1(a0: *const u8, sa: usize, b0: *const u8, c0: *mut i32) {
-    // SAFETY: the caller's promise; the tile registers are not allocated by the compiler.
-    unsafe {
-        asm!(
-            "tileloadd tmm0, [{a0} + {sa}]",
-            "tileloadd tmm1, [{b0} + {s64}]",
-            "tilezero tmm2",
-            "tdpbsud tmm2, tmm0, tmm1",
-            "tilestored [{c0} + {s64}], tmm2",
-            a0 = in(reg) a0, sa = in(reg) sa, b0 = in(reg) b0, c0 = in(reg) c0, s64 = in(reg) 64usize,
-            options(nostack)
-        )
-    }
+        /// One product C0 = A0·B0, stored.
+        ///
+        /// # Safety
+        /// As the two-product function of the same `tdp_fns!`.
+        #[inline(always)]
+        unsafe fn $one(a0: *const u8, sa: usize, b0: *const u8, c0: *mut i32) {
+            // SAFETY: the caller's promise; the tile registers are not allocated by the compiler.
+            unsafe {
+                asm!(
+                    "tileloadd tmm0, [{a0} + {sa}]",
+                    "tileloadd tmm1, [{b0} + {s64}]",
+                    "tilezero tmm2",
+                    concat!($op, " tmm2, tmm0, tmm1"),
+                    "tilestored [{c0} + {s64}], tmm2",
+                    a0 = in(reg) a0, sa = in(reg) sa, b0 = in(reg) b0, c0 = in(reg) c0, s64 = in(reg) 64usize,
+                    options(nostack)
+                )
+            }
+        }
+    };
 }
-
-/// As [`tdp2`] with signed B bytes (`TDPBSSD`).
-///
-/// # Safety
-/// As [`tdp2`].
-#[inline(always)]
-unsafe fn tdp2_ss(a0: *const u8, a1: *const u8, sa: usize, b0: *const u8, b1: *const u8, c0: *mut i32, c1: *mut i32) {
-    // SAFETY: the caller's promise; the tile registers are not allocated by the compiler.
-    unsafe {
-        asm!(
-            "tileloadd tmm0, [{a0} + {sa}]",
-            "tileloadd tmm1, [{b0} + {s64}]",
-            "tilezero tmm2",
-            "tileloadd tmm3, [{a1} + {sa}]",
-            "tileloadd tmm4, [{b1} + {s64}]",
-            "tilezero tmm5",
-            "tdpbssd tmm2, tmm0, tmm1",
-            "tdpbssd tmm5, tmm3, tmm4",
-            "tilestored [{c0} + {s64}], tmm2",
-            "tilestored [{c1} + {s64}], tmm5",
-            a0 = in(reg) a0, a1 = in(reg) a1, sa = in(reg) sa, b0 = in(reg) b0, b1 = in(reg) b1,
-            c0 = in(reg) c0, c1 = in(reg) c1, s64 = in(reg) 64usize,
-            options(nostack)
-        )
-    }
-}
-
-/// As [`tdp1`] with signed B bytes (`TDPBSSD`).
-///
-/// # Safety
-/// As [`tdp2`].
-#[inline(always)]
-unsafe fn tdp1_ss(a0: *const u8, sa: usize, b0: *const u8, c0: *mut i32) {
-    // SAFETY: the caller's promise; the tile registers are not allocated by the compiler.
-    unsafe {
-        asm!(
-            "tileloadd tmm0, [{a0} + {sa}]",
-            "tileloadd tmm1, [{b0} + {s64}]",
-            "tilezero tmm2",
-            "tdpbssd tmm2, tmm0, tmm1",
-            "tilestored [{c0} + {s64}], tmm2",
-            a0 = in(reg) a0, sa = in(reg) sa, b0 = in(reg) b0, c0 = in(reg) c0, s64 = in(reg) 64usize,
-            options(nostack)
-        )
-    }
-}
+tdp_fns!(tdp2, tdp1, "tdpbsud");
+tdp_fns!(tdp2_ss, tdp1_ss, "tdpbssd");
 
 /// `$body` once for each token t of a tile, t a constant (LLVM does not always unroll the loop,
 /// and then the 16 accumulators live on the stack: a load and a store per token and block).
