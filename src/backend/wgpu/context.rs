@@ -31,7 +31,7 @@ pub const WEIGHT_TYPES: [GgmlType; 10] = [
 
 /// Threads per workgroup of the element-wise kernels (embed, rope, kv_store, silu_mul, add).
 pub const WG: u32 = 256;
-/// Tokens per matmul workgroup (see matmul.wgsl).
+/// Tokens per matmul workgroup (see matmul.wgsl, and matmul_tile.wgsl's TT).
 pub const MM_TOKENS: u32 = 8;
 /// Largest head_dim the attention kernel takes.
 pub const MAX_HEAD_DIM: usize = 256;
@@ -100,7 +100,8 @@ pub(crate) struct Kernels {
     /// decode matmuls of the fused q|k|v matrix (staged Q8 input) with RoPE + KV store as the
     /// epilogue (mv_y_rope.wgsl); empty when the plan is `Off` or a workgroup holds an odd number of rows
     pub matvec_rope: HashMap<GgmlType, Kernel>,
-    /// batch matmuls of the repacked types against Q8 activations (matmul.wgsl after mm_x_q8.wgsl)
+    /// batch matmuls of the repacked types against Q8 activations (matmul.wgsl after mm_x_q8.wgsl,
+    /// or matmul_tile.wgsl where [`WgpuContext::tile`] says so)
     pub matmul_q8: HashMap<GgmlType, Kernel>,
     /// embedding lookup (embed.wgsl), per weight type
     pub embed: HashMap<GgmlType, Kernel>,
@@ -150,6 +151,8 @@ pub struct WgpuContext {
     pub(crate) subgroups: bool,
     /// [`WgpuOptions::q8`]
     pub(crate) q8: bool,
+    /// [`WgpuOptions::tile`]: the `matmul_q8` pipelines are matmul_tile.wgsl's
+    pub(crate) tile: bool,
     /// [`WgpuOptions::stage`]
     pub(crate) stage: bool,
     /// [`WgpuOptions::attention_one`]
@@ -335,7 +338,7 @@ impl WgpuContext {
                 *s = Some(e.to_string());
             }
         }));
-        let kernels = build_kernels(&device, lanes, decode, subgroups, opts.shader_checks)?;
+        let kernels = build_kernels(&device, lanes, decode, subgroups, opts.tile, opts.shader_checks)?;
         let summary = AdapterSummary {
             name: info.name.clone(),
             device_type: format!("{:?}", info.device_type),
@@ -355,6 +358,7 @@ impl WgpuContext {
             decode,
             subgroups,
             q8: opts.q8,
+            tile: opts.tile,
             stage: opts.stage,
             attention_one: opts.attention_one,
             submit_layers: opts.submit_layers,
@@ -393,6 +397,12 @@ impl WgpuContext {
     /// Matmul workgroups for `rows` outputs of `n_tok` tokens.
     pub(crate) fn matmul_grid(&self, rows: usize, n_tok: usize) -> (u32, u32) {
         let per_group = (WG / self.lanes) as usize;
+        (rows.div_ceil(per_group) as u32, n_tok.div_ceil(MM_TOKENS as usize) as u32)
+    }
+
+    /// Workgroups of the tiled Q8 matmul (matmul_tile.wgsl) for `rows` outputs of `n_tok` tokens.
+    pub(crate) fn tile_grid(&self, rows: usize, n_tok: usize) -> (u32, u32) {
+        let per_group = (WG / self.lanes * tile_rows(self.lanes)) as usize;
         (rows.div_ceil(per_group) as u32, n_tok.div_ceil(MM_TOKENS as usize) as u32)
     }
 
@@ -589,6 +599,13 @@ pub(crate) fn grid_1d(n: usize) -> (u32, u32) {
     (x as u32, groups.div_ceil(x) as u32)
 }
 
+/// Rows per group of lanes in matmul_tile.wgsl (its `TR`, at most 4: mt_main.wgsl's `part`):
+/// 4 where a row has several lanes; 1 at 1 lane per row (software adapters: 256 rows per
+/// workgroup already).
+fn tile_rows(lanes: u32) -> u32 {
+    if lanes >= 8 { 4 } else { 1 }
+}
+
 /// `src` with its `LANES` / `ROWS` lines set for `lanes` threads per row.
 fn with_lanes(name: &str, src: &str, lanes: u32) -> Result<String, WgpuError> {
     let (l_line, r_line) = ("const LANES: u32 = 32u;", "const ROWS: u32 = 8u;");
@@ -598,7 +615,7 @@ fn with_lanes(name: &str, src: &str, lanes: u32) -> Result<String, WgpuError> {
     Ok(src.replace(l_line, &format!("const LANES: u32 = {lanes}u;")).replace(r_line, &format!("const ROWS: u32 = {}u;", WG / lanes)))
 }
 
-fn build_kernels(device: &wgpu::Device, lanes: u32, decode: DecodePlan, subgroups: bool, checks: bool) -> Result<Kernels, WgpuError> {
+fn build_kernels(device: &wgpu::Device, lanes: u32, decode: DecodePlan, subgroups: bool, tile: bool, checks: bool) -> Result<Kernels, WgpuError> {
     let k = |name: &str, src: String, binds: &[B]| kernel(device, name, &src, binds, checks);
     let mm = [B::Uniform, B::Read, B::Read, B::Rw];
     let matmul_src = with_lanes("matmul", include_str!("../../../kernels/wgsl/matmul.wgsl"), lanes)?;
@@ -622,10 +639,20 @@ fn build_kernels(device: &wgpu::Device, lanes: u32, decode: DecodePlan, subgroup
     let mm_x_f32 = include_str!("../../../kernels/wgsl/mm_x_f32.wgsl");
     let mm_x_q8 = include_str!("../../../kernels/wgsl/mm_x_q8.wgsl");
     let mv_q8 = include_str!("../../../kernels/wgsl/matvec_q8.wgsl");
+    let tile_src = with_lanes("matmul_tile", include_str!("../../../kernels/wgsl/matmul_tile.wgsl"), lanes)?
+        .replace("const TR: u32 = 4u;", &format!("const TR: u32 = {}u;", tile_rows(lanes)));
+    let tile_main = match subgroups {
+        true => include_str!("../../../kernels/wgsl/mt_main_sg.wgsl"),
+        false => include_str!("../../../kernels/wgsl/mt_main.wgsl"),
+    };
     for ty in WEIGHT_TYPES {
         let Some(dot) = q8dot_source(ty) else { continue };
         let (w, name) = (matmul_weight_source(ty), ty.name());
-        matmul_q8.insert(ty, k(&format!("matmul_q8_{name}"), format!("{w}\n{dot}\n{mm_x_q8}\n{matmul_src}"), &mm)?);
+        let src = match tile {
+            true => format!("{w}\n{dot}\n{tile_src}\n{tile_main}"),
+            false => format!("{w}\n{dot}\n{mm_x_q8}\n{matmul_src}"),
+        };
+        matmul_q8.insert(ty, k(&format!("matmul_q8_{name}"), src, &mm)?);
         if decode != DecodePlan::Off {
             let global = include_str!("../../../kernels/wgsl/mvq_x_global.wgsl");
             let stage = format!("{Q8_ACT}\n{RMS_SCALE}\n{}", include_str!("../../../kernels/wgsl/mvq_x_stage.wgsl"));
