@@ -49,8 +49,9 @@ fn put(r: u32, t: u32, v: f32) {
     }
 }
 
-// The tile of group `grp` (lane `lane`): lane sums in registers, then `finish` (mt_main*.wgsl)
-// adds the lanes and stores, token by token. Every invocation calls it.
+// The tile of group `grp` (lane `lane`): lane sums in registers (acc[r * TT + t]: row r0 + r,
+// token t0 + t), then `finish` (mt_main*.wgsl) adds the lanes and stores the nt live tokens.
+// Every invocation calls it.
 fn tile(li: u32, lane: u32, grp: u32, wg: vec3<u32>) {
     let r0 = (wg.x * ROWS + grp) * TR;
     let t0 = wg.y * TT;
@@ -78,11 +79,5 @@ fn tile(li: u32, lane: u32, grp: u32, wg: vec3<u32>) {
             }
         }
     }
-    for (var t = 0u; t < TT; t++) {
-        var v: array<f32, TR>;
-        for (var r = 0u; r < TR; r++) {
-            v[r] = acc[r * TT + t];
-        }
-        finish(li, lane, r0, t0 + t, t < nt, v);
-    }
+    finish(li, lane, r0, t0, nt, acc);
 }

@@ -641,6 +641,8 @@ fn build_kernels(device: &wgpu::Device, lanes: u32, decode: DecodePlan, subgroup
     let mv_q8 = include_str!("../../../kernels/wgsl/matvec_q8.wgsl");
     let tile_src = with_lanes("matmul_tile", include_str!("../../../kernels/wgsl/matmul_tile.wgsl"), lanes)?
         .replace("const TR: u32 = 4u;", &format!("const TR: u32 = {}u;", tile_rows(lanes)));
+    // mt_main_sg.wgsl: one sum per lane after its reduce-scatter (TR * TT = LANES = 32)
+    debug_assert!(!subgroups || (lanes == 32 && tile_rows(lanes) * MM_TOKENS == 32));
     let tile_main = match subgroups {
         true => include_str!("../../../kernels/wgsl/mt_main_sg.wgsl"),
         false => include_str!("../../../kernels/wgsl/mt_main.wgsl"),
@@ -779,4 +781,27 @@ pub(crate) fn kernel(device: &wgpu::Device, name: &str, src: &str, binds: &[B], 
         return Err(WgpuError::Shader { kernel: name.to_string(), msg: e.to_string() });
     }
     Ok(Kernel { pipeline, layout, dynamic: matches!(binds.first(), Some(B::UniformDyn)) })
+}
+
+#[cfg(test)]
+mod tests {
+    /// The subgroup-shuffle kernels (mv_main_sg.wgsl, mt_main_sg.wgsl) compile wherever an
+    /// adapter offers SUBGROUP, also where its subgroups are not 32 wide and the context keeps the
+    /// workgroup-memory trees (lavapipe: 8), so that a shader error shows up without a GPU.
+    #[test]
+    fn subgroup_kernels_compile_where_offered() {
+        let instance = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle());
+        let adapters = pollster::block_on(instance.enumerate_adapters(wgpu::Backends::all()));
+        let Some(adapter) = adapters.into_iter().find(|a| a.features().contains(wgpu::Features::SUBGROUP)) else {
+            return eprintln!("skipped: no adapter offers subgroups");
+        };
+        let (device, _queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+            required_features: wgpu::Features::SUBGROUP,
+            required_limits: adapter.limits(),
+            ..Default::default()
+        }))
+        .expect("device");
+        let k = super::build_kernels(&device, 32, super::DecodePlan::Fused, true, true, false).expect("kernels");
+        assert!(!k.matmul_q8.is_empty() && !k.matvec.is_empty());
+    }
 }
