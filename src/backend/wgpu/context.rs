@@ -100,9 +100,11 @@ pub(crate) struct Kernels {
     /// decode matmuls of the fused q|k|v matrix (staged Q8 input) with RoPE + KV store as the
     /// epilogue (mv_y_rope.wgsl); empty when the plan is `Off` or a workgroup holds an odd number of rows
     pub matvec_rope: HashMap<GgmlType, Kernel>,
-    /// batch matmuls of the repacked types against Q8 activations (matmul.wgsl after mm_x_q8.wgsl,
-    /// or matmul_tile.wgsl where [`WgpuContext::tile`] says so)
+    /// batch matmuls of the repacked types against Q8 activations (matmul.wgsl after mm_x_q8.wgsl)
     pub matmul_q8: HashMap<GgmlType, Kernel>,
+    /// the same, tiled (matmul_tile.wgsl; the same bits): the layer runner's, empty where
+    /// [`WgpuOptions::tile`] is off (the output head keeps matmul_q8: a few rows of tokens)
+    pub matmul_tile: HashMap<GgmlType, Kernel>,
     /// embedding lookup (embed.wgsl), per weight type
     pub embed: HashMap<GgmlType, Kernel>,
     /// RMSNorm (rmsnorm.wgsl)
@@ -151,7 +153,7 @@ pub struct WgpuContext {
     pub(crate) subgroups: bool,
     /// [`WgpuOptions::q8`]
     pub(crate) q8: bool,
-    /// [`WgpuOptions::tile`]: the `matmul_q8` pipelines are matmul_tile.wgsl's
+    /// [`WgpuOptions::tile`]
     pub(crate) tile: bool,
     /// [`WgpuOptions::stage`]
     pub(crate) stage: bool,
@@ -402,7 +404,7 @@ impl WgpuContext {
 
     /// Workgroups of the tiled Q8 matmul (matmul_tile.wgsl) for `rows` outputs of `n_tok` tokens.
     pub(crate) fn tile_grid(&self, rows: usize, n_tok: usize) -> (u32, u32) {
-        let per_group = (WG / self.lanes * tile_rows(self.lanes)) as usize;
+        let per_group = (WG / self.lanes * TILE_ROWS) as usize;
         (rows.div_ceil(per_group) as u32, n_tok.div_ceil(MM_TOKENS as usize) as u32)
     }
 
@@ -599,12 +601,8 @@ pub(crate) fn grid_1d(n: usize) -> (u32, u32) {
     (x as u32, groups.div_ceil(x) as u32)
 }
 
-/// Rows per group of lanes in matmul_tile.wgsl (its `TR`, at most 4: mt_main.wgsl's `part`):
-/// 4 where a row has several lanes; 1 at 1 lane per row (software adapters: 256 rows per
-/// workgroup already).
-fn tile_rows(lanes: u32) -> u32 {
-    if lanes >= 8 { 4 } else { 1 }
-}
+/// Rows per group of lanes in matmul_tile.wgsl (its `TR`).
+const TILE_ROWS: u32 = 4;
 
 /// `src` with its `LANES` / `ROWS` lines set for `lanes` threads per row.
 fn with_lanes(name: &str, src: &str, lanes: u32) -> Result<String, WgpuError> {
@@ -636,13 +634,13 @@ fn build_kernels(device: &wgpu::Device, lanes: u32, decode: DecodePlan, subgroup
     let (y_store, y_silu) = (include_str!("../../../kernels/wgsl/mv_y_store.wgsl"), include_str!("../../../kernels/wgsl/mv_y_silu.wgsl"));
     let mut embed = HashMap::new();
     let mut matmul_q8 = HashMap::new();
+    let mut matmul_tile = HashMap::new();
     let mm_x_f32 = include_str!("../../../kernels/wgsl/mm_x_f32.wgsl");
     let mm_x_q8 = include_str!("../../../kernels/wgsl/mm_x_q8.wgsl");
     let mv_q8 = include_str!("../../../kernels/wgsl/matvec_q8.wgsl");
-    let tile_src = with_lanes("matmul_tile", include_str!("../../../kernels/wgsl/matmul_tile.wgsl"), lanes)?
-        .replace("const TR: u32 = 4u;", &format!("const TR: u32 = {}u;", tile_rows(lanes)));
+    let tile_src = with_lanes("matmul_tile", include_str!("../../../kernels/wgsl/matmul_tile.wgsl"), lanes)?;
     // mt_main_sg.wgsl: one sum per lane after its reduce-scatter (TR * TT = LANES = 32)
-    debug_assert!(!subgroups || (lanes == 32 && tile_rows(lanes) * MM_TOKENS == 32));
+    debug_assert!(!subgroups || (lanes == 32 && TILE_ROWS * MM_TOKENS == 32));
     let tile_main = match subgroups {
         true => include_str!("../../../kernels/wgsl/mt_main_sg.wgsl"),
         false => include_str!("../../../kernels/wgsl/mt_main.wgsl"),
@@ -650,11 +648,10 @@ fn build_kernels(device: &wgpu::Device, lanes: u32, decode: DecodePlan, subgroup
     for ty in WEIGHT_TYPES {
         let Some(dot) = q8dot_source(ty) else { continue };
         let (w, name) = (matmul_weight_source(ty), ty.name());
-        let src = match tile {
-            true => format!("{w}\n{dot}\n{tile_src}\n{tile_main}"),
-            false => format!("{w}\n{dot}\n{mm_x_q8}\n{matmul_src}"),
-        };
-        matmul_q8.insert(ty, k(&format!("matmul_q8_{name}"), src, &mm)?);
+        matmul_q8.insert(ty, k(&format!("matmul_q8_{name}"), format!("{w}\n{dot}\n{mm_x_q8}\n{matmul_src}"), &mm)?);
+        if tile {
+            matmul_tile.insert(ty, k(&format!("matmul_tile_{name}"), format!("{w}\n{dot}\n{tile_src}\n{tile_main}"), &mm)?);
+        }
         if decode != DecodePlan::Off {
             let global = include_str!("../../../kernels/wgsl/mvq_x_global.wgsl");
             let stage = format!("{Q8_ACT}\n{RMS_SCALE}\n{}", include_str!("../../../kernels/wgsl/mvq_x_stage.wgsl"));
@@ -694,6 +691,7 @@ fn build_kernels(device: &wgpu::Device, lanes: u32, decode: DecodePlan, subgroup
         matvec_silu,
         matvec_rope,
         matmul_q8,
+        matmul_tile,
         embed,
         rmsnorm: k("rmsnorm", format!("{RMS_BIND}\n{RMS_SCALE}\n{}", include_str!("../../../kernels/wgsl/rmsnorm.wgsl")), &[B::Uniform, B::Read, B::Read, B::Rw])?,
         rmsnorm_q8: k(
@@ -802,6 +800,6 @@ mod tests {
         }))
         .expect("device");
         let k = super::build_kernels(&device, 32, super::DecodePlan::Fused, true, true, false).expect("kernels");
-        assert!(!k.matmul_q8.is_empty() && !k.matvec.is_empty());
+        assert!(!k.matmul_tile.is_empty() && !k.matvec.is_empty());
     }
 }

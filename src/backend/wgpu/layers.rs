@@ -381,7 +381,7 @@ impl GpuLayers {
                 let norm_bind = ctx.bind(norm_k, &[win(head_slots[0]), (&hx, 0, None), (&h.norm, 0, None), (&hn, 0, None)]);
                 let mmk = mm_map.get(&h.out.ty).ok_or_else(|| WgpuError::Unsupported(h.out.ty.name().into()))?;
                 let out_bind = ctx.bind(mmk, &[win(head_slots[1]), (&h.out.buf, 0, None), (&hn, 0, None), (&logits, 0, None)]);
-                let step = |rows: usize| Step::MatMul { rows, cols: h.out.cols, row_bytes: h.out.row_bytes, y_stride: h.out.rows, y_off: 0, accumulate: false, tile: q8 && ctx.tile };
+                let step = |rows: usize| Step::MatMul { rows, cols: h.out.cols, row_bytes: h.out.row_bytes, y_stride: h.out.rows, y_off: 0, accumulate: false, tile: false };
                 Some(HeadActs {
                     norm: Dispatch { pipeline: norm_k.pipeline.clone(), bind: norm_bind, step: Step::RmsNorm { dim: e, eps: c.rms_eps }, label: "output norm" },
                     out: Dispatch { pipeline: mmk.pipeline.clone(), bind: out_bind, step: step(h.out.rows), label: "output" },

@@ -162,7 +162,11 @@ impl<'a> PlanCtx<'a> {
     fn matmul(&self, w: &'a GpuMatrix, x: &'a wgpu::Buffer, a: &Acts<'a>, y_stride: usize, accumulate: bool) -> Result<MatmulItem<'a>, WgpuError> {
         let q8 = self.uses_q8(w);
         let step = Step::MatMul { rows: w.rows, cols: w.cols, row_bytes: w.row_bytes, y_stride, y_off: w.y_off, accumulate, tile: q8 && self.tile };
-        let (map, x) = if q8 { (&self.kern.matmul_q8, a.xq) } else { (&self.kern.matmul, x) };
+        let (map, x) = match (q8, self.tile) {
+            (true, true) => (&self.kern.matmul_tile, a.xq),
+            (true, false) => (&self.kern.matmul_q8, a.xq),
+            (false, _) => (&self.kern.matmul, x),
+        };
         let k = map.get(&w.ty).ok_or_else(|| WgpuError::Unsupported(w.ty.name().into()))?;
         Ok((k, step, vec![&w.buf, x]))
     }
