@@ -31,7 +31,7 @@ pub const WEIGHT_TYPES: [GgmlType; 10] = [
 
 /// Threads per workgroup of the element-wise kernels (embed, rope, kv_store, silu_mul, add).
 pub const WG: u32 = 256;
-/// Tokens per matmul workgroup (see matmul.wgsl).
+/// Tokens per matmul workgroup (see matmul.wgsl, and matmul_tile.wgsl's TT).
 pub const MM_TOKENS: u32 = 8;
 /// Largest head_dim the attention kernel takes.
 pub const MAX_HEAD_DIM: usize = 256;
@@ -102,6 +102,9 @@ pub(crate) struct Kernels {
     pub matvec_rope: HashMap<GgmlType, Kernel>,
     /// batch matmuls of the repacked types against Q8 activations (matmul.wgsl after mm_x_q8.wgsl)
     pub matmul_q8: HashMap<GgmlType, Kernel>,
+    /// the same, tiled (matmul_tile.wgsl; the same bits): the layer runner's, empty where
+    /// [`WgpuOptions::tile`] is off (the output head keeps matmul_q8: a few rows of tokens)
+    pub matmul_tile: HashMap<GgmlType, Kernel>,
     /// embedding lookup (embed.wgsl), per weight type
     pub embed: HashMap<GgmlType, Kernel>,
     /// RMSNorm (rmsnorm.wgsl)
@@ -152,6 +155,8 @@ pub struct WgpuContext {
     pub(crate) subgroups: bool,
     /// [`WgpuOptions::q8`]
     pub(crate) q8: bool,
+    /// [`WgpuOptions::tile`]
+    pub(crate) tile: bool,
     /// [`WgpuOptions::stage`]
     pub(crate) stage: bool,
     /// [`WgpuOptions::attention_one`]
@@ -340,7 +345,7 @@ impl WgpuContext {
                 *s = Some(e.to_string());
             }
         }));
-        let kernels = build_kernels(&device, lanes, decode, subgroups, opts.shader_checks)?;
+        let kernels = build_kernels(&device, lanes, decode, subgroups, opts.tile, opts.shader_checks)?;
         let summary = AdapterSummary {
             name: info.name.clone(),
             device_type: format!("{:?}", info.device_type),
@@ -360,6 +365,7 @@ impl WgpuContext {
             decode,
             subgroups,
             q8: opts.q8,
+            tile: opts.tile,
             stage: opts.stage,
             attention_one: opts.attention_one,
             attention_split: opts.attention_split,
@@ -399,6 +405,12 @@ impl WgpuContext {
     /// Matmul workgroups for `rows` outputs of `n_tok` tokens.
     pub(crate) fn matmul_grid(&self, rows: usize, n_tok: usize) -> (u32, u32) {
         let per_group = (WG / self.lanes) as usize;
+        (rows.div_ceil(per_group) as u32, n_tok.div_ceil(MM_TOKENS as usize) as u32)
+    }
+
+    /// Workgroups of the tiled Q8 matmul (matmul_tile.wgsl) for `rows` outputs of `n_tok` tokens.
+    pub(crate) fn tile_grid(&self, rows: usize, n_tok: usize) -> (u32, u32) {
+        let per_group = (WG / self.lanes * TILE_ROWS) as usize;
         (rows.div_ceil(per_group) as u32, n_tok.div_ceil(MM_TOKENS as usize) as u32)
     }
 
@@ -595,6 +607,9 @@ pub(crate) fn grid_1d(n: usize) -> (u32, u32) {
     (x as u32, groups.div_ceil(x) as u32)
 }
 
+/// Rows per group of lanes in matmul_tile.wgsl (its `TR`).
+const TILE_ROWS: u32 = 4;
+
 /// `src` with its `LANES` / `ROWS` lines set for `lanes` threads per row.
 fn with_lanes(name: &str, src: &str, lanes: u32) -> Result<String, WgpuError> {
     let (l_line, r_line) = ("const LANES: u32 = 32u;", "const ROWS: u32 = 8u;");
@@ -604,7 +619,7 @@ fn with_lanes(name: &str, src: &str, lanes: u32) -> Result<String, WgpuError> {
     Ok(src.replace(l_line, &format!("const LANES: u32 = {lanes}u;")).replace(r_line, &format!("const ROWS: u32 = {}u;", WG / lanes)))
 }
 
-fn build_kernels(device: &wgpu::Device, lanes: u32, decode: DecodePlan, subgroups: bool, checks: bool) -> Result<Kernels, WgpuError> {
+fn build_kernels(device: &wgpu::Device, lanes: u32, decode: DecodePlan, subgroups: bool, tile: bool, checks: bool) -> Result<Kernels, WgpuError> {
     let k = |name: &str, src: String, binds: &[B]| kernel(device, name, &src, binds, checks);
     let mm = [B::Uniform, B::Read, B::Read, B::Rw];
     let matmul_src = with_lanes("matmul", include_str!("../../../kernels/wgsl/matmul.wgsl"), lanes)?;
@@ -625,13 +640,24 @@ fn build_kernels(device: &wgpu::Device, lanes: u32, decode: DecodePlan, subgroup
     let (y_store, y_silu) = (include_str!("../../../kernels/wgsl/mv_y_store.wgsl"), include_str!("../../../kernels/wgsl/mv_y_silu.wgsl"));
     let mut embed = HashMap::new();
     let mut matmul_q8 = HashMap::new();
+    let mut matmul_tile = HashMap::new();
     let mm_x_f32 = include_str!("../../../kernels/wgsl/mm_x_f32.wgsl");
     let mm_x_q8 = include_str!("../../../kernels/wgsl/mm_x_q8.wgsl");
     let mv_q8 = include_str!("../../../kernels/wgsl/matvec_q8.wgsl");
+    let tile_src = with_lanes("matmul_tile", include_str!("../../../kernels/wgsl/matmul_tile.wgsl"), lanes)?;
+    // mt_main_sg.wgsl: one sum per lane after its reduce-scatter (TR * TT = LANES = 32)
+    debug_assert!(!subgroups || (lanes == 32 && TILE_ROWS * MM_TOKENS == 32));
+    let tile_main = match subgroups {
+        true => include_str!("../../../kernels/wgsl/mt_main_sg.wgsl"),
+        false => include_str!("../../../kernels/wgsl/mt_main.wgsl"),
+    };
     for ty in WEIGHT_TYPES {
         let Some(dot) = q8dot_source(ty) else { continue };
         let (w, name) = (matmul_weight_source(ty), ty.name());
         matmul_q8.insert(ty, k(&format!("matmul_q8_{name}"), format!("{w}\n{dot}\n{mm_x_q8}\n{matmul_src}"), &mm)?);
+        if tile {
+            matmul_tile.insert(ty, k(&format!("matmul_tile_{name}"), format!("{w}\n{dot}\n{tile_src}\n{tile_main}"), &mm)?);
+        }
         if decode != DecodePlan::Off {
             let global = include_str!("../../../kernels/wgsl/mvq_x_global.wgsl");
             let stage = format!("{Q8_ACT}\n{RMS_SCALE}\n{}", include_str!("../../../kernels/wgsl/mvq_x_stage.wgsl"));
@@ -671,6 +697,7 @@ fn build_kernels(device: &wgpu::Device, lanes: u32, decode: DecodePlan, subgroup
         matvec_silu,
         matvec_rope,
         matmul_q8,
+        matmul_tile,
         embed,
         rmsnorm: k("rmsnorm", format!("{RMS_BIND}\n{RMS_SCALE}\n{}", include_str!("../../../kernels/wgsl/rmsnorm.wgsl")), &[B::Uniform, B::Read, B::Read, B::Rw])?,
         rmsnorm_q8: k(
@@ -763,4 +790,27 @@ pub(crate) fn kernel(device: &wgpu::Device, name: &str, src: &str, binds: &[B], 
         return Err(WgpuError::Shader { kernel: name.to_string(), msg: e.to_string() });
     }
     Ok(Kernel { pipeline, layout, dynamic: matches!(binds.first(), Some(B::UniformDyn)) })
+}
+
+#[cfg(test)]
+mod tests {
+    /// The subgroup-shuffle kernels (mv_main_sg.wgsl, mt_main_sg.wgsl) compile wherever an
+    /// adapter offers SUBGROUP, also where its subgroups are not 32 wide and the context keeps the
+    /// workgroup-memory trees (lavapipe: 8), so that a shader error shows up without a GPU.
+    #[test]
+    fn subgroup_kernels_compile_where_offered() {
+        let instance = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle());
+        let adapters = pollster::block_on(instance.enumerate_adapters(wgpu::Backends::all()));
+        let Some(adapter) = adapters.into_iter().find(|a| a.features().contains(wgpu::Features::SUBGROUP)) else {
+            return eprintln!("skipped: no adapter offers subgroups");
+        };
+        let (device, _queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+            required_features: wgpu::Features::SUBGROUP,
+            required_limits: adapter.limits(),
+            ..Default::default()
+        }))
+        .expect("device");
+        let k = super::build_kernels(&device, 32, super::DecodePlan::Fused, true, true, false).expect("kernels");
+        assert!(!k.matmul_tile.is_empty() && !k.matvec.is_empty());
+    }
 }

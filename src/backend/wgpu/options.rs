@@ -57,6 +57,10 @@ pub struct WgpuOptions {
     /// with integer dot products, as the CPU does (plan.rs); `false`: f32 activations and the
     /// dequantizing kernels, for comparisons (other bits). `$FORGE_WGPU_Q8=0`.
     pub q8: bool,
+    /// The batch Q8 matmuls run the tiled kernel (matmul_tile.wgsl: rows x tokens per workgroup,
+    /// partial sums in registers) instead of matmul.wgsl after mm_x_q8.wgsl. Same bits.
+    /// `$FORGE_WGPU_TILE=0`.
+    pub tile: bool,
     /// One-token Q8 matmuls quantize (and normalize) their own input in workgroup memory
     /// (mvq_x_stage.wgsl) where they can, instead of after a rmsnorm_q8 / quantize_q8 dispatch.
     /// Same bits. `$FORGE_WGPU_STAGE=0`.
@@ -88,6 +92,7 @@ impl Default for WgpuOptions {
             attention_one: false,
             attention_split: true,
             q8: true,
+            tile: true,
             stage: true,
             qkv_rope: true,
             subgroups: true,
@@ -140,6 +145,7 @@ impl WgpuOptions {
         o.attention_one = flag("FORGE_WGPU_ATTN_ONE")?.unwrap_or(o.attention_one);
         o.attention_split = flag("FORGE_WGPU_ATTN_SPLIT")?.unwrap_or(o.attention_split);
         o.q8 = flag("FORGE_WGPU_Q8")?.unwrap_or(o.q8);
+        o.tile = flag("FORGE_WGPU_TILE")?.unwrap_or(o.tile);
         o.stage = flag("FORGE_WGPU_STAGE")?.unwrap_or(o.stage);
         o.qkv_rope = flag("FORGE_WGPU_QKV_ROPE")?.unwrap_or(o.qkv_rope);
         o.shader_checks = flag("FORGE_WGPU_SHADER_CHECKS")?.unwrap_or(o.shader_checks);
@@ -166,6 +172,7 @@ impl WgpuOptions {
             ("decode unfused", with(|o| o.decode_kernels = Some(DecodePlan::Unfused))),
             ("decode fused", with(|o| o.decode_kernels = Some(DecodePlan::Fused))),
             ("attention_one", with(|o| o.attention_one = !o.attention_one)),
+            ("tile", with(|o| o.tile = !o.tile)),
             ("attention split", with(|o| o.attention_split = !o.attention_split)),
             ("stage", with(|o| o.stage = !o.stage)),
             ("qkv_rope", with(|o| o.qkv_rope = !o.qkv_rope)),

@@ -24,7 +24,7 @@ use super::WgpuError;
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(super) enum Step {
     /// `accumulate`: add into the destination (the residual stream) instead of writing.
-    MatMul { rows: usize, cols: usize, row_bytes: usize, y_stride: usize, y_off: usize, accumulate: bool },
+    MatMul { rows: usize, cols: usize, row_bytes: usize, y_stride: usize, y_off: usize, accumulate: bool, tile: bool },
     /// One token's matmul (matmul_vec.wgsl); `eps` for a folded RMSNorm (mv_x_norm.wgsl,
     /// mvq_x_stage.wgsl).
     MatVec { rows: usize, cols: usize, row_bytes: usize, y_off: usize, accumulate: bool, eps: f32 },
@@ -78,6 +78,8 @@ pub(super) struct PlanCtx<'a> {
     pub kern: &'a Kernels,
     /// integer-dot matmuls for the repacked types
     pub q8: bool,
+    /// the batch Q8 matmuls are the tiled kernel (matmul_tile.wgsl: its own grid)
+    pub tile: bool,
     /// attention writes its output as Q8 rows too (kv.rs `attention_q8`)
     pub att_q8: bool,
     /// one-token matmuls stage their own Q8 input where they can (mvq_x_stage.wgsl)
@@ -158,8 +160,13 @@ impl<'a> PlanCtx<'a> {
 
     /// The batch matmul of `w` reading `x` (f32) or `a.xq` (Q8).
     fn matmul(&self, w: &'a GpuMatrix, x: &'a wgpu::Buffer, a: &Acts<'a>, y_stride: usize, accumulate: bool) -> Result<MatmulItem<'a>, WgpuError> {
-        let step = Step::MatMul { rows: w.rows, cols: w.cols, row_bytes: w.row_bytes, y_stride, y_off: w.y_off, accumulate };
-        let (map, x) = if self.uses_q8(w) { (&self.kern.matmul_q8, a.xq) } else { (&self.kern.matmul, x) };
+        let q8 = self.uses_q8(w);
+        let step = Step::MatMul { rows: w.rows, cols: w.cols, row_bytes: w.row_bytes, y_stride, y_off: w.y_off, accumulate, tile: q8 && self.tile };
+        let (map, x) = match (q8, self.tile) {
+            (true, true) => (&self.kern.matmul_tile, a.xq),
+            (true, false) => (&self.kern.matmul_q8, a.xq),
+            (false, _) => (&self.kern.matmul, x),
+        };
         let k = map.get(&w.ty).ok_or_else(|| WgpuError::Unsupported(w.ty.name().into()))?;
         Ok((k, step, vec![&w.buf, x]))
     }
