@@ -18,8 +18,9 @@
 // does hpb heads of one KV head (hpb divides n_head / n_kv) one after another, each exactly as
 // alone: in prefill they share the chunk's keys and values through L1 instead of each CTA
 // fetching them from L2; decode keeps hpb = 1 (more CTAs for its one token).
-extern "C" __global__ void attn_partial(const float* qkv, int q_stride, int n_head, int n_kv, int hd, float scale,
-                                        const TokInfo* tok, int layer, float* part, int max_chunks, int hpb) {
+template <bool ONE>
+FC_DEV void attn_partial_body(const float* qkv, int q_stride, int n_head, int n_kv, int hd, float scale,
+                              const TokInfo* tok, int layer, float* part, int max_chunks, int hpb) {
     __shared__ float q[FC_ATT_MAX_HD];
     __shared__ float p[FC_ATT_CH];
     __shared__ float scratch[FC_ATT_THREADS / 32];
@@ -32,6 +33,7 @@ extern "C" __global__ void attn_partial(const float* qkv, int q_stride, int n_he
     const int nv = min(FC_ATT_CH, n_keys - k0);
     // heads blockIdx.y * hpb .. + hpb, one after another (the shared arrays' reuse is ordered by
     // block_max's and block_sum's barriers), each exactly as alone
+    if (ONE) hpb = 1;
     for (int h = blockIdx.y * hpb; h < (blockIdx.y + 1) * hpb; ++h) {
         const int kvh = h / (n_head / n_kv);
         const unsigned long long base = (((unsigned long long)layer * n_kv + kvh) * ti.cap + k0) * hd;
@@ -92,6 +94,16 @@ extern "C" __global__ void attn_partial(const float* qkv, int q_stride, int n_he
             out[hd + 1] = l;
         }
     }
+}
+
+// attn_partial: one head per CTA (decode), attn_partial_heads: hpb heads per CTA (prefill).
+extern "C" __global__ void attn_partial(const float* qkv, int q_stride, int n_head, int n_kv, int hd, float scale,
+                                        const TokInfo* tok, int layer, float* part, int max_chunks, int hpb) {
+    attn_partial_body<true>(qkv, q_stride, n_head, n_kv, hd, scale, tok, layer, part, max_chunks, hpb);
+}
+extern "C" __global__ void attn_partial_heads(const float* qkv, int q_stride, int n_head, int n_kv, int hd, float scale,
+                                              const TokInfo* tok, int layer, float* part, int max_chunks, int hpb) {
+    attn_partial_body<false>(qkv, q_stride, n_head, n_kv, hd, scale, tok, layer, part, max_chunks, hpb);
 }
 
 // att[t] = the heads' outputs from their chunks (see the file comment); with q8 also attq

@@ -147,6 +147,10 @@ pub struct ActRef {
 pub const Q8_BYTES: usize = 40;
 /// Bytes of one TokInfo (common.h).
 pub const TOK_BYTES: usize = 24;
+/// The fewest 64 x 64 tiles for which `Tile::Mma64` is picked by default (H100: 132 SMs, one
+/// such CTA each; 1.1B's 2048-row matrices at 512 tokens make 256, faster than Mma's 512).
+const MMA64_MIN_CTAS: usize = 192;
+
 /// Dynamic shared memory of the 64 x 64 tensor-core tile (matmul.hip's FC_MMA64_SMEM).
 const MMA64_SHARED: u32 = 8 * 64 * 68 * 4;
 
@@ -166,6 +170,7 @@ pub struct Kernels {
     rope: Func,
     rope_store: Func,
     attn_partial: Func,
+    attn_partial_heads: Func,
     attn_merge: Func,
     silu_mul_q8: Func,
     silu_mul: Func,
@@ -213,6 +218,7 @@ impl Kernels {
             rope: f("rope")?,
             rope_store: f("rope_store")?,
             attn_partial: f("attn_partial")?,
+            attn_partial_heads: f("attn_partial_heads")?,
             attn_merge: f("attn_merge")?,
             silu_mul_q8: f("silu_mul_q8")?,
             silu_mul: f("silu_mul")?,
@@ -251,9 +257,15 @@ impl Kernels {
             return Ok(());
         }
         let info = type_info(m.ty).ok_or_else(|| HipError::Unsupported(format!("{} weights", m.ty.name())))?;
+        let forced = tile.is_some();
         let mut tile = tile.unwrap_or_else(|| Tile::for_tokens(n_tok));
         if tile.is_mma() && !(self.mma && info.q8_order) {
             tile = Tile::T8;
+        }
+        // by default the 64 x 64 tile only where it makes enough CTAs to fill the GPU (one per SM
+        // at a time): SmolLM2's 960-row q|k|v at 512 tokens is 120 of them, slower than Mma's 240
+        if tile == Tile::Mma64 && !forced && m.rows.div_ceil(64) * n_tok.div_ceil(64) < MMA64_MIN_CTAS {
+            tile = Tile::Mma;
         }
         let nb = m.cols / info.block;
         let (r, t) = tile.rt();
@@ -365,7 +377,8 @@ impl Kernels {
             Arg::I32(max_chunks as i32),
             Arg::I32(hpb as i32),
         ];
-        launch(rt, self.attn_partial, [max_chunks as u32, (n_head / hpb) as u32, n as u32], [128, 1, 1], 0, &args)?;
+        let f = if hpb == 1 { self.attn_partial } else { self.attn_partial_heads };
+        launch(rt, f, [max_chunks as u32, (n_head / hpb) as u32, n as u32], [128, 1, 1], 0, &args)?;
         let args = [
             Arg::Ptr(part),
             Arg::I32(n_head as i32),
