@@ -1,15 +1,15 @@
-// attention.wgsl — causal attention of the query tokens of one sequence over its KV cache,
-// split over the keys inside one workgroup (flash-decoding within a workgroup). The body of two
-// kernels, each after q8_act.wgsl (q8_coop) and a prefix that declares bindings 1..3 and 6 (and 7)
-// and three hooks:
+// attention.wgsl — causal attention of the query tokens of one sequence over its KV cache, keys
+// in chunks of 256 (attention_part.wgsl), each chunk split over the 8 groups of a workgroup. The
+// body of two kernels, each after q8_act.wgsl (q8_coop), seq_params.wgsl, attention_part.wgsl and
+// a prefix that declares bindings 1..3, 6 and 7 (and 8) and three hooks:
 // `load_query` (fill `qv` with the workgroup's query head), `key_dot` (q · key j) and `value`
 // (a pair of value j):
 // * attention_cached.wgsl — `attention`: the queries' RoPE is done and every key and value is
-//   in the cache (rope_store.wgsl ran before); prefill, and the op of WgpuBackend.
+//   in the cache (rope_store.wgsl ran before); prefill, decode, and the op of WgpuBackend.
 // * attention_one.wgsl (after rope_pair.wgsl) — `attention_one`: a sequence of one token
 //   (decode). The workgroup ropes its query head itself from the raw q|k|v row, computes its KV
 //   head's key and value for the token's position, and the first query head of each KV group
-//   stores them into the cache (replacing rope_store.wgsl: one dispatch instead of two).
+//   (its chunk-0 workgroup when split) stores them into the cache (replacing rope_store.wgsl).
 //
 // Bindings (group 0):
 //   0 uniform SeqP (seq_params.wgsl, prepended; dynamic offset: one slot per sequence of a step)
@@ -33,47 +33,45 @@
 //                                         q8_out = 1 (head_dim a multiple of 32): the output quantized
 //                                         for the o projection's integer dot products, in addition to O
 //   6 storage read  CS: array<f32>       attention_one only: [n_pos, head_dim / 2, 2] (cos, sin)
-// Rows t0 .. t0 + n_tok are this sequence's (attention_one: n_tok = 1). Dispatch: (n_head, n_tok,
-// 1) workgroups of 256 threads, one per (head, token); head_dim a multiple of 8, at most 256.
-// Query head h reads KV head h / (n_head / n_kv_head).
+//   7 storage rw    S: array<f32>        (binding 8 in attention_one) the chunk partials of a split
+//                                         dispatch (attention_part.wgsl)
+// Rows t0 .. t0 + n_tok are this sequence's (attention_one: n_tok = 1). Head_dim a multiple of 8,
+// at most 256; query head h reads KV head h / (n_head / n_kv_head). Dispatch, workgroups of 256
+// threads: (n_head, n_tok), one per (head, token), each walking its token's chunks and writing O;
+// or split (a sequence of one token, the grid taller than n_tok): (n_head, chunks of the
+// capacity), one per (head, chunk), each storing its chunk's partial in S (workgroups past the
+// token's keys return), then attention_merge.wgsl folds them and writes O.
 //
 // Order of the arithmetic (fixed, so a token's output is bitwise the same alone, in a prefill of
-// any chunking, or next to other sequences, and in either kernel): keys are cut into tiles of 32
-// at absolute positions 0, 32, 64, ...; the workgroup's 8 groups of 32 lanes take tiles g, g + 8,
-// g + 16, ... Lane j of a group scores key j of its tile (a fused multiply-add chain over
-// head_dim, times `scale`). Every lane of the group then walks the tile's scores in key order:
-// the tile's max (a chain of max), the group's running max m, the rescale of its running sum l
-// and outputs by exp(m_old - m), and for each key e = exp(s - m), l += e, o += e * v (lane j owns
-// value pairs j, j + 32, ...). At the end the 8 groups' (m, l, o) are merged in group order 0..7
-// with exp(m_g - max_g m_g). The key split is inside the workgroup, so no scratch buffer and no
-// second dispatch are needed; the 8 groups load keys and values concurrently, which hides memory
-// latency in decode. attention_one's own key and value (position POS[t]) are used as computed,
+// any chunking, or next to other sequences, split or not, and in either kernel): keys are cut into
+// tiles of 32 at absolute positions 0, 32, 64, ...; chunk c holds tiles 8c .. 8c + 7, and group g
+// of the workgroup takes tile 8c + g. Lane j of a group scores key j of its tile (a fused
+// multiply-add chain over head_dim, times `scale`). Every lane of the group then walks the tile's
+// scores in key order: the tile's max m (a chain of max), and for each key e = exp(s - m),
+// l += e, o += e * v (lane j owns value pairs j, j + 32, ...). The 8 groups' (m, l, o) are merged
+// in group order 0..7 with exp(m_g - max_g m_g) into the chunk's partial, and the chunks'
+// partials are folded in chunk order (attention_part.wgsl `fold`); the result is o / l. The 8
+// groups load keys and values concurrently, and in decode the chunks run in parallel workgroups,
+// which hides memory latency. attention_one's own key and value (position POS[t]) are used as computed,
 // rounded as the cache holds them, and never read back from the cache: the other workgroups of
 // the KV group would race with the one that stores them.
-// A sliding window keeps the same tiles: tiles that end before the window's first key k0 are
-// skipped, and in the tile holding k0 the keys before it score -inf (exp gives exactly 0 for them,
-// since the tile's max is that of a key inside the window), so the arithmetic over the window's
-// keys does not depend on the keys outside it.
-
-@group(0) @binding(0) var<uniform> p: SeqP;
-@group(0) @binding(4) var<storage, read> POS: array<u32>;
-@group(0) @binding(5) var<storage, read_write> O: array<f32>;
+// A sliding window keeps the same tiles and chunks: chunks and tiles that end before the window's
+// first key k0 are skipped, and in the tile holding k0 the keys before it score -inf (exp gives
+// exactly 0 for them, since the tile's max is that of a key inside the window), so the arithmetic
+// over the window's keys does not depend on the keys outside it.
 
 const G: u32 = 8u;   // groups per workgroup
 const L: u32 = 32u;  // lanes per group = keys per tile
-const NEG: f32 = -3.0e38; // stands for -infinity (WGSL may assume no infinities)
 
 // [head_dim] the query
 var<workgroup> qv: array<f32, 256>;
-// [G][L] scores of each group's current tile
-var<workgroup> sc: array<f32, 256>;
-// [G][256] each group's unnormalized output
+// [G][256] each group's unnormalized output over its tile
 var<workgroup> go: array<f32, 2048>;
-// [G] each group's running max and sum
+// [G] each group's max and sum over its tile
 var<workgroup> gm: array<f32, 8>;
 var<workgroup> gl: array<f32, 8>;
-// key count, shared so that loop bounds are workgroup-uniform
-var<workgroup> nkeys: u32;
+// which chunk this workgroup takes (split dispatch; 0 otherwise)
+var<private> chunk_z: u32;
 
 // q · 8 key values (f16 pairs in w, or f32 bits in w0, w1) for elements d .. d + 7 of q,
 // continuing `acc`: one fused multiply-add per element, in element order.
@@ -191,39 +189,44 @@ fn v_pair(e: u32) -> vec2<f32> {
 }
 
 @compute @workgroup_size(256)
-fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec3<u32>) {
+fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let h = wg.x;
-    let t = p.t0 + wg.y;
+    // split: one token, one workgroup per (head, chunk): the grid's y is the chunk count
+    let split = nwg.y > p.n_tok;
+    var t = p.t0 + wg.y;
+    if (split) {
+        t = p.t0;
+        chunk_z = wg.y;
+    }
     let hd = p.head_dim;
     let g = li / L;
     let lane = li % L;
     let kvh = h / (p.n_head / p.n_kv_head);
     load_query(h, t, kvh, li);
-    if (li == 0u) {
-        nkeys = POS[t] + 1u;
-    }
     workgroupBarrier();
-    let n_keys = workgroupUniformLoad(&nkeys);
-    // first key inside the sliding window (0 without one)
-    var k0 = 0u;
-    if (p.window != 0u && n_keys > p.window) {
-        k0 = n_keys - p.window;
+    let kr = key_range(t, li);
+    let n_keys = kr.x;
+    let k0 = kr.y;
+    var c = kr.z;
+    var c_end = kr.w;
+    if (split) {
+        if (chunk_z < c || chunk_z >= c_end) {
+            return;
+        }
+        c = chunk_z;
+        c_end = chunk_z + 1u;
     }
-    let iters = ((n_keys + L - 1u) / L + G - 1u) / G;
     let kv0 = kvh * p.capacity;
     let npairs = hd / 2u;
     // value pairs lane, lane + 32, lane + 64, lane + 96 (head_dim <= 256)
     let has1 = lane + 32u < npairs;
     let has2 = lane + 64u < npairs;
     let has3 = lane + 96u < npairs;
-    var m = NEG;
-    var l = 0.0;
-    var o0 = vec2<f32>(0.0);
-    var o1 = vec2<f32>(0.0);
-    var o2 = vec2<f32>(0.0);
-    var o3 = vec2<f32>(0.0);
-    for (var it = 0u; it < iters; it++) {
-        let start = (it * G + g) * L;
+    // thread li < head_dim: element li of the partial of the chunks so far (attention_part.wgsl)
+    var run = Part(NEG, 0.0, 0.0);
+    for (; c < c_end; c++) {
+        // group g: tile g of chunk c
+        let start = c * C + g * L;
         let j = start + lane;
         var s = NEG;
         if (j < n_keys && j >= k0) {
@@ -231,6 +234,12 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec
         }
         sc[li] = s;
         workgroupBarrier();
+        var m = NEG;
+        var l = 0.0;
+        var o0 = vec2<f32>(0.0);
+        var o1 = vec2<f32>(0.0);
+        var o2 = vec2<f32>(0.0);
+        var o3 = vec2<f32>(0.0);
         if (start < n_keys && start + L > k0) {
             let nk = min(L, n_keys - start);
             let sb = g * L;
@@ -240,26 +249,19 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec
             for (; jm + 4u <= nk; jm += 4u) {
                 t4 = max(t4, vec4<f32>(sc[sb + jm], sc[sb + jm + 1u], sc[sb + jm + 2u], sc[sb + jm + 3u]));
             }
-            var tm = max(max(t4.x, t4.y), max(t4.z, t4.w));
+            m = max(max(t4.x, t4.y), max(t4.z, t4.w));
             for (; jm < nk; jm++) {
-                tm = max(tm, sc[sb + jm]);
+                m = max(m, sc[sb + jm]);
             }
-            let m_new = max(m, tm);
-            let corr = exp(m - m_new);
-            l = l * corr;
-            o0 = o0 * corr;
-            o1 = o1 * corr;
-            o2 = o2 * corr;
-            o3 = o3 * corr;
             let vb = (kv0 + start) * hd + 2u * lane;
             // Sixteen (then four, then one) keys at a time so that their loads issue together;
             // the additions keep key order.
             var jj = 0u;
             for (; jj + 16u <= nk; jj += 16u) {
-                let ea = exp4(sb + jj, m_new);
-                let eb = exp4(sb + jj + 4u, m_new);
-                let ec = exp4(sb + jj + 8u, m_new);
-                let ed = exp4(sb + jj + 12u, m_new);
+                let ea = exp4(sb + jj, m);
+                let eb = exp4(sb + jj + 4u, m);
+                let ec = exp4(sb + jj + 8u, m);
+                let ed = exp4(sb + jj + 12u, m);
                 l = sum4(sum4(sum4(sum4(l, ea), eb), ec), ed);
                 let r = vb + jj * hd;
                 o0 = acc16(o0, r, hd, ea, eb, ec, ed);
@@ -274,7 +276,7 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec
                 }
             }
             for (; jj + 4u <= nk; jj += 4u) {
-                let e = exp4(sb + jj, m_new);
+                let e = exp4(sb + jj, m);
                 l = sum4(l, e);
                 let r = vb + jj * hd;
                 o0 = acc4(o0, r, hd, e);
@@ -289,7 +291,7 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec
                 }
             }
             for (; jj < nk; jj++) {
-                let e = exp(sc[sb + jj] - m_new);
+                let e = exp(sc[sb + jj] - m);
                 l = l + e;
                 let r = vb + jj * hd;
                 o0 = fma(vec2<f32>(e), value(r), o0);
@@ -303,77 +305,56 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec
                     o3 = fma(vec2<f32>(e), value(r + 192u), o3);
                 }
             }
-            m = m_new;
+        }
+        let gb = g * 256u + 2u * lane;
+        if (lane < npairs) {
+            go[gb] = o0.x;
+            go[gb + 1u] = o0.y;
+        }
+        if (has1) {
+            go[gb + 64u] = o1.x;
+            go[gb + 65u] = o1.y;
+        }
+        if (has2) {
+            go[gb + 128u] = o2.x;
+            go[gb + 129u] = o2.y;
+        }
+        if (has3) {
+            go[gb + 192u] = o3.x;
+            go[gb + 193u] = o3.y;
+        }
+        if (lane == 0u) {
+            gm[g] = m;
+            gl[g] = l;
         }
         workgroupBarrier();
-    }
-    let gb = g * 256u + 2u * lane;
-    if (lane < npairs) {
-        go[gb] = o0.x;
-        go[gb + 1u] = o0.y;
-    }
-    if (has1) {
-        go[gb + 64u] = o1.x;
-        go[gb + 65u] = o1.y;
-    }
-    if (has2) {
-        go[gb + 128u] = o2.x;
-        go[gb + 129u] = o2.y;
-    }
-    if (has3) {
-        go[gb + 192u] = o3.x;
-        go[gb + 193u] = o3.y;
-    }
-    if (lane == 0u) {
-        gm[g] = m;
-        gl[g] = l;
-    }
-    workgroupBarrier();
-    let width = p.n_head * hd;
-    let ooff = (t * p.n_head + h) * hd;
-    for (var d = li; d < hd; d += 256u) {
-        var mx = NEG;
-        for (var k = 0u; k < G; k++) {
-            mx = max(mx, gm[k]);
-        }
-        var sum = 0.0;
-        var acc = 0.0;
-        for (var k = 0u; k < G; k++) {
-            let c = exp(gm[k] - mx);
-            sum = fma(gl[k], c, sum);
-            acc = fma(go[k * 256u + d], c, acc);
-        }
-        var r = 0.0;
-        if (sum > 0.0) {
-            r = acc / sum;
-        }
-        var o = ooff + d;
-        if (p.swizzle != 0u) {
-            let e = h * hd + d;
-            o = t * width + (((e >> 2u) & 7u) * (width >> 5u) + (e >> 5u)) * 4u + (e & 3u);
-        }
-        O[o] = r;
-        sc[d] = r;
-    }
-    if (p.q8_out != 0u) {
-        // the head's values as 4 values per thread, 8 threads per block of 32 (q8_coop)
-        workgroupBarrier();
-        let nv = hd / 4u;
-        let live = li < nv;
-        var v = vec4<f32>(0.0);
-        if (live) {
-            v = vec4<f32>(sc[4u * li], sc[4u * li + 1u], sc[4u * li + 2u], sc[4u * li + 3u]);
-        }
-        let q = q8_coop(li, v);
-        if (live) {
-            let nc = width / 32u;
-            let b = h * hd / 32u + li / 8u;
-            let k = li % 8u;
-            let base = t * 3u * nc;
-            Q8O[base + 2u * b + k / 4u][k % 4u] = q.word;
-            if (k == 0u) {
-                Q8O[base + 2u * nc + b] = q.sums;
+        // the chunk's partial: the 8 groups' merged in group order with exp(m_g - max_g m_g)
+        if (li < hd) {
+            var mx = NEG;
+            for (var k = 0u; k < G; k++) {
+                mx = max(mx, gm[k]);
+            }
+            var sum = 0.0;
+            var acc = 0.0;
+            for (var k = 0u; k < G; k++) {
+                let f = exp(gm[k] - mx);
+                sum = fma(gl[k], f, sum);
+                acc = fma(go[k * 256u + li], f, acc);
+            }
+            if (split) {
+                let b = (h * ((p.capacity + C - 1u) / C) + c) * (hd + 2u);
+                if (li == 0u) {
+                    S[b] = mx;
+                    S[b + 1u] = sum;
+                }
+                S[b + 2u + li] = acc;
+            } else {
+                run = fold(run, Part(mx, sum, acc));
             }
         }
     }
+    if (split) {
+        return;
+    }
+    finish(h, t, li, run);
 }

@@ -5,6 +5,7 @@
 @group(0) @binding(2) var<storage, read> KC: array<vec4<u32>>;
 @group(0) @binding(3) var<storage, read> VC: array<u32>;
 @group(0) @binding(6) var<storage, read_write> Q8O: array<vec4<u32>>;
+@group(0) @binding(7) var<storage, read_write> S: array<f32>;
 
 fn load_query(h: u32, t: u32, kvh: u32, li: u32) {
     let qoff = t * p.q_stride + h * p.head_dim;

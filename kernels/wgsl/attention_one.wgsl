@@ -13,6 +13,7 @@
 @group(0) @binding(3) var<storage, read_write> VC: array<u32>;
 @group(0) @binding(6) var<storage, read> CS: array<f32>;
 @group(0) @binding(7) var<storage, read_write> Q8O: array<vec4<u32>>;
+@group(0) @binding(8) var<storage, read_write> S: array<f32>;
 
 // [head_dim] the token's key and value of this KV head, as the cache holds them
 var<workgroup> kown: array<f32, 256>;
@@ -38,7 +39,8 @@ fn load_query(h: u32, t: u32, kvh: u32, li: u32) {
     var k = rope_pair(X[kx], X[kx + 1u], c, s);
     let vx = row + (p.n_head + p.n_kv_head + kvh) * hd;
     var v = vec2<f32>(X[vx], X[vx + 1u]);
-    let writer = h % (p.n_head / p.n_kv_head) == 0u;
+    // one writer per KV head: the group's first query head (its chunk 0 when split)
+    let writer = h % (p.n_head / p.n_kv_head) == 0u && chunk_z == 0u;
     let e = own + d;
     if (p.kv_f16 != 0u) {
         let kw = pack2x16float(k);

@@ -208,6 +208,8 @@ impl WgpuBackend {
             Arg::Zeroed((a.out.len() * 4) as u64),
             // Q8 output, unused (q8_out = 0)
             Arg::Zeroed(16),
+            // chunk partials, unused (one workgroup per (head, token) walks every chunk)
+            Arg::Zeroed(16),
         ];
         self.run(&self.ctx.kernels.attention, &params, &args, (a.n_head as u32, n as u32), 4, a.out)
     }

@@ -122,6 +122,8 @@ pub(crate) struct Kernels {
     pub attention: Kernel,
     /// attention of a sequence's one token with its RoPE and KV store (layer runner, decode)
     pub attention_one: Kernel,
+    /// folds the chunk partials of a one-token attention split over chunks (attention_merge.wgsl)
+    pub attention_merge: Kernel,
     /// SiLU(gate)·up (silu_mul.wgsl)
     pub silu_mul: Kernel,
     /// residual add in place (add.wgsl)
@@ -154,6 +156,8 @@ pub struct WgpuContext {
     pub(crate) stage: bool,
     /// [`WgpuOptions::attention_one`]
     pub(crate) attention_one: bool,
+    /// [`WgpuOptions::attention_split`]
+    pub(crate) attention_split: bool,
     /// [`WgpuOptions::submit_layers`]
     pub(crate) submit_layers: usize,
     /// [`WgpuOptions::spin_us`]
@@ -232,7 +236,8 @@ fn q8dot_source(ty: GgmlType) -> Option<String> {
 }
 const PACKED: &str = include_str!("../../../kernels/wgsl/packed.wgsl");
 const ROPE_PAIR: &str = include_str!("../../../kernels/wgsl/rope_pair.wgsl");
-const ATTENTION: &str = concat!(include_str!("../../../kernels/wgsl/seq_params.wgsl"), "\n", include_str!("../../../kernels/wgsl/attention.wgsl"));
+const ATTENTION_PART: &str = concat!(include_str!("../../../kernels/wgsl/seq_params.wgsl"), "\n", include_str!("../../../kernels/wgsl/attention_part.wgsl"));
+const ATTENTION: &str = concat!(include_str!("../../../kernels/wgsl/seq_params.wgsl"), "\n", include_str!("../../../kernels/wgsl/attention_part.wgsl"), "\n", include_str!("../../../kernels/wgsl/attention.wgsl"));
 /// The sequence parameters and `kv_put` (rope_store.wgsl, mv_y_rope.wgsl).
 const SEQ_KV_PUT: &str = concat!(include_str!("../../../kernels/wgsl/seq_params.wgsl"), "\n", include_str!("../../../kernels/wgsl/kv_put.wgsl"));
 
@@ -357,6 +362,7 @@ impl WgpuContext {
             q8: opts.q8,
             stage: opts.stage,
             attention_one: opts.attention_one,
+            attention_split: opts.attention_split,
             submit_layers: opts.submit_layers,
             qkv_rope: opts.qkv_rope,
             spin: std::time::Duration::from_micros(opts.spin_us),
@@ -683,12 +689,17 @@ fn build_kernels(device: &wgpu::Device, lanes: u32, decode: DecodePlan, subgroup
         attention: k(
             "attention",
             format!("{Q8_ACT}\n{}\n{ATTENTION}", include_str!("../../../kernels/wgsl/attention_cached.wgsl")),
-            &[B::UniformDyn, B::Read, B::Read, B::Read, B::Read, B::Rw, B::Rw],
+            &[B::UniformDyn, B::Read, B::Read, B::Read, B::Read, B::Rw, B::Rw, B::Rw],
         )?,
         attention_one: k(
             "attention_one",
             format!("{Q8_ACT}\n{ROPE_PAIR}\n{}\n{ATTENTION}", include_str!("../../../kernels/wgsl/attention_one.wgsl")),
-            &[B::UniformDyn, B::Read, B::Rw, B::Rw, B::Read, B::Rw, B::Read, B::Rw],
+            &[B::UniformDyn, B::Read, B::Rw, B::Rw, B::Read, B::Rw, B::Read, B::Rw, B::Rw],
+        )?,
+        attention_merge: k(
+            "attention_merge",
+            format!("{Q8_ACT}\n{ATTENTION_PART}\n{}", include_str!("../../../kernels/wgsl/attention_merge.wgsl")),
+            &[B::UniformDyn, B::Read, B::Read, B::Read, B::Read, B::Rw, B::Rw],
         )?,
         rope_store: k(
             "rope_store",

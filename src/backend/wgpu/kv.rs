@@ -6,7 +6,10 @@
 //! queries and keys, keys and values into the cache) then attention; with
 //! `WgpuOptions::attention_one` (off by default: slower on the H100) a sequence of one token gets
 //! one dispatch, attention_one, which does its RoPE and KV store itself (same bits,
-//! attention.wgsl's header).
+//! attention.wgsl's header). A sequence of one token whose cache holds more than one chunk of 256
+//! keys has its attention split over the chunks (one workgroup per query head and chunk, the
+//! partials in the cache's `partials` buffer), then attention_merge.wgsl folds them
+//! (`WgpuOptions::attention_split`, same bits).
 //!
 //! The cached length lives with the caller (the engine's `KvCache`): truncating is forgetting
 //! positions, and [`GpuKv::copy_prefix_from`] copies positions between two caches on the GPU
@@ -71,16 +74,20 @@ pub struct GpuKv {
     pub(crate) owner: u64,
     /// positions each layer's cache holds per KV head
     pub(crate) capacity: usize,
+    n_head: usize,
     n_kv_head: usize,
     head_dim: usize,
+    /// the chunk partials of a one-token attention split over chunks (attention_part.wgsl's S:
+    /// [n_head, chunks(capacity), head_dim + 2] f32), shared by the layers (their dispatches run in order)
+    partials: wgpu::Buffer,
     /// bytes per value: 2 (f16) or 4
     elem: usize,
     /// per layer of the stack: [n_kv_head, capacity, head_dim]
     k: Vec<wgpu::Buffer>,
     v: Vec<wgpu::Buffer>,
-    /// (activations id, per layer [rope_store, attention, attention_one] bind groups and the
-    /// one-token q|k|v + RoPE matmul's, where the plan has it)
-    binds: Option<(u64, Vec<([wgpu::BindGroup; 3], Option<wgpu::BindGroup>)>)>,
+    /// (activations id, per layer [rope_store, attention, attention_one, attention_merge] bind
+    /// groups and the one-token q|k|v + RoPE matmul's, where the plan has it)
+    binds: Option<(u64, Vec<([wgpu::BindGroup; 4], Option<wgpu::BindGroup>)>)>,
 }
 
 impl GpuKv {
@@ -93,7 +100,8 @@ impl GpuKv {
             k.push(ctx.storage("k_cache", bytes)?);
             v.push(ctx.storage("v_cache", bytes)?);
         }
-        Ok(GpuKv { id: next_id(), ctx, owner, capacity, n_kv_head: c.n_head_kv, head_dim: c.head_dim, elem, k, v, binds: None })
+        let partials = ctx.storage("attention_partials", partials_bytes(c.n_head, capacity, c.head_dim))?;
+        Ok(GpuKv { id: next_id(), ctx, owner, capacity, n_head: c.n_head, n_kv_head: c.n_head_kv, head_dim: c.head_dim, partials, elem, k, v, binds: None })
     }
 
     /// A cache of `capacity` positions shaped like `other` (same stack, same precision).
@@ -105,7 +113,8 @@ impl GpuKv {
             k.push(other.ctx.storage("k_cache", bytes)?);
             v.push(other.ctx.storage("v_cache", bytes)?);
         }
-        Ok(GpuKv { id: next_id(), ctx: other.ctx.clone(), owner: other.owner, capacity, k, v, binds: None, ..*other })
+        let partials = other.ctx.storage("attention_partials", partials_bytes(other.n_head, capacity, other.head_dim))?;
+        Ok(GpuKv { id: next_id(), ctx: other.ctx.clone(), owner: other.owner, capacity, k, v, partials, binds: None, ..*other })
     }
 
     /// Bytes of GPU memory held.
@@ -143,7 +152,7 @@ impl GpuKv {
         if self.binds.as_ref().is_some_and(|(id, _)| *id == b.id) {
             return Ok(());
         }
-        let (qkv, att, pos, params, xq) = (b.qkv, b.att, b.pos, b.params, b.xq);
+        let (qkv, att, pos, params, xq, s) = (b.qkv, b.att, b.pos, b.params, b.xq, &self.partials);
         let k = &self.ctx.kernels;
         let p = (params, 0, Some(PARAM_WINDOW));
         let binds = self
@@ -161,11 +170,12 @@ impl GpuKv {
                 });
                 let groups = [
                     self.ctx.bind(&k.rope_store, &[p, (qkv, 0, None), (rope, 0, None), (pos, 0, None), (kc, 0, None), (vc, 0, None)]),
-                    self.ctx.bind(&k.attention, &[p, (qkv, 0, None), (kc, 0, None), (vc, 0, None), (pos, 0, None), (att, 0, None), (xq, 0, None)]),
+                    self.ctx.bind(&k.attention, &[p, (qkv, 0, None), (kc, 0, None), (vc, 0, None), (pos, 0, None), (att, 0, None), (xq, 0, None), (s, 0, None)]),
                     self.ctx.bind(
                         &k.attention_one,
-                        &[p, (qkv, 0, None), (kc, 0, None), (vc, 0, None), (pos, 0, None), (att, 0, None), (rope, 0, None), (xq, 0, None)],
+                        &[p, (qkv, 0, None), (kc, 0, None), (vc, 0, None), (pos, 0, None), (att, 0, None), (rope, 0, None), (xq, 0, None), (s, 0, None)],
                     ),
+                    self.ctx.bind(&k.attention_merge, &[p, (s, 0, None), (kc, 0, None), (vc, 0, None), (pos, 0, None), (att, 0, None), (xq, 0, None)]),
                 ];
                 (groups, qkv_rope)
             })
@@ -174,7 +184,7 @@ impl GpuKv {
         self.ctx.check()
     }
 
-    /// Bind group `which` (0: rope_store, 1: attention, 2: attention_one) of layer `li` of the
+    /// Bind group `which` (0: rope_store, 1: attention, 2: attention_one, 3: attention_merge) of layer `li` of the
     /// stack; only after [`bind_for`](Self::bind_for).
     fn bind(&self, li: usize, which: usize) -> &wgpu::BindGroup {
         match &self.binds {
@@ -217,18 +227,43 @@ pub(super) fn gpu_kv<'s>(s: &'s SeqSpan<'_>) -> &'s GpuKv {
     }
 }
 
+/// Keys per chunk of attention.wgsl (attention_part.wgsl's C).
+const ATTENTION_CHUNK: usize = 256;
+
+/// Bytes of a cache's attention partials buffer (attention_part.wgsl's S).
+fn partials_bytes(n_head: usize, capacity: usize, head_dim: usize) -> u64 {
+    (n_head * capacity.div_ceil(ATTENTION_CHUNK) * (head_dim + 2) * 4) as u64
+}
+
+/// Chunks a sequence's attention is split over (one workgroup per query head and chunk, then
+/// attention_merge.wgsl): a sequence of one token when `split` (`WgpuContext::attention_split`)
+/// whose cache holds more than one chunk; else 1 (one workgroup per query head and token walks
+/// every chunk). The grid covers the cache's capacity, so that a step recorded ahead stays valid
+/// as the sequence grows: workgroups past the token's keys return at once.
+fn split_chunks(split: bool, s: &SeqSpan<'_>) -> usize {
+    let chunks = gpu_kv(s).capacity.div_ceil(ATTENTION_CHUNK);
+    if split && s.n_tok == 1 && chunks > 1 {
+        chunks
+    } else {
+        1
+    }
+}
+
 /// Dispatches per layer of the sequences of a step (see [`record_seqs`]).
-pub(crate) fn seq_dispatches(seqs: &[SeqSpan<'_>], one: bool) -> usize {
-    seqs.iter().map(|s| if one && s.n_tok == 1 { 1 } else { 2 }).sum()
+pub(crate) fn seq_dispatches(seqs: &[SeqSpan<'_>], one: bool, split: bool) -> usize {
+    seqs.iter().map(|s| usize::from(!(one && s.n_tok == 1)) + 1 + usize::from(split_chunks(split, s) > 1)).sum()
 }
 
 /// Hands the per-sequence dispatches of layer `li` of a step to `emit` in order: (label, pipeline,
 /// bind group, the sequence's index = its parameter slot, grid). First rope_store for each
 /// sequence of several tokens (none when `roped`: the q|k|v matmul did it), then each sequence's
 /// attention: attention_one for a sequence of one token when `one` (`WgpuContext::attention_one`),
-/// which does what rope_store would.
+/// which does what rope_store would; split over chunks of keys when `split` allows
+/// ([`split_chunks`]), followed by attention_merge.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn record_seqs<'a>(
     one: bool,
+    split: bool,
     roped: bool,
     k: &'a Kernels,
     c: &LayerShape,
@@ -242,10 +277,15 @@ pub(crate) fn record_seqs<'a>(
         emit("rope + kv store", &k.rope_store.pipeline, gpu_kv(s).bind(li, 0), i, grid);
     }
     for (i, s) in seqs.iter().enumerate() {
-        let grid = (c.n_head as u32, s.n_tok as u32);
+        // attention.wgsl: a grid taller than the sequence's tokens is the split (one token)
+        let chunks = split_chunks(split, s);
+        let grid = (c.n_head as u32, (s.n_tok * chunks) as u32);
         match single(s) {
             true => emit("attention + rope + kv store", &k.attention_one.pipeline, gpu_kv(s).bind(li, 2), i, grid),
             false => emit("attention", &k.attention.pipeline, gpu_kv(s).bind(li, 1), i, grid),
+        }
+        if chunks > 1 {
+            emit("attention merge", &k.attention_merge.pipeline, gpu_kv(s).bind(li, 3), i, (c.n_head as u32, 1));
         }
     }
 }

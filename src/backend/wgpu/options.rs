@@ -47,6 +47,12 @@ pub struct WgpuOptions {
     /// attention: one dispatch instead of two). Off by default: slower on the H100 (tg128 504-537
     /// vs 576-593 t/s, 1.1B model, in docs/perf.md's history). Same bits. `$FORGE_WGPU_ATTN_ONE=1`.
     pub attention_one: bool,
+    /// A sequence of one token splits its attention over chunks of 256 keys, one workgroup per
+    /// (query head, chunk), then folds the chunks' partials in a second dispatch
+    /// (attention_merge.wgsl); off: one workgroup per head walks the chunks (as prefill does).
+    /// H100, tg128@d1024: SmolLM2-shaped 729-740 vs 579-598 t/s, 1.1B 741-790 vs 632-663 (main's
+    /// single walk, docs/perf.md). Same bits. `$FORGE_WGPU_ATTN_SPLIT=0`.
+    pub attention_split: bool,
     /// The layer runner multiplies Q4_0 / Q4_1 / Q8_0 weights by activations quantized to 8 bits
     /// with integer dot products, as the CPU does (plan.rs); `false`: f32 activations and the
     /// dequantizing kernels, for comparisons (other bits). `$FORGE_WGPU_Q8=0`.
@@ -80,6 +86,7 @@ impl Default for WgpuOptions {
             matmul_lanes: None,
             decode_kernels: None,
             attention_one: false,
+            attention_split: true,
             q8: true,
             stage: true,
             qkv_rope: true,
@@ -131,6 +138,7 @@ impl WgpuOptions {
             });
         }
         o.attention_one = flag("FORGE_WGPU_ATTN_ONE")?.unwrap_or(o.attention_one);
+        o.attention_split = flag("FORGE_WGPU_ATTN_SPLIT")?.unwrap_or(o.attention_split);
         o.q8 = flag("FORGE_WGPU_Q8")?.unwrap_or(o.q8);
         o.stage = flag("FORGE_WGPU_STAGE")?.unwrap_or(o.stage);
         o.qkv_rope = flag("FORGE_WGPU_QKV_ROPE")?.unwrap_or(o.qkv_rope);
@@ -158,6 +166,7 @@ impl WgpuOptions {
             ("decode unfused", with(|o| o.decode_kernels = Some(DecodePlan::Unfused))),
             ("decode fused", with(|o| o.decode_kernels = Some(DecodePlan::Fused))),
             ("attention_one", with(|o| o.attention_one = !o.attention_one)),
+            ("attention split", with(|o| o.attention_split = !o.attention_split)),
             ("stage", with(|o| o.stage = !o.stage)),
             ("qkv_rope", with(|o| o.qkv_rope = !o.qkv_rope)),
             ("subgroups", with(|o| o.subgroups = !o.subgroups)),

@@ -255,8 +255,21 @@ fn batch_invariance_on(gpu: WgpuBackend) {
 
 /// Runs `hidden` through a fresh runner in chunks of the given sizes; returns the outputs.
 fn run_chunks(ctx: &Arc<WgpuContext>, model: &crate::engine::Model, layers: std::ops::Range<usize>, kv: KvPrecision, hidden: &[f32], chunks: &[usize]) -> Vec<f32> {
+    run_chunks_in(ctx, model, layers, kv, hidden, chunks, 64)
+}
+
+/// [`run_chunks`] with a cache of `capacity` positions.
+fn run_chunks_in(
+    ctx: &Arc<WgpuContext>,
+    model: &crate::engine::Model,
+    layers: std::ops::Range<usize>,
+    kv: KvPrecision,
+    hidden: &[f32],
+    chunks: &[usize],
+    capacity: usize,
+) -> Vec<f32> {
     let e = model.config.n_embd;
-    let mut l = WgpuLayers::with_kv(ctx.clone(), model, layers, 16, 64, kv).expect("layers");
+    let mut l = WgpuLayers::with_kv(ctx.clone(), model, layers, 16, capacity, kv).expect("layers");
     let mut out = hidden.to_vec();
     let mut at = 0;
     for &c in chunks {
@@ -323,6 +336,42 @@ fn decode_equals_prefill_of(ctx: &Arc<WgpuContext>, ty: GgmlType) {
     }
 }
 
+/// Decode past one chunk of 256 keys (attention split over chunks, one workgroup per head and
+/// chunk, then attention_merge.wgsl) equals the prefill (one workgroup per head and token walking
+/// the chunks), on tiny_shape and on the synthetic Gemma 3 (sliding window 8: the decoded
+/// tokens' windows skip chunk 0 from position 263 on). Positions 262..=269 are decoded.
+#[test]
+fn wgpu_split_attention_decode_equals_prefill() {
+    use crate::gguf::synth::{SynthArch, SynthShape};
+    let _gpu = gpu_lock();
+    if contexts().is_empty() {
+        return eprintln!("skipped: no wgpu adapter");
+    }
+    let dir = tempfile::tempdir().expect("tmp");
+    for (name, shape) in [("tiny", SynthShape { context: 512, ..tiny_shape() }), ("gemma3", SynthShape::small(SynthArch::Gemma3))] {
+        let path = dir.path().join(format!("{name}.gguf"));
+        write_synth_model(&shape, GgmlType::Q8_0, 3, None, &path, |_| {}).expect("synth");
+        let model = crate::engine::Model::load(&path, Arc::new(CpuBackend::new(1).expect("pool"))).expect("load");
+        let (n, e, nl) = (270, model.config.n_embd, model.config.n_layer);
+        let hidden = uniform(31, n * e);
+        let mut prefill_chunks = vec![16; n / 16];
+        prefill_chunks.push(n % 16);
+        let mut decode_chunks = vec![16; 16];
+        decode_chunks.extend([6]);
+        decode_chunks.extend([1; 8]);
+        // the default context, and the one with attention_one (its own split path) where it applies
+        let ctxs = contexts();
+        let pick: Vec<&Arc<WgpuContext>> = ctxs.iter().enumerate().filter(|(i, c)| *i == 0 || (c.attention_one && name == "tiny")).map(|(_, c)| c).collect();
+        for ctx in pick {
+            assert!(ctx.attention_split);
+            let prefill = run_chunks_in(ctx, &model, 0..nl, KvPrecision::F16, &hidden, &prefill_chunks, 300);
+            assert!(prefill.iter().all(|v| v.is_finite()));
+            let decoded = run_chunks_in(ctx, &model, 0..nl, KvPrecision::F16, &hidden, &decode_chunks, 300);
+            assert!(decoded.iter().zip(&prefill).all(|(a, b)| a.to_bits() == b.to_bits()), "{name}: split decode past 256 keys differs from the prefill");
+        }
+    }
+}
+
 /// Every option documented "same bits" (`WgpuOptions::bit_neutral_variants`), flipped one at a
 /// time from the GPUs' default plan (32 lanes, one-token kernels on), leaves the layer runner's
 /// output bitwise as it was: prefill, then one-token steps (the first one recorded as it goes,
@@ -370,6 +419,7 @@ fn options_from_the_environment() {
         ("FORGE_WGPU_MATMUL_LANES", "64"),
         ("FORGE_WGPU_DECODE", "shared"),
         ("FORGE_WGPU_ATTN_ONE", "1"),
+        ("FORGE_WGPU_ATTN_SPLIT", "0"),
         ("FORGE_WGPU_Q8", "0"),
         ("FORGE_WGPU_STAGE", "0"),
         ("FORGE_WGPU_QKV_ROPE", "0"),
@@ -383,6 +433,7 @@ fn options_from_the_environment() {
         matmul_lanes: Some(64),
         decode_kernels: Some(DecodePlan::Fused),
         attention_one: true,
+        attention_split: false,
         q8: false,
         stage: false,
         qkv_rope: false,

@@ -261,7 +261,7 @@ impl GpuLayers {
         wall: Instant,
     ) -> Result<Option<Vec<(&'static str, f64)>>, WgpuError> {
         let ctx = &self.ctx;
-        let n_dispatch = act.layers.iter().map(|l| l.lists(n).0.len() + l.lists(n).1.len()).sum::<usize>() + self.gpu.len() * seq_dispatches(seqs, self.attention_one());
+        let n_dispatch = act.layers.iter().map(|l| l.lists(n).0.len() + l.lists(n).1.len()).sum::<usize>() + self.gpu.len() * seq_dispatches(seqs, self.attention_one(), self.ctx.attention_split);
         let n_queries = if prof == Prof::Span { 2 } else { 2 * n_dispatch as u32 };
         let qs = ctx.device.create_query_set(&wgpu::QuerySetDescriptor { label: Some("profile"), ty: wgpu::QueryType::Timestamp, count: n_queries });
         let mut labels: Vec<&'static str> = Vec::new();
@@ -352,7 +352,7 @@ impl GpuLayers {
             if let Some((i, q, bind)) = rope {
                 emit("norm + matvec qkv + rope + kv store", &q.kernel.pipeline, bind, Some(seq_offset(i)), self.grid_of(q.step, 1));
             }
-            record_seqs(self.attention_one(), rope.is_some(), &self.ctx.kernels, &self.config, seqs, li, |label, pipeline, bind, i, grid| emit(label, pipeline, bind, Some(seq_offset(i)), grid));
+            record_seqs(self.attention_one(), self.ctx.attention_split, rope.is_some(), &self.ctx.kernels, &self.config, seqs, li, |label, pipeline, bind, i, grid| emit(label, pipeline, bind, Some(seq_offset(i)), grid));
             for d in post {
                 emit(d.label, &d.pipeline, &d.bind, None, self.grid_of(d.step, n));
             }
