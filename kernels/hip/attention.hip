@@ -14,96 +14,77 @@
 #define FC_ATT_MAX_HD 256
 
 // q rows: qkv [n_tok, q_stride] with head h at h*hd; part: [n_tok, n_head, max_chunks, hd + 2].
-// Grid (max_chunks, n_head / hpb, n_tok), FC_ATT_THREADS threads; hd in {32, 64, 128, 256}. A CTA
-// does hpb heads of one KV head (hpb divides n_head / n_kv) one after another, each exactly as
-// alone: in prefill they share the chunk's keys and values through L1 instead of each CTA
-// fetching them from L2; decode keeps hpb = 1 (more CTAs for its one token).
-template <bool ONE>
-FC_DEV void attn_partial_body(const float* qkv, int q_stride, int n_head, int n_kv, int hd, float scale,
-                              const TokInfo* tok, int layer, float* part, int max_chunks, int hpb) {
+// Grid (max_chunks, n_head, n_tok), FC_ATT_THREADS threads; hd in {32, 64, 128, 256}.
+extern "C" __global__ void attn_partial(const float* qkv, int q_stride, int n_head, int n_kv, int hd, float scale,
+                                        const TokInfo* tok, int layer, float* part, int max_chunks) {
     __shared__ float q[FC_ATT_MAX_HD];
     __shared__ float p[FC_ATT_CH];
     __shared__ float scratch[FC_ATT_THREADS / 32];
     __shared__ float opart[FC_ATT_THREADS * 8];
-    const int c = blockIdx.x, t = blockIdx.z, tid = threadIdx.x;
+    const int c = blockIdx.x, h = blockIdx.y, t = blockIdx.z, tid = threadIdx.x;
     const TokInfo ti = tok[t];
     const int k0 = c * FC_ATT_CH;
     const int n_keys = (int)ti.pos + 1;
     if (k0 >= n_keys) return;  // uniform over the CTA
     const int nv = min(FC_ATT_CH, n_keys - k0);
-    // heads blockIdx.y * hpb .. + hpb, one after another (the shared arrays' reuse is ordered by
-    // block_max's and block_sum's barriers), each exactly as alone
-    if (ONE) hpb = 1;
-    for (int h = blockIdx.y * hpb; h < (blockIdx.y + 1) * hpb; ++h) {
-        const int kvh = h / (n_head / n_kv);
-        const unsigned long long base = (((unsigned long long)layer * n_kv + kvh) * ti.cap + k0) * hd;
-        const uint16_t* kc = (const uint16_t*)ti.k + base;
-        const uint16_t* vc = (const uint16_t*)ti.v + base;
-        for (int d = tid; d < hd; d += FC_ATT_THREADS) q[d] = qkv[(unsigned long long)t * q_stride + h * hd + d];
+    const int kvh = h / (n_head / n_kv);
+    const unsigned long long base = (((unsigned long long)layer * n_kv + kvh) * ti.cap + k0) * hd;
+    const uint16_t* kc = (const uint16_t*)ti.k + base;
+    const uint16_t* vc = (const uint16_t*)ti.v + base;
+    for (int d = tid; d < hd; d += FC_ATT_THREADS) q[d] = qkv[(unsigned long long)t * q_stride + h * hd + d];
+    __syncthreads();
+    // scores: one key per thread, dot in dimension order
+    float s = __int_as_float(0xff800000);  // -inf
+    if (tid < nv) {
+        const uint16_t* k = kc + (unsigned long long)tid * hd;
+        float acc = 0.0f;
+        for (int d = 0; d < hd; d += 8) {
+            const uint4 u = *(const uint4*)(k + d);
+            const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                acc = __fmaf_rn(q[d + 2 * j], f16_to_f32((uint16_t)(w[j] & 0xFFFF)), acc);
+                acc = __fmaf_rn(q[d + 2 * j + 1], f16_to_f32((uint16_t)(w[j] >> 16)), acc);
+            }
+        }
+        s = __fmul_rn(acc, scale);
+    }
+    const float m = block_max(s, scratch, FC_ATT_THREADS / 32);
+    const float e = tid < nv ? expf(__fsub_rn(s, m)) : 0.0f;
+    p[tid] = e;
+    const float l = block_sum(e, scratch, FC_ATT_THREADS / 32);  // its first barrier publishes p
+    // o = sum_j p[j] * v[j]: each thread 8 dimensions (one 16-byte load per key) of a slice of
+    // the keys, in key order; the slices' sums are then added in slice order
+    float* out = part + (((unsigned long long)t * n_head + h) * max_chunks + c) * (hd + 2);
+    {
+        const int dv = hd / 8, ns = FC_ATT_THREADS / dv, per = FC_ATT_CH / ns;
+        const int s0 = tid / dv, d0 = (tid % dv) * 8;
+        const int j0 = s0 * per, j1 = min(j0 + per, nv);
+        float o[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll 4
+        for (int j = j0; j < j1; ++j) {
+            const uint4 u = *(const uint4*)(vc + (unsigned long long)j * hd + d0);
+            const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+            const float pj = p[j];
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                o[2 * i] = __fmaf_rn(pj, f16_to_f32((uint16_t)(w[i] & 0xFFFF)), o[2 * i]);
+                o[2 * i + 1] = __fmaf_rn(pj, f16_to_f32((uint16_t)(w[i] >> 16)), o[2 * i + 1]);
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < 8; ++i) opart[s0 * hd + d0 + i] = o[i];
         __syncthreads();
-        // scores: one key per thread, dot in dimension order
-        float s = __int_as_float(0xff800000);  // -inf
-        if (tid < nv) {
-            const uint16_t* k = kc + (unsigned long long)tid * hd;
-            float acc = 0.0f;
-            for (int d = 0; d < hd; d += 8) {
-                const uint4 u = *(const uint4*)(k + d);
-                const uint32_t w[4] = {u.x, u.y, u.z, u.w};
-    #pragma unroll
-                for (int j = 0; j < 4; ++j) {
-                    acc = __fmaf_rn(q[d + 2 * j], f16_to_f32((uint16_t)(w[j] & 0xFFFF)), acc);
-                    acc = __fmaf_rn(q[d + 2 * j + 1], f16_to_f32((uint16_t)(w[j] >> 16)), acc);
-                }
-            }
-            s = __fmul_rn(acc, scale);
-        }
-        const float m = block_max(s, scratch, FC_ATT_THREADS / 32);
-        const float e = tid < nv ? expf(__fsub_rn(s, m)) : 0.0f;
-        p[tid] = e;
-        const float l = block_sum(e, scratch, FC_ATT_THREADS / 32);  // its first barrier publishes p
-        // o = sum_j p[j] * v[j]: each thread 8 dimensions (one 16-byte load per key) of a slice of
-        // the keys, in key order; the slices' sums are then added in slice order
-        float* out = part + (((unsigned long long)t * n_head + h) * max_chunks + c) * (hd + 2);
-        {
-            const int dv = hd / 8, ns = FC_ATT_THREADS / dv, per = FC_ATT_CH / ns;
-            const int s0 = tid / dv, d0 = (tid % dv) * 8;
-            const int j0 = s0 * per, j1 = min(j0 + per, nv);
-            float o[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
-    #pragma unroll 4
-            for (int j = j0; j < j1; ++j) {
-                const uint4 u = *(const uint4*)(vc + (unsigned long long)j * hd + d0);
-                const uint32_t w[4] = {u.x, u.y, u.z, u.w};
-                const float pj = p[j];
-    #pragma unroll
-                for (int i = 0; i < 4; ++i) {
-                    o[2 * i] = __fmaf_rn(pj, f16_to_f32((uint16_t)(w[i] & 0xFFFF)), o[2 * i]);
-                    o[2 * i + 1] = __fmaf_rn(pj, f16_to_f32((uint16_t)(w[i] >> 16)), o[2 * i + 1]);
-                }
-            }
-    #pragma unroll
-            for (int i = 0; i < 8; ++i) opart[s0 * hd + d0 + i] = o[i];
-            __syncthreads();
-            for (int d = tid; d < hd; d += FC_ATT_THREADS) {
-                float acc = opart[d];
-                for (int k = 1; k < ns; ++k) acc = __fadd_rn(acc, opart[k * hd + d]);
-                out[d] = acc;
-            }
-        }
-        if (tid == 0) {
-            out[hd] = m;
-            out[hd + 1] = l;
+        for (int d = tid; d < hd; d += FC_ATT_THREADS) {
+            float acc = opart[d];
+            for (int k = 1; k < ns; ++k) acc = __fadd_rn(acc, opart[k * hd + d]);
+            out[d] = acc;
         }
     }
-}
-
-// attn_partial: one head per CTA (decode), attn_partial_heads: hpb heads per CTA (prefill).
-extern "C" __global__ void attn_partial(const float* qkv, int q_stride, int n_head, int n_kv, int hd, float scale,
-                                        const TokInfo* tok, int layer, float* part, int max_chunks, int hpb) {
-    attn_partial_body<true>(qkv, q_stride, n_head, n_kv, hd, scale, tok, layer, part, max_chunks, hpb);
-}
-extern "C" __global__ void attn_partial_heads(const float* qkv, int q_stride, int n_head, int n_kv, int hd, float scale,
-                                              const TokInfo* tok, int layer, float* part, int max_chunks, int hpb) {
-    attn_partial_body<false>(qkv, q_stride, n_head, n_kv, hd, scale, tok, layer, part, max_chunks, hpb);
+    if (tid == 0) {
+        out[hd] = m;
+        out[hd + 1] = l;
+    }
 }
 
 // att[t] = the heads' outputs from their chunks (see the file comment); with q8 also attq

@@ -154,9 +154,6 @@ const MMA64_MIN_CTAS: usize = 192;
 /// Dynamic shared memory of the 64 x 64 tensor-core tile (matmul.hip's FC_MMA64_SMEM).
 const MMA64_SHARED: u32 = 8 * 64 * 68 * 4;
 
-/// Tokens from which a step's attention CTAs take all query heads of a KV head (`attention`).
-const ATT_GROUP_FROM: usize = 16;
-
 /// Keys per attention chunk (attention.hip's FC_ATT_CH; the CPU's ATT_TILE).
 pub const ATT_CH: usize = 128;
 
@@ -170,7 +167,6 @@ pub struct Kernels {
     rope: Func,
     rope_store: Func,
     attn_partial: Func,
-    attn_partial_heads: Func,
     attn_merge: Func,
     silu_mul_q8: Func,
     silu_mul: Func,
@@ -218,7 +214,6 @@ impl Kernels {
             rope: f("rope")?,
             rope_store: f("rope_store")?,
             attn_partial: f("attn_partial")?,
-            attn_partial_heads: f("attn_partial_heads")?,
             attn_merge: f("attn_merge")?,
             silu_mul_q8: f("silu_mul_q8")?,
             silu_mul: f("silu_mul")?,
@@ -361,9 +356,6 @@ impl Kernels {
     ) -> Result<(), HipError> {
         let (n_head, n_kv, hd) = heads;
         let scale = 1.0 / (hd as f32).sqrt();
-        // heads per CTA: a KV head's query heads together from ATT_GROUP_FROM tokens on (same
-        // bits: each head's arithmetic is the same alone), one per CTA below (decode's parallelism)
-        let hpb = if n >= ATT_GROUP_FROM && n_kv > 0 && n_head % n_kv == 0 { n_head / n_kv } else { 1 };
         let args = [
             Arg::Ptr(q),
             Arg::I32(q_stride as i32),
@@ -375,10 +367,8 @@ impl Kernels {
             Arg::I32(layer as i32),
             Arg::Ptr(part),
             Arg::I32(max_chunks as i32),
-            Arg::I32(hpb as i32),
         ];
-        let f = if hpb == 1 { self.attn_partial } else { self.attn_partial_heads };
-        launch(rt, f, [max_chunks as u32, (n_head / hpb) as u32, n as u32], [128, 1, 1], 0, &args)?;
+        launch(rt, self.attn_partial, [max_chunks as u32, n_head as u32, n as u32], [128, 1, 1], 0, &args)?;
         let args = [
             Arg::Ptr(part),
             Arg::I32(n_head as i32),
