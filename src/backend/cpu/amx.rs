@@ -8,7 +8,9 @@
 //! order. One `TDPBSUD` with K = one block's bytes (a 16-token × K-byte A tile of signed
 //! activations, a K/4 × 64-byte B tile of unsigned weights, a zeroed C tile) gives exactly
 //! those integer sums for 16 tokens × 16 rows at once; the float half ([`AmxBlock::combine`])
-//! is the `x16` kernel's own AVX-512 sequence over the stored C tile, block by block.
+//! is the `x16` kernel's own AVX-512 sequence over the stored C tile, block by block. Types
+//! whose weights fit in i8 (Q4_0, Q5_0, Q8_0) put the weights themselves in the B tile and use
+//! `TDPBSSD`: the tile's sum is then the reference's sumi, with no offset to add per token.
 //!
 //! The x16 layout (vector k, lane r: row r's elements 4k..4k + 4) is already the VNNI "B"
 //! layout, so a block's B tiles are its nibbles unpacked into a per-thread scratch (once per
@@ -44,6 +46,10 @@ pub trait AmxBlock: Block16 {
     const UNITS: usize;
     /// Bytes of K per product: a multiple of 4, at most 64 (A: 16 × K bytes, B: K/4 × 64).
     const K: usize;
+    /// Whether the B tiles hold the weights themselves as signed bytes (`TDPBSSD`: the tile
+    /// gives Σ w·x with no offset term left for the combine) rather than unsigned ones
+    /// (`TDPBSUD`). False by default.
+    const SIGNED: bool = false;
     /// Byte offset in `Act` of the `K` activation bytes of unit `u`.
     fn act_at(u: usize) -> usize;
     /// The block's `UNITS` B tiles (K/4 rows of 64 bytes each, one after another, unsigned
@@ -257,62 +263,79 @@ unsafe fn issue<B: AmxBlock>(x: &[B::Act], at: &[usize], sums: *mut i32, i: usiz
                 let (bi, u) = (b + (o + 1) / B::UNITS, (o + 1) % B::UNITS);
                 let a1 = (&x[bi] as *const B::Act as *const u8).wrapping_add(B::act_at(u));
                 let (b1, c1) = ((at[bi] + u * tb) as *const u8, sums.wrapping_add(half + (o + 1) * 256));
-                tdp2(a0, a1, stride, b0, b1, c0, c1);
+                if B::SIGNED {
+                    tdp2_ss(a0, a1, stride, b0, b1, c0, c1)
+                } else {
+                    tdp2(a0, a1, stride, b0, b1, c0, c1)
+                }
                 o += 2;
             } else {
-                tdp1(a0, stride, b0, c0);
+                if B::SIGNED {
+                    tdp1_ss(a0, stride, b0, c0)
+                } else {
+                    tdp1(a0, stride, b0, c0)
+                }
                 o += 1;
             }
         }
     }
 }
 
-/// Two independent products: C0 = A0·B0 and C1 = A1·B1 (signed × unsigned bytes), stored.
-///
-/// # Safety
-/// Tiles configured by [`tiles`]; A: 16 rows of K bytes `sa` apart; B: K/4 rows of 64 bytes;
-/// C: 1 KiB writable.
-#[inline(always)]
-unsafe fn tdp2(a0: *const u8, a1: *const u8, sa: usize, b0: *const u8, b1: *const u8, c0: *mut i32, c1: *mut i32) {
-    // SAFETY: the caller's promise; the tile registers are not allocated by the compiler.
-    unsafe {
-        asm!(
-            "tileloadd tmm0, [{a0} + {sa}]",
-            "tileloadd tmm1, [{b0} + {s64}]",
-            "tilezero tmm2",
-            "tileloadd tmm3, [{a1} + {sa}]",
-            "tileloadd tmm4, [{b1} + {s64}]",
-            "tilezero tmm5",
-            "tdpbsud tmm2, tmm0, tmm1",
-            "tdpbsud tmm5, tmm3, tmm4",
-            "tilestored [{c0} + {s64}], tmm2",
-            "tilestored [{c1} + {s64}], tmm5",
-            a0 = in(reg) a0, a1 = in(reg) a1, sa = in(reg) sa, b0 = in(reg) b0, b1 = in(reg) b1,
-            c0 = in(reg) c0, c1 = in(reg) c1, s64 = in(reg) 64usize,
-            options(nostack)
-        )
-    }
-}
+/// Emits a pair of product sequences for one tile instruction (`tdpbsud`: signed A × unsigned
+/// B bytes, or `tdpbssd`: both signed): `$two` (two independent products, C0 = A0·B0 and C1 =
+/// A1·B1) and `$one` (C0 = A0·B0), each C tile zeroed first and stored.
+macro_rules! tdp_fns {
+    ($two:ident, $one:ident, $op:literal) => {
+        /// Two independent products C0 = A0·B0 and C1 = A1·B1, stored (see `tdp_fns!`).
+        ///
+        /// # Safety
+        /// Tiles configured by [`tiles`]; A: 16 rows of K bytes `sa` apart; B: K/4 rows of 64
+        /// bytes; C: 1 KiB writable.
+        #[inline(always)]
+        unsafe fn $two(a0: *const u8, a1: *const u8, sa: usize, b0: *const u8, b1: *const u8, c0: *mut i32, c1: *mut i32) {
+            // SAFETY: the caller's promise; the tile registers are not allocated by the compiler.
+            unsafe {
+                asm!(
+                    "tileloadd tmm0, [{a0} + {sa}]",
+                    "tileloadd tmm1, [{b0} + {s64}]",
+                    "tilezero tmm2",
+                    "tileloadd tmm3, [{a1} + {sa}]",
+                    "tileloadd tmm4, [{b1} + {s64}]",
+                    "tilezero tmm5",
+                    concat!($op, " tmm2, tmm0, tmm1"),
+                    concat!($op, " tmm5, tmm3, tmm4"),
+                    "tilestored [{c0} + {s64}], tmm2",
+                    "tilestored [{c1} + {s64}], tmm5",
+                    a0 = in(reg) a0, a1 = in(reg) a1, sa = in(reg) sa, b0 = in(reg) b0, b1 = in(reg) b1,
+                    c0 = in(reg) c0, c1 = in(reg) c1, s64 = in(reg) 64usize,
+                    options(nostack)
+                )
+            }
+        }
 
-/// One product C0 = A0·B0, stored (see [`tdp2`]).
-///
-/// # Safety
-/// As [`tdp2`].
-#[inline(always)]
-unsafe fn tdp1(a0: *const u8, sa: usize, b0: *const u8, c0: *mut i32) {
-    // SAFETY: the caller's promise; the tile registers are not allocated by the compiler.
-    unsafe {
-        asm!(
-            "tileloadd tmm0, [{a0} + {sa}]",
-            "tileloadd tmm1, [{b0} + {s64}]",
-            "tilezero tmm2",
-            "tdpbsud tmm2, tmm0, tmm1",
-            "tilestored [{c0} + {s64}], tmm2",
-            a0 = in(reg) a0, sa = in(reg) sa, b0 = in(reg) b0, c0 = in(reg) c0, s64 = in(reg) 64usize,
-            options(nostack)
-        )
-    }
+        /// One product C0 = A0·B0, stored.
+        ///
+        /// # Safety
+        /// As the two-product function of the same `tdp_fns!`.
+        #[inline(always)]
+        unsafe fn $one(a0: *const u8, sa: usize, b0: *const u8, c0: *mut i32) {
+            // SAFETY: the caller's promise; the tile registers are not allocated by the compiler.
+            unsafe {
+                asm!(
+                    "tileloadd tmm0, [{a0} + {sa}]",
+                    "tileloadd tmm1, [{b0} + {s64}]",
+                    "tilezero tmm2",
+                    concat!($op, " tmm2, tmm0, tmm1"),
+                    "tilestored [{c0} + {s64}], tmm2",
+                    a0 = in(reg) a0, sa = in(reg) sa, b0 = in(reg) b0, c0 = in(reg) c0, s64 = in(reg) 64usize,
+                    options(nostack)
+                )
+            }
+        }
+    };
 }
+tdp_fns!(tdp2, tdp1, "tdpbsud");
+tdp_fns!(tdp2_ss, tdp1_ss, "tdpbssd");
 
 /// `$body` once for each token t of a tile, t a constant (LLVM does not always unroll the loop,
 /// and then the 16 accumulators live on the stack: a load and a store per token and block).
@@ -348,11 +371,13 @@ unsafe fn sum_row(sums: &[i32], u: usize, t: usize) -> __m512i {
     unsafe { _mm512_loadu_si512(sums.as_ptr().add(256 * u + 16 * t) as *const __m512i) }
 }
 
-/// Q5_0: one product per block (K = 32); `x16::tile`'s float sequence.
+/// Q5_0: one product per block (K = 32) over the signed weights u - 16, so the tile's sum is
+/// sumi itself (the x16 kernel's `off + Σ u·x`); `x16::tile`'s float sequence.
 impl AmxBlock for BlockQ5x16 {
     type Act = BlockQ8O;
     const UNITS: usize = 1;
     const K: usize = 32;
+    const SIGNED: bool = true;
 
     fn act_at(_: usize) -> usize {
         std::mem::offset_of!(BlockQ8O, qs)
@@ -361,13 +386,7 @@ impl AmxBlock for BlockQ5x16 {
     #[inline(always)]
     unsafe fn b_tiles(&self, dst: *mut u8) -> *const u8 {
         // SAFETY: the caller's promise (AVX-512, 512 writable bytes at `dst`).
-        unsafe {
-            let (q, _) = unpack_q5(self);
-            for (k, v) in q.iter().enumerate() {
-                _mm512_storeu_si512(dst.add(64 * k) as *mut __m512i, *v);
-            }
-        }
-        dst
+        unsafe { store_b(&unpack_q5(self).0, 16, dst) }
     }
 
     #[inline(always)]
@@ -376,10 +395,8 @@ impl AmxBlock for BlockQ5x16 {
         unsafe {
             let d = _mm512_cvtph_ps(_mm256_loadu_si256(self.d.as_ptr() as *const __m256i));
             each_token!(t => {
-                let a = act(acts, stride, t);
-                let s = _mm512_add_epi32(_mm512_set1_epi32(a.off), sum_row(sums, 0, t));
-                let sc = _mm512_mul_ps(d, _mm512_set1_ps(a.d));
-                acc[t] = _mm512_add_ps(acc[t], _mm512_mul_ps(sc, _mm512_cvtepi32_ps(s)));
+                let sc = _mm512_mul_ps(d, _mm512_set1_ps(act(acts, stride, t).d));
+                acc[t] = _mm512_add_ps(acc[t], _mm512_mul_ps(sc, _mm512_cvtepi32_ps(sum_row(sums, 0, t))));
             });
         }
     }
@@ -482,26 +499,31 @@ impl AmxBlock for BlockQ6Kx16 {
     }
 }
 
-/// Stores a block's 8 weight vectors (vector k, lane r: row r's elements 4k..4k + 4, u8) as
-/// its B tile (K = 32: 8 rows of 64 bytes).
+/// Stores a block's 8 weight vectors (vector k, lane r: row r's elements 4k..4k + 4, as u8
+/// values u) as its signed B tile of weights u - `bias` (K = 32: 8 rows of 64 bytes; the byte
+/// subtraction wraps, so a bias of 128 flips the sign bit).
 ///
 /// # Safety
-/// AVX-512F in the caller; 512 writable bytes at `dst`.
+/// AVX-512F/BW in the caller; 512 writable bytes at `dst`.
 #[inline(always)]
-unsafe fn store_b(q: &[__m512i; 8], dst: *mut u8) -> *const u8 {
-    for (k, v) in q.iter().enumerate() {
-        // SAFETY: the caller's promise.
-        unsafe { _mm512_storeu_si512(dst.add(64 * k) as *mut __m512i, *v) };
+unsafe fn store_b(q: &[__m512i; 8], bias: u8, dst: *mut u8) -> *const u8 {
+    // SAFETY: the caller's promise.
+    unsafe {
+        let bias = _mm512_set1_epi8(bias as i8);
+        for (k, v) in q.iter().enumerate() {
+            _mm512_storeu_si512(dst.add(64 * k) as *mut __m512i, _mm512_sub_epi8(*v, bias));
+        }
     }
     dst
 }
 
-/// Q4_0: one product per block (K = 32) over the unpacked nibbles u; sumi = Σ u·x + off / 2
-/// (the weights are u - 8), then `x16q::tile_q4_0`'s float step.
+/// Q4_0: one product per block (K = 32) over the signed weights u - 8, so the tile's sum is
+/// sumi itself (the x16 kernel's `off / 2 + Σ u·x`), then `x16q::tile_q4_0`'s float step.
 impl AmxBlock for BlockQ40x16 {
     type Act = BlockQ8O;
     const UNITS: usize = 1;
     const K: usize = 32;
+    const SIGNED: bool = true;
 
     fn act_at(_: usize) -> usize {
         std::mem::offset_of!(BlockQ8O, qs)
@@ -510,7 +532,7 @@ impl AmxBlock for BlockQ40x16 {
     #[inline(always)]
     unsafe fn b_tiles(&self, dst: *mut u8) -> *const u8 {
         // SAFETY: the caller's promise (AVX-512, 512 writable bytes at `dst`).
-        unsafe { store_b(&unpack_q4_0(self).0, dst) }
+        unsafe { store_b(&unpack_q4_0(self).0, 8, dst) }
     }
 
     #[inline(always)]
@@ -519,8 +541,7 @@ impl AmxBlock for BlockQ40x16 {
         unsafe {
             let d = _mm512_cvtph_ps(_mm256_loadu_si256(self.d.as_ptr() as *const __m256i));
             each_token!(t => {
-                let a = act(acts, stride, t);
-                add(&mut acc[t], scaled(d, a, _mm512_add_epi32(_mm512_set1_epi32(a.off >> 1), sum_row(sums, 0, t))));
+                add(&mut acc[t], scaled(d, act(acts, stride, t), sum_row(sums, 0, t)));
             });
         }
     }
@@ -541,7 +562,7 @@ impl AmxBlock for BlockQ41x16 {
     #[inline(always)]
     unsafe fn b_tiles(&self, dst: *mut u8) -> *const u8 {
         // SAFETY: the caller's promise (AVX-512, 512 writable bytes at `dst`).
-        unsafe { store_b(&unpack_q4_1(self).0, dst) }
+        unsafe { store_b(&unpack_q4_1(self).0, 0, dst) }
     }
 
     #[inline(always)]
@@ -576,20 +597,29 @@ impl AmxBlock for BlockQ41x16 {
     }
 }
 
-/// Q8_0: one product per block (K = 32); the stored bytes w + 128 are the B tile; sumi =
-/// Σ (w + 128)·x + 8·off, then `x16q::tile_q8_0`'s float step.
+/// Q8_0: one product per block (K = 32); the stored bytes w + 128 with the sign bit flipped
+/// back are the signed B tile, so the tile's sum is sumi itself (the x16 kernel's
+/// `8·off + Σ (w + 128)·x`), then `x16q::tile_q8_0`'s float step.
 impl AmxBlock for BlockQ80x16 {
     type Act = BlockQ8O;
     const UNITS: usize = 1;
     const K: usize = 32;
+    const SIGNED: bool = true;
 
     fn act_at(_: usize) -> usize {
         std::mem::offset_of!(BlockQ8O, qs)
     }
 
     #[inline(always)]
-    unsafe fn b_tiles(&self, _: *mut u8) -> *const u8 {
-        self.qs.as_ptr()
+    unsafe fn b_tiles(&self, dst: *mut u8) -> *const u8 {
+        // SAFETY: the caller's promise (AVX-512, 512 writable bytes at `dst`); loads read `qs`.
+        unsafe {
+            let mut q = [_mm512_setzero_si512(); 8];
+            for (k, v) in q.iter_mut().enumerate() {
+                *v = _mm512_loadu_si512(self.qs.as_ptr().add(64 * k) as *const __m512i);
+            }
+            store_b(&q, 128, dst)
+        }
     }
 
     #[inline(always)]
@@ -598,8 +628,7 @@ impl AmxBlock for BlockQ80x16 {
         unsafe {
             let d = _mm512_cvtph_ps(_mm256_loadu_si256(self.d.as_ptr() as *const __m256i));
             each_token!(t => {
-                let a = act(acts, stride, t);
-                add(&mut acc[t], scaled(d, a, _mm512_add_epi32(_mm512_set1_epi32(a.off << 3), sum_row(sums, 0, t))));
+                add(&mut acc[t], scaled(d, act(acts, stride, t), sum_row(sums, 0, t)));
             });
         }
     }

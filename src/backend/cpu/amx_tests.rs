@@ -19,8 +19,9 @@ fn amx_or_skip(test: &str) -> bool {
     }
 }
 
-/// Token counts: one tile; two tiles and a tail of 5 (8 → 4 → 1 on the x16 kernel); below a tile.
-const N_TOK: [usize; 3] = [16, 37, 7];
+/// Token counts: one tile; two tiles and a tail of 5 (8 → 4 → 1 on the x16 kernel); below a tile;
+/// three tiles.
+const N_TOK: [usize; 4] = [16, 37, 7, 48];
 
 /// Runs `f(rows, out)` over two row ranges (the split must not matter) and checks every (token,
 /// row) against `want(t, r)` bitwise.
@@ -37,10 +38,10 @@ fn check(name: &str, rows: usize, n_tok: usize, f: impl Fn(Range<usize>, &Shared
 }
 
 /// A 32-element type's tiles (`packed` repacks a view, `rest` is its x16 kernel) against the
-/// scalar reference at every token count of [`N_TOK`]; 3 blocks per row (a pair of blocks, then
-/// a single one), a last group of 5 rows.
+/// scalar reference at every token count of [`N_TOK`]; 20, 9 and 3 blocks per row (an odd
+/// block after the pairs), a last group of 5 rows.
 fn legacy_tiles_equal_reference<B: AmxBlock<Act = BlockQ8O>>(ty: GgmlType, packed: fn(&WeightView<'_>) -> Packed16<B>, rest: RestKernel<B>) {
-    for (rows, cols) in [(48, 640), (32, 96), (37, 96)] {
+    for (rows, cols) in [(48, 640), (64, 288), (32, 96), (37, 96)] {
         let data: Vec<u8> = (0..rows).flat_map(|r| rand_row(ty, cols, 300 + r as u64)).collect();
         let w = WeightView::new(ty, rows, cols, &data).expect("view");
         let p = packed(&w);
