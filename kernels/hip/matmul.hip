@@ -241,18 +241,21 @@ FC_DEV void mmq_row_body(const uint8_t* __restrict__ w, unsigned long long row_b
 // ---- Q8 order on tensor cores (NVIDIA sm_80+; elsewhere the host never launches it) -----------
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
 #define FC_MMA 1
-// c = the 16x8 int32 product of a 16x32 s8 tile (row-major) and a 32x8 s8 tile (column-major).
+// c = 0x4B400000 + the 16x8 int32 product of a 16x32 s8 tile (row-major) and a 32x8 s8 tile
+// (column-major): the accumulator starts at the bits of 1.5 * 2^23, so each c is the float
+// 1.5 * 2^23 + v exactly (|v| < 2^22) and magic_f turns it into (float)v with one subtraction.
 FC_DEV void mma_s8_16x8x32(int* c, int a0, int a1, int a2, int a3, int b0, int b1) {
     asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};\n"
         : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "r"(0));
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "r"(0x4B400000));
 }
 #endif
 
 #define FC_MMA_BM 64
 #define FC_MMA_BN 32
-// (float)v for |v| < 2^22, exactly, without the slow int-to-float conversion.
-FC_DEV float i2f_exact(int v) { return __fsub_rn(__int_as_float(0x4B400000 + v), 12582912.0f); }
+// (float)v, exactly, from mma_s8_16x8x32's c = 0x4B400000 + v (|v| < 2^22), without the slow
+// int-to-float conversion.
+FC_DEV float magic_f(int c) { return __fsub_rn(__int_as_float(c), 12582912.0f); }
 
 // The tile's inputs are copied into shared memory as they are stored (no unpacking on the way):
 // a chunk of 8 blocks of each of the 64 rows (8 * BB bytes), and of each of the 32 tokens (8
@@ -305,6 +308,9 @@ FC_DEV void cp_piece(int4* dst, const uint8_t* p, int avail, int al) {
 }
 FC_DEV void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 FC_DEV void cp_async_wait() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+// Waits until at most n of this thread's newest groups are still in flight.
+template <int N>
+FC_DEV void cp_async_wait_group() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
 #endif
 
 // 256 threads (8 warps) per 64-row x 32-token tile. K runs in chunks of 8 blocks: every thread
@@ -401,10 +407,10 @@ FC_DEV void mmq_mma_body(const uint8_t* __restrict__ w, unsigned long long row_b
                 for (int j = 0; j < 4; ++j) {
                     int cc[4];
                     mma_s8_16x8x32(cc, a0, a1, a2, a3, b0[j], b1[j]);
-                    acc[i][j][0] = W::combine(acc[i][j][0], d0, m0, dx0[j], sx0[j], i2f_exact(cc[0]));
-                    acc[i][j][1] = W::combine(acc[i][j][1], d0, m0, dx1[j], sx1[j], i2f_exact(cc[1]));
-                    acc[i][j][2] = W::combine(acc[i][j][2], d1, m1, dx0[j], sx0[j], i2f_exact(cc[2]));
-                    acc[i][j][3] = W::combine(acc[i][j][3], d1, m1, dx1[j], sx1[j], i2f_exact(cc[3]));
+                    acc[i][j][0] = W::combine(acc[i][j][0], d0, m0, dx0[j], sx0[j], magic_f(cc[0]));
+                    acc[i][j][1] = W::combine(acc[i][j][1], d0, m0, dx1[j], sx1[j], magic_f(cc[1]));
+                    acc[i][j][2] = W::combine(acc[i][j][2], d1, m1, dx0[j], sx0[j], magic_f(cc[2]));
+                    acc[i][j][3] = W::combine(acc[i][j][3], d1, m1, dx1[j], sx1[j], magic_f(cc[3]));
                 }
             }
         }
@@ -449,8 +455,142 @@ FC_DEV void mmq_mma_body(const uint8_t* __restrict__ w, unsigned long long row_b
 
 
 
+// ---- The 64 x 64 tensor-core tile (Tile::Mma64) ---------------------------------------------
+// 512 threads (16 warps) per 64-row x 64-token tile, so each copy of a weight chunk in shared
+// memory serves 64 tokens (twice mmq_mma_body's). Warp w takes segment s = w & 7 (block s of each
+// chunk, as there) for rows 32 (w >> 3) .. + 32 and all 64 tokens: its weight fragments (the
+// unpacking) serve 8 token groups instead of 4. Weights and activations both arrive by cp.async,
+// FC_MMA64_ST chunks in flight (dynamic shared memory, FC_MMA64_SMEM bytes, which the host opts
+// into). Same words into the same mma, same float steps in the same order: the same bits.
+#define FC_MMA64_ST 3
+#define FC_MMA64_RS 68                  // red's row stride (64 rows + 4: conflict-free writes)
+#define FC_MMA64_SMEM (8 * 64 * FC_MMA64_RS * 4)  // the segment sums; more than any type's tile
+template <class W, int EPI>
+FC_DEV void mmq_mma64_body(const uint8_t* __restrict__ w, unsigned long long row_bytes, int rows, int nb,
+                           const BlockQ8* __restrict__ x, int xs, int n_tok, float* __restrict__ out, int ldo) {
+#ifdef FC_MMA
+    typedef MmaRaw<W> R;
+    constexpr int WST = FC_MMA_BM * R::SWW / 4;  // int4s per weight stage
+    constexpr int XST = 64 * FC_MMA_XWW / 4;     // int4s per activation stage
+    static_assert(FC_MMA64_ST * (WST + XST) * 16 <= FC_MMA64_SMEM, "tile larger than FC_MMA64_SMEM");
+    extern __shared__ int4 dsm[];
+    int4* wbuf = dsm;
+    int4* xbuf = dsm + FC_MMA64_ST * WST;
+
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, tig = lane & 3;
+    const int seg = warp & 7, rh = warp >> 3;
+    const int r0 = blockIdx.x * 64, t0 = blockIdx.y * 64;
+    const int nc = (nb + 7) >> 3;
+    const int wlen = nb * W::BB, xlen = nb * (int)sizeof(BlockQ8);
+    const int wal = piece_align((unsigned long long)w, row_bytes, (unsigned long long)wlen);
+    const int xal = piece_align((unsigned long long)x, (unsigned long long)xs * sizeof(BlockQ8), (unsigned long long)xlen);
+
+    // chunk c into stage c % FC_MMA64_ST, one commit group (empty past the last chunk)
+    auto fetch = [&](int c) {
+        if (c < nc) {
+            int4* wd = wbuf + (c % FC_MMA64_ST) * WST;
+#pragma unroll
+            for (int k = 0; k < (FC_MMA_BM * R::PR + 511) / 512; ++k) {
+                const int p = tid + 512 * k, row = p / R::PR, o = c * 8 * W::BB + 16 * (p % R::PR);
+                if (p < FC_MMA_BM * R::PR)
+                    cp_piece(wd + row * (R::SWW / 4) + p % R::PR, w + (unsigned long long)min(r0 + row, rows - 1) * row_bytes + o, wlen - o, wal);
+            }
+            int4* xd = xbuf + (c % FC_MMA64_ST) * XST;
+#pragma unroll
+            for (int k = 0; k < (64 * FC_MMA_XPR + 511) / 512; ++k) {
+                const int p = tid + 512 * k, tok = p / FC_MMA_XPR, o = c * 8 * (int)sizeof(BlockQ8) + 16 * (p % FC_MMA_XPR);
+                if (p < 64 * FC_MMA_XPR) {
+                    const uint8_t* src = (const uint8_t*)(x + (unsigned long long)min(t0 + tok, n_tok - 1) * xs) + o;
+                    cp_piece(xd + tok * (FC_MMA_XWW / 4) + p % FC_MMA_XPR, src, xlen - o, xal);
+                }
+            }
+        }
+        cp_async_commit();
+    };
+
+    float acc[2][8][4];
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+#pragma unroll
+            for (int k = 0; k < 4; ++k) acc[i][j][k] = 0.0f;
+
+#pragma unroll
+    for (int c = 0; c < FC_MMA64_ST - 1; ++c) fetch(c);
+    for (int c = 0; c < nc; ++c) {
+        cp_async_wait_group<FC_MMA64_ST - 2>();  // this thread's pieces of chunk c are in
+        __syncthreads();                         // everyone's are; stage (c - 1) % ST is free
+        fetch(c + FC_MMA64_ST - 1);
+        if (8 * c + seg < nb) {
+            const int st = c % FC_MMA64_ST;
+            const uint8_t* wb = (const uint8_t*)(wbuf + st * WST) + seg * W::BB;  // block `seg` of row 0
+            int a[2][4];
+            float d[2][2], m[2][2];
+#pragma unroll
+            for (int i = 0; i < 2; ++i) {
+                const int mr = 32 * rh + 16 * i + g;
+                W::qpart(wb + mr * R::SWW * 4, tig, &a[i][0], &a[i][2], &d[i][0], &m[i][0]);
+                W::qpart(wb + (mr + 8) * R::SWW * 4, tig, &a[i][1], &a[i][3], &d[i][1], &m[i][1]);
+            }
+            const int* xw = (const int*)(xbuf + st * XST) + seg * (int)(sizeof(BlockQ8) / 4);  // block `seg` of token 0
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+                const int* xn = xw + (8 * j + g) * FC_MMA_XWW;
+                const int b0 = xn[2 + tig], b1 = xn[6 + tig];  // qs words tig and 4 + tig
+                const float2 s0 = *(const float2*)(xw + (8 * j + 2 * tig) * FC_MMA_XWW);
+                const float2 s1 = *(const float2*)(xw + (8 * j + 2 * tig + 1) * FC_MMA_XWW);
+#pragma unroll
+                for (int i = 0; i < 2; ++i) {
+                    int cc[4];
+                    mma_s8_16x8x32(cc, a[i][0], a[i][1], a[i][2], a[i][3], b0, b1);
+                    acc[i][j][0] = W::combine(acc[i][j][0], d[i][0], m[i][0], s0.x, s0.y, magic_f(cc[0]));
+                    acc[i][j][1] = W::combine(acc[i][j][1], d[i][0], m[i][0], s1.x, s1.y, magic_f(cc[1]));
+                    acc[i][j][2] = W::combine(acc[i][j][2], d[i][1], m[i][1], s0.x, s0.y, magic_f(cc[2]));
+                    acc[i][j][3] = W::combine(acc[i][j][3], d[i][1], m[i][1], s1.x, s1.y, magic_f(cc[3]));
+                }
+            }
+        }
+    }
+
+    // the 8 segment sums of each (row, token) meet in the one-token kernel's tree
+    cp_async_wait();
+    __syncthreads();
+    float* red = (float*)dsm;  // [8 segments][64 tokens][FC_MMA64_RS]
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        const int lr = 32 * rh + 16 * i + g;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            float* rw = red + (seg * 64 + 8 * j + 2 * tig) * FC_MMA64_RS + lr;
+            rw[0] = acc[i][j][0];
+            rw[FC_MMA64_RS] = acc[i][j][1];
+            rw[8] = acc[i][j][2];
+            rw[FC_MMA64_RS + 8] = acc[i][j][3];
+        }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+        const int idx = tid + 512 * k, lr = idx & 63, n = idx >> 6;
+        float p[8];
+#pragma unroll
+        for (int v = 0; v < 8; ++v) p[v] = red[(v * 64 + n) * FC_MMA64_RS + lr];
+        const float val = __fadd_rn(__fadd_rn(__fadd_rn(p[0], p[4]), __fadd_rn(p[2], p[6])),
+                                    __fadd_rn(__fadd_rn(p[1], p[5]), __fadd_rn(p[3], p[7])));
+        const int row = r0 + lr, tok = t0 + n;
+        if (row < rows && tok < n_tok) {
+            float* o = out + (unsigned long long)tok * ldo + row;
+            *o = EPI == EPI_ADD ? __fadd_rn(*o, val) : val;
+        }
+    }
+#endif
+}
+
+
 // Tile variants (R rows x T tokens per row group, U items/blocks in flight per lane): t1 for one
-// token, t4, t8 and t16 for batches; for the q8-order types also mma (tensor cores, 64 x 32).
+// token, t4, t8 and t16 for batches; for the q8-order types also mma and mma64 (tensor cores,
+// 64 x 32 and 64 x 64).
 #define FC_MM_VARIANT(name, body, W, tag, R, T, U)                                                            \
     extern "C" __global__ void mm_##name##_##tag##_store(FC_MM_PARAMS) { body<W, R, T, U, EPI_STORE>(FC_MM_ARGS(W)); } \
     extern "C" __global__ void mm_##name##_##tag##_add(FC_MM_PARAMS) { body<W, R, T, U, EPI_ADD>(FC_MM_ARGS(W)); }
@@ -465,7 +605,9 @@ FC_DEV void mmq_mma_body(const uint8_t* __restrict__ w, unsigned long long row_b
     FC_MM_VARIANT(name, mmq_body, W, t8, 4, 8, 1)                                                               \
     FC_MM_VARIANT(name, mmq_body, W, t16, 4, 16, 1)                                                             \
     extern "C" __global__ void __launch_bounds__(256, 2) mm_##name##_mma_store(FC_MM_PARAMS) { mmq_mma_body<W, EPI_STORE>(FC_MM_ARGS(W)); } \
-    extern "C" __global__ void __launch_bounds__(256, 2) mm_##name##_mma_add(FC_MM_PARAMS) { mmq_mma_body<W, EPI_ADD>(FC_MM_ARGS(W)); }
+    extern "C" __global__ void __launch_bounds__(256, 2) mm_##name##_mma_add(FC_MM_PARAMS) { mmq_mma_body<W, EPI_ADD>(FC_MM_ARGS(W)); } \
+    extern "C" __global__ void __launch_bounds__(512, 1) mm_##name##_mma64_store(FC_MM_PARAMS) { mmq_mma64_body<W, EPI_STORE>(FC_MM_ARGS(W)); } \
+    extern "C" __global__ void __launch_bounds__(512, 1) mm_##name##_mma64_add(FC_MM_PARAMS) { mmq_mma64_body<W, EPI_ADD>(FC_MM_ARGS(W)); }
 
 // Which order each type of quants.hip's FC_WEIGHT_TYPES takes.
 FC_MM_KERNELS(f32, WF32)

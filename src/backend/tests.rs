@@ -82,7 +82,7 @@ fn backends() -> Vec<Present> {
         eprintln!("(no wgpu adapter: the wgpu part of this test is skipped)");
     }
     if let Some(ctx) = hip_context() {
-        for tile in [None, Some(Tile::T1), Some(Tile::T4), Some(Tile::T8), Some(Tile::T16), Some(Tile::Mma)] {
+        for tile in [None, Some(Tile::T1), Some(Tile::T4), Some(Tile::T8), Some(Tile::T16), Some(Tile::Mma), Some(Tile::Mma64)] {
             let h = Arc::new(HipBackend::new(ctx.clone()).with_tile(tile));
             let (e, m) = (h.clone(), h.clone());
             let embed: Embed = Box::new(move |t, ids, out| m.embed(t, ids, out).map_err(|e| e.to_string()));

@@ -232,6 +232,11 @@ impl Runtime for AmdRuntime {
         })
     }
 
+    fn set_shared_limit(&self, _f: Func, bytes: u32) -> Result<(), HipError> {
+        // only the NVIDIA tensor-core tiles ask for more than the default (Kernels::load)
+        Err(HipError::Unsupported(format!("{bytes} bytes of dynamic shared memory on AMD")))
+    }
+
     fn sync(&self) -> Result<(), HipError> {
         // SAFETY: our stream.
         self.check("hipStreamSynchronize", unsafe { (self.api.stream_synchronize)(self.stream) })

@@ -17,6 +17,8 @@ type Handle = *mut c_void;
 const ATTR_CC_MAJOR: c_int = 75;
 const ATTR_CC_MINOR: c_int = 76;
 const STREAM_NON_BLOCKING: c_uint = 1;
+/// CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+const FUNC_MAX_DYNAMIC_SHARED: c_int = 8;
 /// CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
 const CAPTURE_THREAD_LOCAL: c_int = 1;
 
@@ -27,6 +29,7 @@ struct Api {
     stream_synchronize: unsafe extern "C" fn(Handle) -> CuResult,
     module_load_data: unsafe extern "C" fn(*mut Handle, *const c_void) -> CuResult,
     module_get_function: unsafe extern "C" fn(*mut Handle, Handle, *const c_char) -> CuResult,
+    func_set_attribute: unsafe extern "C" fn(Handle, c_int, c_int) -> CuResult,
     mem_alloc: unsafe extern "C" fn(*mut DevPtr, usize) -> CuResult,
     mem_free: unsafe extern "C" fn(DevPtr) -> CuResult,
     memcpy_htod: unsafe extern "C" fn(DevPtr, *const c_void, usize, Handle) -> CuResult,
@@ -99,6 +102,7 @@ impl CudaRuntime {
                 stream_synchronize: sym(&lib, "cuStreamSynchronize")?,
                 module_load_data: sym(&lib, "cuModuleLoadData")?,
                 module_get_function: sym(&lib, "cuModuleGetFunction")?,
+                func_set_attribute: sym(&lib, "cuFuncSetAttribute")?,
                 mem_alloc: sym(&lib, "cuMemAlloc_v2")?,
                 mem_free: sym(&lib, "cuMemFree_v2")?,
                 memcpy_htod: sym(&lib, "cuMemcpyHtoDAsync_v2")?,
@@ -278,6 +282,12 @@ impl Runtime for CudaRuntime {
                 std::ptr::null_mut(),
             )
         })
+    }
+
+    fn set_shared_limit(&self, f: Func, bytes: u32) -> Result<(), HipError> {
+        self.enter()?;
+        // SAFETY: f came from function(); the attribute takes an int.
+        self.check("cuFuncSetAttribute", unsafe { (self.api.func_set_attribute)(f.0 as Handle, FUNC_MAX_DYNAMIC_SHARED, bytes as c_int) })
     }
 
     fn sync(&self) -> Result<(), HipError> {

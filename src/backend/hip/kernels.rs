@@ -22,12 +22,19 @@ pub enum Tile {
     T8,
     /// 4 rows, 16 tokens (slower than T8 on the H100; kept as a variant the tests run).
     T16,
-    /// 64 rows x 32 tokens per CTA on int8 tensor cores (mma.sync m16n8k32): prefill.
+    /// 64 rows x 32 tokens per CTA on int8 tensor cores (mma.sync m16n8k32): prefill up to 32 tokens.
     Mma,
+    /// 64 rows x 64 tokens per CTA (16 warps) on int8 tensor cores: longer prefill.
+    Mma64,
 }
 
 impl Tile {
-    pub const ALL: [Tile; 5] = [Tile::T1, Tile::T4, Tile::T8, Tile::T16, Tile::Mma];
+    pub const ALL: [Tile; 6] = [Tile::T1, Tile::T4, Tile::T8, Tile::T16, Tile::Mma, Tile::Mma64];
+
+    /// The tensor-core tiles (q8-order types on NVIDIA sm_80+ only).
+    fn is_mma(self) -> bool {
+        matches!(self, Tile::Mma | Tile::Mma64)
+    }
 
     fn tag(self) -> &'static str {
         match self {
@@ -36,6 +43,7 @@ impl Tile {
             Tile::T8 => "t8",
             Tile::T16 => "t16",
             Tile::Mma => "mma",
+            Tile::Mma64 => "mma64",
         }
     }
 
@@ -47,6 +55,7 @@ impl Tile {
             Tile::T8 => (4, 8),
             Tile::T16 => (4, 16),
             Tile::Mma => (64, 32),
+            Tile::Mma64 => (64, 64),
         }
     }
 
@@ -58,7 +67,8 @@ impl Tile {
             // t16 measured slower than t8 on the H100 (1.1B pp512: 11.1k vs 13.1k tokens/s)
             5..=8 => Tile::T8,
             // T8 where there is no tensor-core kernel (Kernels::matmul)
-            _ => Tile::Mma,
+            9..=32 => Tile::Mma,
+            _ => Tile::Mma64,
         }
     }
 }
@@ -137,6 +147,13 @@ pub struct ActRef {
 pub const Q8_BYTES: usize = 40;
 /// Bytes of one TokInfo (common.h).
 pub const TOK_BYTES: usize = 24;
+/// The fewest 64 x 64 tiles for which `Tile::Mma64` is picked by default (H100: 132 SMs, one
+/// such CTA each; 1.1B's 2048-row matrices at 512 tokens make 256, faster than Mma's 512).
+const MMA64_MIN_CTAS: usize = 192;
+
+/// Dynamic shared memory of the 64 x 64 tensor-core tile (matmul.hip's FC_MMA64_SMEM).
+const MMA64_SHARED: u32 = 8 * 64 * 68 * 4;
+
 /// Keys per attention chunk (attention.hip's FC_ATT_CH; the CPU's ATT_TILE).
 pub const ATT_CH: usize = 128;
 
@@ -171,7 +188,7 @@ impl Kernels {
             let tag = type_info(ty).map_or("", |i| i.tag);
             let q8 = type_info(ty).is_some_and(|i| i.q8_order);
             for tile in Tile::ALL {
-                if tile == Tile::Mma && !q8 {
+                if tile.is_mma() && !q8 {
                     continue;
                 }
                 for (epi, e) in [(Epi::Store, "store"), (Epi::Add, "add")] {
@@ -181,6 +198,13 @@ impl Kernels {
             embed.insert(ty, f(&format!("embed_{tag}"))?);
         }
         let mma = rt.platform() == Platform::Nvidia && Kernels::sm_major(&rt.arch()).is_some_and(|m| m >= 8);
+        if mma {
+            for ((_, tile, _), func) in &mm {
+                if *tile == Tile::Mma64 {
+                    rt.set_shared_limit(*func, MMA64_SHARED)?;
+                }
+            }
+        }
         Ok(Kernels {
             mm,
             mma,
@@ -206,7 +230,7 @@ impl Kernels {
         d.get(..d.len().checked_sub(1)?)?.parse().ok()
     }
 
-    /// Whether this GPU runs the tensor-core tile (otherwise `Tile::Mma` runs as `Tile::T8`).
+    /// Whether this GPU runs the tensor-core tiles (otherwise `Tile::Mma`/`Mma64` run as `Tile::T8`).
     pub fn has_mma(&self) -> bool {
         self.mma
     }
@@ -228,15 +252,23 @@ impl Kernels {
             return Ok(());
         }
         let info = type_info(m.ty).ok_or_else(|| HipError::Unsupported(format!("{} weights", m.ty.name())))?;
+        let forced = tile.is_some();
         let mut tile = tile.unwrap_or_else(|| Tile::for_tokens(n_tok));
-        if tile == Tile::Mma && !(self.mma && info.q8_order) {
+        if tile.is_mma() && !(self.mma && info.q8_order) {
             tile = Tile::T8;
+        }
+        // by default the 64 x 64 tile only where it makes enough CTAs to fill the GPU (one per SM
+        // at a time): SmolLM2's 960-row q|k|v at 512 tokens is 120 of them, slower than Mma's 240
+        if tile == Tile::Mma64 && !forced && m.rows.div_ceil(64) * n_tok.div_ceil(64) < MMA64_MIN_CTAS {
+            tile = Tile::Mma;
         }
         let nb = m.cols / info.block;
         let (r, t) = tile.rt();
         // (block, rows per CTA, shared bytes)
         let (block, rows_per_cta, shared) = if tile == Tile::Mma {
             ([256, 1, 1], r, 0)
+        } else if tile == Tile::Mma64 {
+            ([512, 1, 1], r, MMA64_SHARED)
         } else if info.q8_order && tile == Tile::T1 {
             // one row per warp (4 lanes per segment), 8 rows per CTA
             ([32, 8, 1], 8, 0)

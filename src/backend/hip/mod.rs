@@ -75,7 +75,7 @@ impl From<HipError> for OffloadError {
 pub struct HipOptions {
     /// `FORGE_HIP=off`: never use a HIP device.
     pub off: bool,
-    /// `FORGE_HIP_TILE=t1|t4|t8|t16|mma`: one matmul tile for every step (all give the same bits).
+    /// `FORGE_HIP_TILE=t1|t4|t8|t16|mma|mma64`: one matmul tile for every step (all give the same bits).
     pub tile: Option<Tile>,
     /// `FORGE_HIP_GRAPHS=off`: launch every kernel of a step instead of replaying a recorded
     /// graph of them (same kernels, same bits; graphs save the launch overhead).
@@ -92,7 +92,8 @@ impl HipOptions {
             Some("t8") => Some(Tile::T8),
             Some("t16") => Some(Tile::T16),
             Some("mma") => Some(Tile::Mma),
-            Some(v) => return Err(HipError::Unsupported(format!("FORGE_HIP_TILE={v:?}: expected t1, t4, t8, t16 or mma"))),
+            Some("mma64") => Some(Tile::Mma64),
+            Some(v) => return Err(HipError::Unsupported(format!("FORGE_HIP_TILE={v:?}: expected t1, t4, t8, t16, mma or mma64"))),
         };
         let no_graphs = std::env::var("FORGE_HIP_GRAPHS").is_ok_and(|v| v.eq_ignore_ascii_case("off") || v == "0");
         Ok(HipOptions { off, tile, no_graphs })

@@ -51,6 +51,8 @@ pub trait Runtime: Send + Sync {
     fn memset(&self, dst: DevPtr, value: u8, bytes: usize) -> Result<(), HipError>;
     /// Launches `f`; `params[i]` points at the i-th kernel argument.
     fn launch(&self, f: Func, grid: [u32; 3], block: [u32; 3], shared: u32, params: &mut [*mut c_void]) -> Result<(), HipError>;
+    /// Lets `f` launch with up to `bytes` of dynamic shared memory (above the default 48 KiB).
+    fn set_shared_limit(&self, f: Func, bytes: u32) -> Result<(), HipError>;
     /// Waits for all work and reports an asynchronous error, if any.
     fn sync(&self) -> Result<(), HipError>;
     /// Starts recording this thread's work on the stream into a graph instead of running it.

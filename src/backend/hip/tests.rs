@@ -45,13 +45,13 @@ fn detection_never_fails() {
 }
 
 /// Every tile and every batch gives each (row, token) the same bits: a batch at once on each tile,
-/// and single tokens alone on the one-token tile. Shapes: 13 tokens over 16 blocks per row, and 40
-/// tokens over 21 blocks (two tensor-core token tiles, a last K chunk of 5 blocks, 130 rows: three
-/// row tiles, the last partial).
+/// and single tokens alone on the one-token tile. Shapes: 13 tokens over 16 blocks per row, and 70
+/// tokens over 21 blocks (three 32-token and two 64-token tensor-core token tiles, the last ones
+/// partial; a last K chunk of 5 blocks; 130 rows: three row tiles, the last partial).
 #[test]
 fn hip_matmul_is_batch_invariant_bitwise() {
     let Some(ctx) = context() else { return };
-    for (rows, cols, n_tok) in [(70, 512, 13), (130, 672, 40)] {
+    for (rows, cols, n_tok) in [(70, 512, 13), (130, 672, 70)] {
         for ty in crate::backend::hip::kernels::HIP_TYPES {
             if cols % ty.block_elems() != 0 {
                 continue;
@@ -68,6 +68,7 @@ fn hip_matmul_is_batch_invariant_bitwise() {
             };
             let t8 = run(Tile::T8, &x, n_tok);
             assert_eq!(run(Tile::Mma, &x, n_tok), t8, "{ty:?} {rows}x{cols}: Mma vs T8");
+            assert_eq!(run(Tile::Mma64, &x, n_tok), t8, "{ty:?} {rows}x{cols}: Mma64 vs T8");
             assert_eq!(run(Tile::T16, &x, n_tok), t8, "{ty:?} {rows}x{cols}: T16 vs T8");
             assert_eq!(run(Tile::T4, &x, n_tok), t8, "{ty:?} {rows}x{cols}: T4 vs T8");
             assert_eq!(run(Tile::T1, &x, n_tok), t8, "{ty:?} {rows}x{cols}: T1 vs T8");
