@@ -24,20 +24,7 @@
 // decoded weights (8 tokens per workgroup); nothing about a token's arithmetic depends on how many
 // tokens are in the batch or where it sits.
 
-struct P {
-    rows: u32,
-    cols: u32,
-    n_tok: u32,
-    row_bytes: u32,
-    y_stride: u32,
-    y_off: u32,
-    accumulate: u32,
-    _pad: u32,
-}
-
-@group(0) @binding(0) var<uniform> p: P;
-@group(0) @binding(1) var<storage, read> W: array<WT>;
-@group(0) @binding(3) var<storage, read_write> Y: array<f32>;
+// P, W and Y: mm_io.wgsl (prepended).
 
 const LANES: u32 = 32u;
 const ROWS: u32 = 8u;

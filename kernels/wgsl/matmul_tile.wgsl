@@ -19,21 +19,8 @@
 // are fixed: the code below is written out for them. Nothing about
 // a token's arithmetic depends on the batch or on the tile it falls in.
 
-struct P {
-    rows: u32,
-    cols: u32,
-    n_tok: u32,
-    row_bytes: u32,
-    y_stride: u32,
-    y_off: u32,
-    accumulate: u32,
-    _pad: u32,
-}
-
-@group(0) @binding(0) var<uniform> p: P;
-@group(0) @binding(1) var<storage, read> W: array<WT>;
+// P, W and Y: mm_io.wgsl (prepended).
 @group(0) @binding(2) var<storage, read> X: array<vec4<u32>>;
-@group(0) @binding(3) var<storage, read_write> Y: array<f32>;
 
 const LANES: u32 = 32u;
 const ROWS: u32 = 8u;

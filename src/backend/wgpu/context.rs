@@ -622,7 +622,9 @@ fn with_lanes(name: &str, src: &str, lanes: u32) -> Result<String, WgpuError> {
 fn build_kernels(device: &wgpu::Device, lanes: u32, decode: DecodePlan, subgroups: bool, tile: bool, checks: bool) -> Result<Kernels, WgpuError> {
     let k = |name: &str, src: String, binds: &[B]| kernel(device, name, &src, binds, checks);
     let mm = [B::Uniform, B::Read, B::Read, B::Rw];
-    let matmul_src = with_lanes("matmul", include_str!("../../../kernels/wgsl/matmul.wgsl"), lanes)?;
+    // mm_io.wgsl: the parameters, weights and outputs both batch matmuls declare
+    let mm_io = include_str!("../../../kernels/wgsl/mm_io.wgsl");
+    let matmul_src = format!("{mm_io}\n{}", with_lanes("matmul", include_str!("../../../kernels/wgsl/matmul.wgsl"), lanes)?);
     let vec_src = with_lanes("matmul_vec", include_str!("../../../kernels/wgsl/matmul_vec.wgsl"), lanes)?;
     let vec_main = match subgroups {
         true => include_str!("../../../kernels/wgsl/mv_main_sg.wgsl"),
@@ -644,7 +646,7 @@ fn build_kernels(device: &wgpu::Device, lanes: u32, decode: DecodePlan, subgroup
     let mm_x_f32 = include_str!("../../../kernels/wgsl/mm_x_f32.wgsl");
     let mm_x_q8 = include_str!("../../../kernels/wgsl/mm_x_q8.wgsl");
     let mv_q8 = include_str!("../../../kernels/wgsl/matvec_q8.wgsl");
-    let tile_src = with_lanes("matmul_tile", include_str!("../../../kernels/wgsl/matmul_tile.wgsl"), lanes)?;
+    let tile_src = format!("{mm_io}\n{}", with_lanes("matmul_tile", include_str!("../../../kernels/wgsl/matmul_tile.wgsl"), lanes)?);
     // mt_main_sg.wgsl: one sum per lane after its reduce-scatter (TR * TT = LANES = 32)
     debug_assert!(!subgroups || (lanes == 32 && TILE_ROWS * MM_TOKENS == 32));
     let tile_main = match subgroups {
