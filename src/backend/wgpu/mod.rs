@@ -40,6 +40,8 @@ mod probe;
 mod stress;
 #[cfg(test)]
 pub(crate) mod tests;
+#[cfg(test)]
+mod model_tests;
 
 use super::offload::OffloadError;
 
