@@ -1,7 +1,8 @@
-// attention_part.wgsl — what attention.wgsl and attention_merge.wgsl share (after seq_params.wgsl
-// and q8_act.wgsl; each file's prefix declares Q8O and the partials' buffer S): the bindings of
-// the sequence's parameters, positions and output, the chunk size, the fold of a chunk's partial
-// into a running one, and the writing of a head's output row.
+// attention_part.wgsl — what attention.wgsl and attention_merge.wgsl share (after seq_params.wgsl,
+// q8_act.wgsl and attention_fold.wgsl; each file's prefix declares Q8O and the partials' buffer
+// S): the bindings of the sequence's parameters, positions and output, the key range of a query
+// and the writing of a head's output row (the chunk size and `fold`: attention_fold.wgsl, which
+// mvq_x_merge.wgsl shares too).
 //
 // Keys are cut into chunks of C = 256 at absolute positions 0, 256, 512, ...; a chunk's partial is
 // (m, l, o): the max of its scores, the sum of exp(s - m) and the exp-weighted sum of its values.
@@ -16,28 +17,10 @@
 @group(0) @binding(4) var<storage, read> POS: array<u32>;
 @group(0) @binding(5) var<storage, read_write> O: array<f32>;
 
-const C: u32 = 256u;      // keys per chunk
-const NEG: f32 = -3.0e38; // stands for -infinity (WGSL may assume no infinities)
-
 // [256] a head's output (for the Q8 rows); attention.wgsl also holds scores in it
 var<workgroup> sc: array<f32, 256>;
 // key count, shared so that loop bounds are workgroup-uniform
 var<workgroup> nkeys: u32;
-
-// One element of a partial: its chunk's max and sum, and element d of its values' sum.
-struct Part {
-    m: f32,
-    l: f32,
-    o: f32,
-}
-
-// `r` (the chunks before) then chunk partial `c`: both rescaled to the larger max.
-fn fold(r: Part, c: Part) -> Part {
-    let mn = max(r.m, c.m);
-    let a = exp(r.m - mn);
-    let b = exp(c.m - mn);
-    return Part(mn, fma(c.l, b, r.l * a), fma(c.o, b, r.o * a));
-}
 
 // Number of keys of query t (the workgroup's), the first key of its window, and its first chunk
 // and chunk count: every thread gets the same (workgroup-uniform) values.

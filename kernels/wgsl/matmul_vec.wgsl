@@ -14,7 +14,8 @@
 // (elements 32c + 4k ..) of chunk c of the f32 input: the activations as they are (plain),
 // RMSNorm folded in (norm), or SiLU(gate)·up folded in (silu), each the very bits rmsnorm.wgsl /
 // silu_mul.wgsl write; mvq_x_*.wgsl `xq(i)`, word i of the Q8 row. `mv_acc(acc, row, c, nc)`
-// (mv_f32.wgsl, matvec_q8.wgsl) folds chunk c of the row into a lane's sum.
+// (mv_f32.wgsl, matvec_q8.wgsl) folds chunk c of the row into a lane's sum. (mvq_x_merge.wgsl:
+// the o projection's Q8 row folded from a split attention's chunk partials, bindings 2, 4, 5.)
 //
 // Bindings (group 0):
 //   0 uniform P { rows, cols, n_tok (1), row_bytes, _, y_off, accumulate, eps (f32 bits: a folded

@@ -14,20 +14,10 @@ use super::options::{DecodePlan, WgpuOptions};
 use super::WgpuError;
 use crate::gguf::GgmlType;
 
-/// Weight types the matmul and embedding kernels decode: all of them.
-/// The weight types with a WGSL dequantizer (the CPU runs every `GgmlType`).
-pub const WEIGHT_TYPES: [GgmlType; 10] = [
-    GgmlType::F32,
-    GgmlType::F16,
-    GgmlType::Q4_0,
-    GgmlType::Q4_1,
-    GgmlType::Q5_0,
-    GgmlType::Q8_0,
-    GgmlType::Q4K,
-    GgmlType::Q5K,
-    GgmlType::Q6K,
-    GgmlType::BF16,
-];
+/// The weight types with a WGSL dequantizer (the CPU runs every `GgmlType`): the matmul and
+/// embedding kernels decode all of them.
+pub const WEIGHT_TYPES: [GgmlType; 10] =
+    [GgmlType::F32, GgmlType::F16, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::Q4K, GgmlType::Q5K, GgmlType::Q6K, GgmlType::BF16];
 
 /// Threads per workgroup of the element-wise kernels (embed, rope, kv_store, silu_mul, add).
 pub const WG: u32 = 256;
@@ -75,6 +65,9 @@ pub(crate) enum XSrc {
     /// f32 input quantized to Q8 by every workgroup, RMSNorm optionally folded in
     /// (mvq_x_stage.wgsl, binding 4: the norm weight); integer dot products as `Q8`
     Q8Stage,
+    /// the o projection's Q8 input folded by every workgroup from a split attention's chunk
+    /// partials (mvq_x_merge.wgsl, bindings 2, 4, 5); integer dot products as `Q8`
+    Q8Merge,
 }
 
 /// A compute pipeline and the layout of its one bind group.
@@ -163,6 +156,8 @@ pub struct WgpuContext {
     pub(crate) attention_one: bool,
     /// [`WgpuOptions::attention_split`]
     pub(crate) attention_split: bool,
+    /// [`WgpuOptions::o_merge`]
+    pub(crate) o_merge: bool,
     /// [`WgpuOptions::submit_layers`]
     pub(crate) submit_layers: usize,
     /// [`WgpuOptions::spin_us`]
@@ -241,8 +236,10 @@ fn q8dot_source(ty: GgmlType) -> Option<String> {
 }
 const PACKED: &str = include_str!("../../../kernels/wgsl/packed.wgsl");
 const ROPE_PAIR: &str = include_str!("../../../kernels/wgsl/rope_pair.wgsl");
-const ATTENTION_PART: &str = concat!(include_str!("../../../kernels/wgsl/seq_params.wgsl"), "\n", include_str!("../../../kernels/wgsl/attention_part.wgsl"));
-const ATTENTION: &str = concat!(include_str!("../../../kernels/wgsl/seq_params.wgsl"), "\n", include_str!("../../../kernels/wgsl/attention_part.wgsl"), "\n", include_str!("../../../kernels/wgsl/attention.wgsl"));
+/// The sequence parameters and attention_fold.wgsl (attention_part.wgsl, mvq_x_merge.wgsl).
+const SEQ_FOLD: &str = concat!(include_str!("../../../kernels/wgsl/seq_params.wgsl"), "\n", include_str!("../../../kernels/wgsl/attention_fold.wgsl"));
+const ATTENTION_PART: &str = concat!(include_str!("../../../kernels/wgsl/seq_params.wgsl"), "\n", include_str!("../../../kernels/wgsl/attention_fold.wgsl"), "\n", include_str!("../../../kernels/wgsl/attention_part.wgsl"));
+const ATTENTION: &str = concat!(include_str!("../../../kernels/wgsl/seq_params.wgsl"), "\n", include_str!("../../../kernels/wgsl/attention_fold.wgsl"), "\n", include_str!("../../../kernels/wgsl/attention_part.wgsl"), "\n", include_str!("../../../kernels/wgsl/attention.wgsl"));
 /// The sequence parameters and `kv_put` (rope_store.wgsl, mv_y_rope.wgsl).
 const SEQ_KV_PUT: &str = concat!(include_str!("../../../kernels/wgsl/seq_params.wgsl"), "\n", include_str!("../../../kernels/wgsl/kv_put.wgsl"));
 
@@ -369,6 +366,7 @@ impl WgpuContext {
             stage: opts.stage,
             attention_one: opts.attention_one,
             attention_split: opts.attention_split,
+            o_merge: opts.o_merge,
             submit_layers: opts.submit_layers,
             qkv_rope: opts.qkv_rope,
             spin: std::time::Duration::from_micros(opts.spin_us),
@@ -664,7 +662,10 @@ pub(super) fn build_kernels(device: &wgpu::Device, lanes: u32, decode: DecodePla
             let global = include_str!("../../../kernels/wgsl/mvq_x_global.wgsl");
             let stage = format!("{Q8_ACT}\n{RMS_SCALE}\n{}", include_str!("../../../kernels/wgsl/mvq_x_stage.wgsl"));
             let staged = [B::Uniform, B::Read, B::Read, B::Rw, B::Read];
-            for (xs, x_src, binds) in [(XSrc::Q8, global.to_string(), &mm[..]), (XSrc::Q8Stage, stage, &staged[..])] {
+            // mvq_x_merge.wgsl: 2 the partials, 4 the positions, 5 the sequence's parameters
+            let merge = format!("{Q8_ACT}\n{SEQ_FOLD}\n{}", include_str!("../../../kernels/wgsl/mvq_x_merge.wgsl"));
+            let merged = [B::Uniform, B::Read, B::Read, B::Rw, B::Read, B::UniformDyn];
+            for (xs, x_src, binds) in [(XSrc::Q8, global.to_string(), &mm[..]), (XSrc::Q8Stage, stage, &staged[..]), (XSrc::Q8Merge, merge, &merged[..])] {
                 let src = format!("{w}\n{dot}\n{x_src}\n{mv_q8}\n{vec_src}\n{vec_main}");
                 matvec.insert((ty, xs), k(&format!("matvec_q8_{name}_{xs:?}"), format!("{src}\n{y_store}"), binds)?);
                 if xs == XSrc::Q8 && (WG / lanes).is_multiple_of(2) {

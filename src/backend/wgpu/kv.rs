@@ -9,7 +9,9 @@
 //! attention.wgsl's header). A sequence of one token whose cache holds more than one chunk of 256
 //! keys has its attention split over the chunks (one workgroup per query head and chunk, the
 //! partials in the cache's `partials` buffer), then attention_merge.wgsl folds them
-//! (`WgpuOptions::attention_split`, same bits).
+//! (`WgpuOptions::attention_split`, same bits), or, in a step of that one token where the plan
+//! has it, the o projection folds them in its input stage and no merge runs ([`OMerge`],
+//! `WgpuOptions::o_merge`, same bits).
 //!
 //! The cached length lives with the caller (the engine's `KvCache`): truncating is forgetting
 //! positions, and [`GpuKv::copy_prefix_from`] copies positions between two caches on the GPU
@@ -43,6 +45,22 @@ pub(super) struct QkvRope {
     pub bufs: [wgpu::Buffer; 4],
 }
 
+/// The one-token o projection that folds a split attention's partials in its input stage
+/// (mvq_x_merge.wgsl; plan.rs): its bind group holds the sequence's partials and parameters, so
+/// this file builds it ([`GpuKv::bind_for`]).
+pub(super) struct OMerge {
+    /// the mvq_x_merge.wgsl pipeline of the o projection's weight type
+    pub kernel: Kernel,
+    /// the dispatch's step (parameters and grid)
+    pub step: Step,
+    /// byte offset of `step`'s parameter slot
+    pub param_offset: u64,
+    /// bindings 1 and 3: weights, residual stream
+    pub bufs: [wgpu::Buffer; 2],
+    /// index of the plain o projection it replaces among the layer's one-token dispatches after attention
+    pub at: usize,
+}
+
 /// What a sequence's bind groups use besides its caches: a run state's activations (`id`) and
 /// the stack's RoPE table.
 pub(super) struct SeqBuffers<'a> {
@@ -66,6 +84,9 @@ pub(super) struct SeqBuffers<'a> {
     pub xq: &'a wgpu::Buffer,
 }
 
+/// One layer's bind groups of a [`GpuKv`] (see its `binds`).
+type LayerBinds = ([wgpu::BindGroup; 4], Option<wgpu::BindGroup>, Option<wgpu::BindGroup>);
+
 pub struct GpuKv {
     /// unique among caches (a step recorded ahead is for these caches: layers/step.rs)
     pub(crate) id: u64,
@@ -86,8 +107,8 @@ pub struct GpuKv {
     k: Vec<wgpu::Buffer>,
     v: Vec<wgpu::Buffer>,
     /// (activations id, per layer [rope_store, attention, attention_one, attention_merge] bind
-    /// groups and the one-token q|k|v + RoPE matmul's, where the plan has it)
-    binds: Option<(u64, Vec<([wgpu::BindGroup; 4], Option<wgpu::BindGroup>)>)>,
+    /// groups, the one-token q|k|v + RoPE matmul's and the o + merge matmul's, where the plan has them)
+    binds: Option<(u64, Vec<LayerBinds>)>,
 }
 
 impl GpuKv {
@@ -146,9 +167,9 @@ impl GpuKv {
     }
 
     /// Builds the bind groups of this cache's dispatches for the activations of `b` unless they
-    /// exist already; `qkv_rope(li)`: layer `li`'s one-token q|k|v + RoPE matmul, where the plan
-    /// has one.
-    pub(crate) fn bind_for<'a>(&mut self, b: &SeqBuffers<'a>, qkv_rope: impl Fn(usize) -> Option<&'a QkvRope>) -> Result<(), WgpuError> {
+    /// exist already; `plan(li)`: layer `li`'s one-token q|k|v + RoPE matmul and o + merge
+    /// matmul, where the plan has them.
+    pub(crate) fn bind_for<'a>(&mut self, b: &SeqBuffers<'a>, plan: impl Fn(usize) -> (Option<&'a QkvRope>, Option<&'a OMerge>)) -> Result<(), WgpuError> {
         if self.binds.as_ref().is_some_and(|(id, _)| *id == b.id) {
             return Ok(());
         }
@@ -162,7 +183,13 @@ impl GpuKv {
             .enumerate()
             .map(|(li, (kc, vc))| {
                 let rope = if b.windowed.get(li).copied().unwrap_or(false) { b.rope_swa } else { b.rope };
-                let qkv_rope = qkv_rope(li).map(|q| {
+                let (qkv_rope, o_merge) = plan(li);
+                let o_merge = o_merge.map(|m| {
+                    let w = (params, m.param_offset, Some(PARAM_WINDOW));
+                    let [w1, y] = &m.bufs;
+                    self.ctx.bind(&m.kernel, &[w, (w1, 0, None), (s, 0, None), (y, 0, None), (pos, 0, None), p])
+                });
+                let qkv_rope = qkv_rope.map(|q| {
                     let w = (params, q.param_offset, Some(PARAM_WINDOW));
                     let [b1, b2, b3, b4] = &q.bufs;
                     let bufs = [w, (b1, 0, None), (b2, 0, None), (b3, 0, None), (b4, 0, None), (kc, 0, None), (vc, 0, None), (rope, 0, None), (pos, 0, None), p];
@@ -177,7 +204,7 @@ impl GpuKv {
                     ),
                     self.ctx.bind(&k.attention_merge, &[p, (s, 0, None), (kc, 0, None), (vc, 0, None), (pos, 0, None), (att, 0, None), (xq, 0, None)]),
                 ];
-                (groups, qkv_rope)
+                (groups, qkv_rope, o_merge)
             })
             .collect();
         self.binds = Some((b.id, binds));
@@ -196,6 +223,11 @@ impl GpuKv {
     /// The bind group of layer `li`'s one-token q|k|v + RoPE matmul (see [`bind_for`](Self::bind_for)).
     pub(crate) fn qkv_rope_bind(&self, li: usize) -> Option<&wgpu::BindGroup> {
         self.binds.as_ref().and_then(|(_, b)| b.get(li)).and_then(|l| l.1.as_ref())
+    }
+
+    /// The bind group of layer `li`'s one-token o + merge matmul (see [`bind_for`](Self::bind_for)).
+    pub(crate) fn o_merge_bind(&self, li: usize) -> Option<&wgpu::BindGroup> {
+        self.binds.as_ref().and_then(|(_, b)| b.get(li)).and_then(|l| l.2.as_ref())
     }
 }
 
@@ -240,7 +272,7 @@ fn partials_bytes(n_head: usize, capacity: usize, head_dim: usize) -> u64 {
 /// whose cache holds more than one chunk; else 1 (one workgroup per query head and token walks
 /// every chunk). The grid covers the cache's capacity, so that a step recorded ahead stays valid
 /// as the sequence grows: workgroups past the token's keys return at once.
-fn split_chunks(split: bool, s: &SeqSpan<'_>) -> usize {
+pub(crate) fn split_chunks(split: bool, s: &SeqSpan<'_>) -> usize {
     let chunks = gpu_kv(s).capacity.div_ceil(ATTENTION_CHUNK);
     if split && s.n_tok == 1 && chunks > 1 {
         chunks
@@ -259,12 +291,14 @@ pub(crate) fn seq_dispatches(seqs: &[SeqSpan<'_>], one: bool, split: bool) -> us
 /// sequence of several tokens (none when `roped`: the q|k|v matmul did it), then each sequence's
 /// attention: attention_one for a sequence of one token when `one` (`WgpuContext::attention_one`),
 /// which does what rope_store would; split over chunks of keys when `split` allows
-/// ([`split_chunks`]), followed by attention_merge.
+/// ([`split_chunks`]), followed by attention_merge unless `merged` (the o projection folds the
+/// partials: the step's one sequence of one token).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn record_seqs<'a>(
     one: bool,
     split: bool,
     roped: bool,
+    merged: bool,
     k: &'a Kernels,
     c: &LayerShape,
     seqs: &'a [SeqSpan<'_>],
@@ -284,7 +318,7 @@ pub(crate) fn record_seqs<'a>(
             true => emit("attention + rope + kv store", &k.attention_one.pipeline, gpu_kv(s).bind(li, 2), i, grid),
             false => emit("attention", &k.attention.pipeline, gpu_kv(s).bind(li, 1), i, grid),
         }
-        if chunks > 1 {
+        if chunks > 1 && !merged {
             emit("attention merge", &k.attention_merge.pipeline, gpu_kv(s).bind(li, 3), i, (c.n_head as u32, 1));
         }
     }

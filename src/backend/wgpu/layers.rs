@@ -24,7 +24,7 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use super::context::{grid_1d, next_id, WgpuContext, MAX_HEAD_DIM, PARAM_WINDOW};
-use super::kv::{attention_q8, gpu_kv, record_seqs, seq_dispatches, seq_params, window_param, GpuKv, KvPrecision, QkvRope, SeqBuffers};
+use super::kv::{attention_q8, gpu_kv, record_seqs, seq_dispatches, seq_params, split_chunks, window_param, GpuKv, KvPrecision, OMerge, QkvRope, SeqBuffers};
 use super::plan::{batch_plan, one_token_plan, q8_bytes, Acts, PlanCtx, PlanItem, Step};
 use super::DecodePlan;
 use super::upload::{upload_rows, GpuLayer, GpuMatrix};
@@ -56,6 +56,8 @@ struct LayerDispatches {
     one: bool,
     /// steps of one token: the q|k|v matmul with RoPE + KV store, recorded per sequence
     qkv_rope: Option<QkvRope>,
+    /// steps of one token with split attention: the o projection folding the partials
+    o_merge: Option<OMerge>,
 }
 
 impl LayerDispatches {
@@ -160,6 +162,11 @@ impl GpuActivations {
     /// Layer `li`'s one-token q|k|v matmul with RoPE + KV store, where the plan has one.
     pub(super) fn qkv_rope(&self, li: usize) -> Option<&QkvRope> {
         self.layers.get(li).and_then(|l| l.qkv_rope.as_ref())
+    }
+
+    /// Layer `li`'s one-token o projection folding a split attention's partials, where the plan has one.
+    pub(super) fn o_merge(&self, li: usize) -> Option<&OMerge> {
+        self.layers.get(li).and_then(|l| l.o_merge.as_ref())
     }
 }
 
@@ -301,6 +308,7 @@ impl GpuLayers {
             att_q8: attention_q8(ctx.q8, c),
             stage: ctx.stage,
             qkv_rope: ctx.qkv_rope && !ctx.attention_one && c.rope_style == RopeStyle::Adjacent && !qk_norms && !self.any_windowed(),
+            o_merge: ctx.o_merge && ctx.attention_split,
             n_embd: e,
             norm: Step::RmsNorm { dim: e, eps: c.rms_eps },
             qkv_width: qkvd,
@@ -310,16 +318,19 @@ impl GpuLayers {
         };
         let acts = Acts { x: &x, xn: &xn, xq: &xq, qkv: &qkv, att: &att, gu: &gu, act: &act, proj: &proj };
         let mut ropes: Vec<Option<PlanItem<'_>>> = Vec::new();
+        let mut merges: Vec<Option<(usize, PlanItem<'_>)>> = Vec::new();
         for g in &self.gpu {
             // the one-token epilogues compute SiLU: a GeGLU model's steps of one token take the batch plan
             let decode = if c.ffn_activation == FfnActivation::Silu { ctx.decode } else { DecodePlan::Off };
-            let (one, rope) = one_token_plan(&pc, decode, g, &acts)?;
-            plan1.push(one);
-            ropes.push(rope);
+            let one = one_token_plan(&pc, decode, g, &acts)?;
+            plan1.push(one.list);
+            ropes.push(one.rope);
+            merges.push(one.o_merge);
             plan.push(batch_plan(&pc, g, &acts)?);
         }
         let mut slots: Vec<Step> = Vec::new();
-        for (_, _, s, _, _) in plan.iter().flatten().chain(plan1.iter().flatten()).chain(ropes.iter().flatten()) {
+        let merge_items = merges.iter().flatten().map(|(_, item)| item);
+        for (_, _, s, _, _) in plan.iter().flatten().chain(plan1.iter().flatten()).chain(ropes.iter().flatten()).chain(merge_items) {
             if !slots.contains(s) {
                 slots.push(*s);
             }
@@ -343,20 +354,28 @@ impl GpuLayers {
             binds.extend(bufs.iter().map(|b| (*b, 0, None)));
             (*pre, Dispatch { pipeline: kernel.pipeline.clone(), bind: ctx.bind(kernel, &binds), step: *step, label })
         };
-        for ((chunk, one), rope) in plan.iter().zip(&plan1).zip(&ropes) {
+        let slot_of = |step: &Step| slots.iter().position(|s| s == step).unwrap_or(0) as u64 * slot_stride;
+        for (((chunk, one), rope), merge) in plan.iter().zip(&plan1).zip(&ropes).zip(&merges) {
+            let o_merge = match merge {
+                Some((at, (_, kernel, step, _, bufs))) => match bufs.as_slice() {
+                    [w, y] => Some(OMerge { kernel: (*kernel).clone(), step: *step, param_offset: slot_of(step), bufs: [(*w).clone(), (*y).clone()], at: *at }),
+                    _ => return Err(WgpuError::Unsupported("o + merge plan item".into())),
+                },
+                None => None,
+            };
             let qkv_rope = match rope {
                 Some((_, kernel, step, _, bufs)) => match bufs.as_slice() {
                     [w, x, y, g] => Some(QkvRope {
                         kernel: (*kernel).clone(),
                         step: *step,
-                        param_offset: slots.iter().position(|s| s == step).unwrap_or(0) as u64 * slot_stride,
+                        param_offset: slot_of(step),
                         bufs: [(*w).clone(), (*x).clone(), (*y).clone(), (*g).clone()],
                     }),
                     _ => return Err(WgpuError::Unsupported("q|k|v + rope plan item".into())),
                 },
                 None => None,
             };
-            let mut ld = LayerDispatches { pre: Vec::new(), post: Vec::new(), pre1: Vec::new(), post1: Vec::new(), one: !one.is_empty(), qkv_rope };
+            let mut ld = LayerDispatches { pre: Vec::new(), post: Vec::new(), pre1: Vec::new(), post1: Vec::new(), one: !one.is_empty(), qkv_rope, o_merge };
             for (pre, d) in chunk.iter().map(dispatch_of) {
                 if pre { ld.pre.push(d) } else { ld.post.push(d) }
             }

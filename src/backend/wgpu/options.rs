@@ -53,6 +53,11 @@ pub struct WgpuOptions {
     /// H100, tg128@d1024: SmolLM2-shaped 729-740 vs 579-598 t/s, 1.1B 741-790 vs 632-663 (main's
     /// single walk, docs/perf.md). Same bits. `$FORGE_WGPU_ATTN_SPLIT=0`.
     pub attention_split: bool,
+    /// Where a one-token step's attention is split, its o projection (Q8 input, no post-norm)
+    /// folds the chunk partials in its input stage (mvq_x_merge.wgsl: every workgroup merges
+    /// and quantizes the row in workgroup memory) and no attention_merge dispatch runs. Same
+    /// bits. `$FORGE_WGPU_O_MERGE=0`.
+    pub o_merge: bool,
     /// The layer runner multiplies Q4_0 / Q4_1 / Q8_0 weights by activations quantized to 8 bits
     /// with integer dot products, as the CPU does (plan.rs); `false`: f32 activations and the
     /// dequantizing kernels, for comparisons (other bits). `$FORGE_WGPU_Q8=0`.
@@ -91,6 +96,7 @@ impl Default for WgpuOptions {
             decode_kernels: None,
             attention_one: false,
             attention_split: true,
+            o_merge: true,
             q8: true,
             tile: true,
             stage: true,
@@ -144,6 +150,7 @@ impl WgpuOptions {
         }
         o.attention_one = flag("FORGE_WGPU_ATTN_ONE")?.unwrap_or(o.attention_one);
         o.attention_split = flag("FORGE_WGPU_ATTN_SPLIT")?.unwrap_or(o.attention_split);
+        o.o_merge = flag("FORGE_WGPU_O_MERGE")?.unwrap_or(o.o_merge);
         o.q8 = flag("FORGE_WGPU_Q8")?.unwrap_or(o.q8);
         o.tile = flag("FORGE_WGPU_TILE")?.unwrap_or(o.tile);
         o.stage = flag("FORGE_WGPU_STAGE")?.unwrap_or(o.stage);
@@ -174,6 +181,7 @@ impl WgpuOptions {
             ("attention_one", with(|o| o.attention_one = !o.attention_one)),
             ("tile", with(|o| o.tile = !o.tile)),
             ("attention split", with(|o| o.attention_split = !o.attention_split)),
+            ("o merge", with(|o| o.o_merge = !o.o_merge)),
             ("stage", with(|o| o.stage = !o.stage)),
             ("qkv_rope", with(|o| o.qkv_rope = !o.qkv_rope)),
             ("subgroups", with(|o| o.subgroups = !o.subgroups)),

@@ -86,6 +86,8 @@ pub(super) struct PlanCtx<'a> {
     pub stage: bool,
     /// the one-token q|k|v matmul does RoPE + KV store where it can (mv_y_rope.wgsl)
     pub qkv_rope: bool,
+    /// the one-token o projection folds a split attention's partials where it can (mvq_x_merge.wgsl)
+    pub o_merge: bool,
     /// width of the residual stream
     pub n_embd: usize,
     /// [n_embd] RMSNorm of the layer's inputs
@@ -197,11 +199,23 @@ pub(super) fn batch_plan<'a>(pc: &PlanCtx<'a>, g: &'a GpuLayer, a: &Acts<'a>) ->
     Ok(p)
 }
 
-/// The one-token dispatches of layer `g` (empty for `DecodePlan::Off`: the batch plan runs), and
-/// the q|k|v matmul with RoPE + KV store as its epilogue when it replaces the list's q|k|v matmul
-/// and rope_store (a staged, fused q|k|v matrix; buffers of bindings 1-4, kv.rs adds the
-/// sequence's: it is recorded per sequence).
-pub(super) fn one_token_plan<'a>(pc: &PlanCtx<'a>, plan: DecodePlan, g: &'a GpuLayer, a: &Acts<'a>) -> Result<(Vec<PlanItem<'a>>, Option<PlanItem<'a>>), WgpuError> {
+/// The one-token dispatches of a layer (see [`one_token_plan`]).
+pub(super) struct OneToken<'a> {
+    /// the token-wide dispatches (empty for `DecodePlan::Off`: the batch plan runs)
+    pub list: Vec<PlanItem<'a>>,
+    /// the q|k|v matmul with RoPE + KV store as its epilogue when it replaces the list's q|k|v
+    /// matmul and rope_store (a staged, fused q|k|v matrix; buffers of bindings 1-4, kv.rs adds
+    /// the sequence's: it is recorded per sequence)
+    pub rope: Option<PlanItem<'a>>,
+    /// the o projection reading a split attention's partials (mvq_x_merge.wgsl; buffers of
+    /// bindings 1 and 3, kv.rs adds the sequence's), and the index among the list's dispatches
+    /// after attention of the plain o projection it replaces when the sequence's attention is
+    /// split (then no attention_merge runs)
+    pub o_merge: Option<(usize, PlanItem<'a>)>,
+}
+
+/// The one-token dispatches of layer `g` ([`OneToken`]).
+pub(super) fn one_token_plan<'a>(pc: &PlanCtx<'a>, plan: DecodePlan, g: &'a GpuLayer, a: &Acts<'a>) -> Result<OneToken<'a>, WgpuError> {
     let kern = pc.kern;
     let eps = match pc.norm {
         Step::RmsNorm { eps, .. } => eps,
@@ -245,6 +259,7 @@ pub(super) fn one_token_plan<'a>(pc: &PlanCtx<'a>, plan: DecodePlan, g: &'a GpuL
     };
     let mut p: Vec<PlanItem<'a>> = Vec::new();
     let mut rope = None;
+    let mut o_merge = None;
     let with = |mut b: Vec<&'a wgpu::Buffer>, more: &[&'a wgpu::Buffer]| {
         b.extend_from_slice(more);
         b
@@ -277,6 +292,14 @@ pub(super) fn one_token_plan<'a>(pc: &PlanCtx<'a>, plan: DecodePlan, g: &'a GpuL
             }
             pc.head_norm(&mut p, g, a);
             pc.quantize_att(&mut p, &g.wo, a);
+            // the o projection straight from the partials: Q8 input as attention writes it,
+            // a row the stage holds, added to the residual stream by the matmul itself
+            if pc.o_merge && pc.att_q8 && pc.uses_q8(&g.wo) && g.wo.cols <= STAGE_MAX_COLS && g.post_attn_norm.is_none() {
+                if let Some(k) = kern.matvec.get(&(g.wo.ty, XSrc::Q8Merge)) {
+                    let at = p.iter().filter(|i| !i.0).count();
+                    o_merge = Some((at, (false, k, step_of(&g.wo, XSrc::Q8Merge, true), "matvec o + merge + add", vec![&g.wo.buf, a.x])));
+                }
+            }
             pc.residual(&mut p, mv(&g.wo, XSrc::Plain, a.att, true, false)?, "matvec o + add", g.post_attn_norm.as_ref(), a);
             pc.norm(&mut p, false, &g.gate_up, a.x, &g.ffn_norm, a);
             if let Some((k, s, b)) = gu_silu(XSrc::Plain, a.xn)? {
@@ -310,5 +333,5 @@ pub(super) fn one_token_plan<'a>(pc: &PlanCtx<'a>, plan: DecodePlan, g: &'a GpuL
             }
         }
     }
-    Ok((p, rope))
+    Ok(OneToken { list: p, rope, o_merge })
 }

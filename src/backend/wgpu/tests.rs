@@ -337,9 +337,11 @@ fn decode_equals_prefill_of(ctx: &Arc<WgpuContext>, ty: GgmlType) {
 }
 
 /// Decode past one chunk of 256 keys (attention split over chunks, one workgroup per head and
-/// chunk, then attention_merge.wgsl) equals the prefill (one workgroup per head and token walking
-/// the chunks), on tiny_shape and on the synthetic Gemma 3 (sliding window 8: the decoded
-/// tokens' windows skip chunk 0 from position 263 on). Positions 262..=269 are decoded.
+/// chunk, then attention_merge.wgsl, or on tiny_shape's Q8 model with the one-token kernels the
+/// o projection folding the partials itself, `WgpuOptions::o_merge`, on and off) equals the
+/// prefill (one workgroup per head and token walking the chunks), on tiny_shape and on the
+/// synthetic Gemma 3 (sliding window 8: the decoded tokens' windows skip chunk 0 from position
+/// 263 on). Positions 262..=269 are decoded.
 #[test]
 fn wgpu_split_attention_decode_equals_prefill() {
     use crate::gguf::synth::{SynthArch, SynthShape};
@@ -359,10 +361,15 @@ fn wgpu_split_attention_decode_equals_prefill() {
         let mut decode_chunks = vec![16; 16];
         decode_chunks.extend([6]);
         decode_chunks.extend([1; 8]);
-        // the default context, and the one with attention_one (its own split path) where it applies
+        // the default context, and on tiny the 32-lane ones (one-token kernels: o + merge, and
+        // attention_one's own split path) and one without o_merge
         let ctxs = contexts();
-        let pick: Vec<&Arc<WgpuContext>> = ctxs.iter().enumerate().filter(|(i, c)| *i == 0 || (c.attention_one && name == "tiny")).map(|(_, c)| c).collect();
-        for ctx in pick {
+        let mut pick: Vec<Arc<WgpuContext>> = ctxs.iter().enumerate().filter(|(i, _)| *i == 0 || name == "tiny").map(|(_, c)| c.clone()).collect();
+        if name == "tiny" && ctxs.len() > 1 {
+            let o = WgpuOptions { matmul_lanes: Some(32), decode_kernels: Some(DecodePlan::Unfused), o_merge: false, ..test_options() };
+            pick.push(WgpuContext::new(o).expect("context without o_merge"));
+        }
+        for ctx in &pick {
             assert!(ctx.attention_split);
             let prefill = run_chunks_in(ctx, &model, 0..nl, KvPrecision::F16, &hidden, &prefill_chunks, 300);
             assert!(prefill.iter().all(|v| v.is_finite()));
@@ -420,6 +427,7 @@ fn options_from_the_environment() {
         ("FORGE_WGPU_DECODE", "shared"),
         ("FORGE_WGPU_ATTN_ONE", "1"),
         ("FORGE_WGPU_ATTN_SPLIT", "0"),
+        ("FORGE_WGPU_O_MERGE", "0"),
         ("FORGE_WGPU_Q8", "0"),
         ("FORGE_WGPU_TILE", "0"),
         ("FORGE_WGPU_STAGE", "0"),
@@ -435,6 +443,7 @@ fn options_from_the_environment() {
         decode_kernels: Some(DecodePlan::Fused),
         attention_one: true,
         attention_split: false,
+        o_merge: false,
         q8: false,
         tile: false,
         stage: false,

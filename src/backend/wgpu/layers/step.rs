@@ -84,7 +84,7 @@ impl GpuLayers {
         let bufs = self.seq_buffers(act);
         for s in seqs.iter_mut() {
             let kv = s.kv.get_mut::<GpuKv>().ok_or_else(|| WgpuError::Unsupported("a KV cache of another backend".into()))?;
-            kv.bind_for(&bufs, |li| act.qkv_rope(li))?;
+            kv.bind_for(&bufs, |li| (act.qkv_rope(li), act.o_merge(li)))?;
         }
         self.write_inputs(act, hidden, positions, seqs);
         match prof {
@@ -352,9 +352,18 @@ impl GpuLayers {
             if let Some((i, q, bind)) = rope {
                 emit("norm + matvec qkv + rope + kv store", &q.kernel.pipeline, bind, Some(seq_offset(i)), self.grid_of(q.step, 1));
             }
-            record_seqs(self.attention_one(), self.ctx.attention_split, rope.is_some(), &self.ctx.kernels, &self.config, seqs, li, |label, pipeline, bind, i, grid| emit(label, pipeline, bind, Some(seq_offset(i)), grid));
-            for d in post {
-                emit(d.label, &d.pipeline, &d.bind, None, self.grid_of(d.step, n));
+            // one token with split attention: the o projection folds the partials (plan.rs), no merge
+            let split = self.ctx.attention_split;
+            let merge = match (n, &ld.o_merge) {
+                (1, Some(m)) => seqs.iter().enumerate().find(|(_, s)| s.n_tok == 1 && split_chunks(split, s) > 1).and_then(|(i, s)| gpu_kv(s).o_merge_bind(li).map(|b| (i, m, b))),
+                _ => None,
+            };
+            record_seqs(self.attention_one(), split, rope.is_some(), merge.is_some(), &self.ctx.kernels, &self.config, seqs, li, |label, pipeline, bind, i, grid| emit(label, pipeline, bind, Some(seq_offset(i)), grid));
+            for (j, d) in post.iter().enumerate() {
+                match merge {
+                    Some((i, m, bind)) if j == m.at => emit("matvec o + merge + add", &m.kernel.pipeline, bind, Some(seq_offset(i)), self.grid_of(m.step, 1)),
+                    _ => emit(d.label, &d.pipeline, &d.bind, None, self.grid_of(d.step, n)),
+                }
             }
         }
     }
