@@ -137,6 +137,10 @@ pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
             };
             println!("| {model_name} | {backend_name} | {threads} | {} | {:.2} ± {:.2} |{extra}", r.test, r.tokens_per_s, r.stddev);
         }
+        // FORGE_CPU_PROFILE=1: where the CPU backend's time went in this test (warm-up included)
+        if let Some(p) = forge_cache::backend::cpu::prof::take_report() {
+            println!("profile {}: {p}", r.test);
+        }
         i += 1;
     })?;
     if a.json {

@@ -9,6 +9,7 @@
 //! on its device).
 
 use half::f16;
+use half::slice::HalfFloatSliceExt;
 
 use super::config::LlamaConfig;
 use crate::backend::offload::OffloadKv;
@@ -201,9 +202,8 @@ impl KvCache {
                 let p = pos(t);
                 for (h, head) in tok.chunks_exact(hd).enumerate() {
                     let at = (h * cap + p) * hd;
-                    for (d, s) in dst[at..at + hd].iter_mut().zip(head) {
-                        *d = f16::from_f32(*s);
-                    }
+                    // `f16::from_f32` of each value, 8 at a time (the same F16C rounding)
+                    dst[at..at + hd].convert_from_f32_slice(head);
                 }
             }
         }

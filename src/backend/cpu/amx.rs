@@ -121,12 +121,27 @@ pub unsafe fn matmul_rows<B: AmxBlock>(
 /// rows, so usually all of a call's; 1, 4 and 8 measured within 10% of each other).
 const SUB: usize = 4;
 
+/// Pipeline steps whose C tiles are in `Scratch::sums` at once, for types of one product per
+/// block: step i + 2's products are issued before step i's sums are read (with 2, only step
+/// i + 1's: more time for the tile stores before the vector loads read them). Types of several
+/// products per block keep 2 (their C tiles are 8-16 KiB a step; 3 steps of Q6_K fill L1).
+const DEPTH: usize = 3;
+
+/// The pipeline depth of `B` (see [`DEPTH`]).
+const fn depth<B: AmxBlock>() -> usize {
+    if B::UNITS == 1 {
+        DEPTH
+    } else {
+        2
+    }
+}
+
 /// Per-thread buffers of [`tiles`] (kept between calls: no allocation once warm).
 #[derive(Default)]
 struct Scratch {
     /// up to `SUB` 16-row groups' B tiles, block by block
     b: Vec<Line>,
-    /// C tiles of two pipeline steps
+    /// C tiles of `depth` pipeline steps
     sums: Vec<i32>,
     /// where each of those blocks' B tiles are
     at: Vec<usize>,
@@ -177,7 +192,8 @@ unsafe fn tiles<B: AmxBlock>(p: &Packed16<B>, rows: Range<usize>, acts: &[B::Act
     let mut s = SCRATCH.take();
     // blocks per pipeline step: two for one product per block (two products in flight)
     let span = if B::UNITS == 1 { 2 } else { 1 };
-    s.sums.resize(2 * span * B::UNITS * 256, 0);
+    let depth = depth::<B>();
+    s.sums.resize(depth * span * B::UNITS * 256, 0);
     let sub = SUB;
     s.b.resize(sub * nb * B::UNITS * tb / 64, Line([0; 64]));
     s.at.resize(sub * nb, 0);
@@ -201,19 +217,22 @@ unsafe fn tiles<B: AmxBlock>(p: &Packed16<B>, rows: Range<usize>, acts: &[B::Act
                 let at = &s.at[(g - g0) * nb..(g - g0 + 1) * nb];
                 let x = &acts[t0 * nb..];
                 let (mut acc, mut acc2) = ([_mm512_setzero_ps(); TOK], [_mm512_setzero_ps(); TOK]);
-                // Software pipeline: step i's products (its `SPAN` blocks) are issued before step
-                // i - 1's sums are read back (a tile store read at once by vector loads stalls).
+                // Software pipeline: step i's products (its `SPAN` blocks) are issued depth - 1
+                // steps before its sums are read back (a tile store read at once by vector loads
+                // stalls).
                 let n_steps = nb.div_ceil(span);
                 let sums = s.sums.as_mut_ptr();
-                // SAFETY (both calls): see `issue`; `x` holds the tile's 16 tokens' blocks, `at`
-                // this group's B tiles, `sums` two halves of `span * UNITS` C tiles.
-                unsafe { issue::<B>(x, at, sums, 0, span, nb, stride, tb) };
+                for i in 0..(depth - 1).min(n_steps) {
+                    // SAFETY (all calls): see `issue`; `x` holds the tile's 16 tokens' blocks, `at`
+                    // this group's B tiles, `sums` `depth` parts of `span * UNITS` C tiles.
+                    unsafe { issue::<B>(x, at, sums, i, span, nb, stride, tb) };
+                }
                 for i in 0..n_steps {
-                    if i + 1 < n_steps {
+                    if i + depth - 1 < n_steps {
                         // SAFETY: as above.
-                        unsafe { issue::<B>(x, at, sums, i + 1, span, nb, stride, tb) };
+                        unsafe { issue::<B>(x, at, sums, i + depth - 1, span, nb, stride, tb) };
                     }
-                    let (b, half) = (i * span, (i % 2) * span * B::UNITS * 256);
+                    let (b, half) = (i * span, (i % depth) * span * B::UNITS * 256);
                     for k in 0..span.min(nb - b) {
                         // SAFETY: AVX-512 VNNI and F16C are enabled here; block b + k's sums start
                         // at `half + k * UNITS * 256` and were stored by `issue(i)`.
@@ -239,17 +258,18 @@ unsafe fn tiles<B: AmxBlock>(p: &Packed16<B>, rows: Range<usize>, acts: &[B::Act
 }
 
 /// Issues pipeline step i's tile products (blocks `i * span..`, at most `span` of them, every
-/// unit): their C tiles go to half `i % 2` of `sums`. A function, not a closure: a closure does
-/// not inherit the kernel's target features and, called, forces the accumulators out of registers.
+/// unit): their C tiles go to part `i % depth::<B>()` of `sums`. A function, not a closure: a
+/// closure does not inherit the kernel's target features and, called, forces the accumulators
+/// out of registers.
 ///
 /// # Safety
 /// Tiles configured by [`tiles`]; `x` holds 16 tokens' `nb` blocks `stride` bytes apart (token 15's
 /// last byte inside it); `at[b]` points at block b's `UNITS * K * 16` bytes of B tiles; `sums`
-/// is valid for `2 * span * UNITS * 256` i32.
+/// is valid for `depth::<B>() * span * UNITS * 256` i32.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn issue<B: AmxBlock>(x: &[B::Act], at: &[usize], sums: *mut i32, i: usize, span: usize, nb: usize, stride: usize, tb: usize) {
-    let (b, half) = (i * span, (i % 2) * span * B::UNITS * 256);
+    let (b, half) = (i * span, (i % depth::<B>()) * span * B::UNITS * 256);
     let n_ops = span.min(nb - b) * B::UNITS;
     let mut o = 0;
     while o < n_ops {

@@ -178,6 +178,7 @@ impl CpuBackend {
         if n_tok == 1 {
             return q(x, dst);
         }
+        let t = super::prof::start();
         let out = SharedSlice::new(dst);
         let out = &out;
         self.team.for_chunks(n_tok, 8, &|r| {
@@ -187,6 +188,7 @@ impl CpuBackend {
                 q(&x[t * cols..(t + 1) * cols], d);
             }
         });
+        super::prof::stop(super::prof::Phase::Quantize, t);
     }
 
     /// Rows per chunk for `ws` (all of them in one region): `row_chunk` of their rows, whole
@@ -270,10 +272,12 @@ impl CpuBackend {
     /// gate = act(gate) · up over one run of rows, on this thread: `silu_mul` (elementwise), or
     /// the GeGLU kernel of `gelu_tanh_mul` (its lanes are independent: the same bits in any run).
     fn gated_act_run(&self, act: FfnActivation, gate: &mut [f32], up: &[f32]) {
+        let t = super::prof::start();
         match act {
             FfnActivation::Silu => self.silu_mul(gate, up),
             FfnActivation::GeluTanh => self.gelu_tanh_mul_block(gate, up),
         }
+        super::prof::stop(super::prof::Phase::ActThreads, t);
     }
 
     /// [`Backend::matmul_add`] on the CPU: one region whose chunks compute rows of `w · a` into

@@ -11,6 +11,7 @@ pub mod blocks;
 pub mod f32mm;
 mod matmul;
 pub mod ops;
+pub mod prof;
 pub mod quant;
 pub mod quant_k;
 mod shared;
@@ -31,6 +32,8 @@ mod avx2_k;
 mod avx512;
 #[cfg(target_arch = "x86_64")]
 mod avx512_k;
+#[cfg(target_arch = "x86_64")]
+mod vexp;
 #[cfg(target_arch = "aarch64")]
 mod neon;
 
@@ -228,12 +231,16 @@ impl Backend for CpuBackend {
 
     /// One parallel region: each chunk of rows of gate and up, then their activation.
     fn matmul_gated(&self, gate_w: WeightView<'_>, up_w: WeightView<'_>, x: &[f32], n_tok: usize, act: FfnActivation, gate: &mut [f32], up: &mut [f32]) {
-        self.gated([gate_w, up_w], x, n_tok, act, gate, up)
+        let t = prof::start();
+        self.gated([gate_w, up_w], x, n_tok, act, gate, up);
+        prof::stop(prof::Phase::Gated, t);
     }
 
     /// One parallel region: each chunk of rows, then its residual add.
     fn matmul_add(&self, w: WeightView<'_>, a: &[f32], n_tok: usize, proj: &mut [f32], x: &mut [f32]) {
-        self.residual(w, a, n_tok, proj, x)
+        let t = prof::start();
+        self.residual(w, a, n_tok, proj, x);
+        prof::stop(prof::Phase::Residual, t);
     }
 
     fn matmul_multi(&self, ws: &[WeightView<'_>], x: &[f32], n_tok: usize, outs: &mut [&mut [f32]]) {
@@ -251,28 +258,16 @@ impl Backend for CpuBackend {
         }
         let mut it = outs.iter_mut().zip(ws);
         let shared: [Option<SharedOut>; MAX_MULTI] = std::array::from_fn(|_| it.next().map(|(o, w)| SharedOut::new(o, w.rows)));
+        let t = prof::start();
         self.with_kernel(ws, x, n_tok, &mut |rows| self.rows_parallel(ws, n_tok, &shared, rows));
+        prof::stop(prof::Phase::Matmul, t);
     }
 
     /// Rows split over the team in chunks of 16 (a row's arithmetic is the same in any chunk).
     fn rmsnorm(&self, x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
-        let d = weight.len();
-        let n = x.len() / d;
-        if n < 2 * NORM_ROWS || self.team.threads() == 1 {
-            for (o, xs) in out.chunks_exact_mut(d).zip(x.chunks_exact(d)) {
-                ops::rmsnorm(xs, weight, eps, o);
-            }
-            return;
-        }
-        let shared = SharedSlice::new(&mut out[..n * d]);
-        let shared = &shared;
-        self.team.for_chunks(n, NORM_ROWS, &|rows| {
-            // SAFETY: row ranges are disjoint; each is handed to one thread.
-            let o = unsafe { shared.slice(rows.start * d, rows.len() * d) };
-            for (o, xs) in o.chunks_exact_mut(d).zip(x[rows.start * d..rows.end * d].chunks_exact(d)) {
-                ops::rmsnorm(xs, weight, eps, o);
-            }
-        });
+        let t = prof::start();
+        self.rmsnorm_rows(x, weight, eps, out);
+        prof::stop(prof::Phase::Norm, t);
     }
 
     fn layernorm(&self, x: &[f32], weight: &[f32], bias: &[f32], eps: f32, out: &mut [f32]) {
@@ -283,50 +278,43 @@ impl Backend for CpuBackend {
     }
 
     fn rope(&self, x: &mut [f32], positions: &[u32], n_head: usize, head_dim: usize, cos_sin: &[f32]) {
-        for (tok, &pos) in x.chunks_exact_mut(n_head * head_dim).zip(positions) {
-            let cs = &cos_sin[pos as usize * head_dim..(pos as usize + 1) * head_dim];
-            for h in tok.chunks_exact_mut(head_dim) {
-                ops::rope_head(h, cs);
+        let t = prof::start();
+        let w = n_head * head_dim;
+        let rows = |x: &mut [f32], positions: &[u32]| {
+            for (tok, &pos) in x.chunks_exact_mut(w).zip(positions) {
+                let cs = &cos_sin[pos as usize * head_dim..(pos as usize + 1) * head_dim];
+                for h in tok.chunks_exact_mut(head_dim) {
+                    ops::rope_head(h, cs);
+                }
             }
+        };
+        let n = positions.len().min(x.len() / w.max(1));
+        if n < 2 * ROPE_ROWS || self.team.threads() == 1 {
+            rows(x, positions);
+        } else {
+            // Tokens split over the team (each token's rotation is the same in any chunk).
+            let shared = SharedSlice::new(&mut x[..n * w]);
+            let shared = &shared;
+            self.team.for_chunks(n, ROPE_ROWS, &|r| {
+                // SAFETY: token ranges are disjoint; each is handed to one thread.
+                rows(unsafe { shared.slice(r.start * w, r.len() * w) }, &positions[r]);
+            });
         }
+        prof::stop(prof::Phase::Rope, t);
     }
 
     fn attention(&self, a: AttentionArgs<'_>) {
-        let (hd, n_head, cap) = (a.head_dim, a.n_head, a.capacity);
-        let group = n_head / a.n_kv_head;
-        let scale = 1.0 / (hd as f32).sqrt();
-        let (q, k, v, positions, window) = (a.q, a.k_cache, a.v_cache, a.positions, a.window);
-        #[cfg(target_arch = "x86_64")]
-        if range_kernel(self.simd, hd, group).is_some() {
-            let n_seg = positions.iter().map(|&p| attention_keys(p, window).len().div_ceil(ops::ATT_SEG)).max().unwrap_or(1);
-            // Several tokens at the AVX-512 level: blocks of them share K/V tiles (`attn512::attend_rows`).
-            if n_seg > 1 || (positions.len() > 1 && rows_kernel(self.simd, hd, group)) {
-                return self.attention_segmented(a, n_seg);
-            }
-        }
-        // Work items: (token, KV head); the group's query heads are contiguous in q and out.
-        let n_items = positions.len() * a.n_kv_head;
-        let gw = group * hd;
-        let out = SharedSlice::new(a.out);
-        let out = &out;
-        let simd = self.simd;
-        self.team.for_chunks(n_items, 1, &|range| {
-            for i in range {
-                let (t, kvh) = (i / a.n_kv_head, i % a.n_kv_head);
-                // The query's keys (a window of them for sliding-window layers), from the first.
-                let r = attention_keys(positions[t], window);
-                let n_keys = r.len();
-                let (k0, k1) = ((kvh * cap + r.start) * hd, (kvh * cap + r.end) * hd);
-                let (keys, vals) = (&k[k0..k1], &v[k0..k1]);
-                let qg = &q[i * gw..(i + 1) * gw];
-                // SAFETY: item i owns out[i*gw..(i+1)*gw]; items are disjoint across chunks.
-                let o = unsafe { out.slice(i * gw, gw) };
-                attend(simd, qg, keys, vals, n_keys, hd, scale, o);
-            }
-        });
+        let t = prof::start();
+        self.attention_all(a);
+        prof::stop(prof::Phase::Attention, t);
     }
 
     fn silu_mul(&self, gate: &mut [f32], up: &[f32]) {
+        #[cfg(target_arch = "x86_64")]
+        if self.simd == SimdLevel::Avx512Vnni {
+            // SAFETY: `Avx512Vnni` is only set after detecting AVX-512F (and avx2, fma).
+            return unsafe { vexp::silu_mul(gate, up) };
+        }
         for (g, u) in gate.iter_mut().zip(up) {
             *g = ops::silu(*g) * u;
         }
@@ -377,7 +365,64 @@ const GELU_BLOCK: usize = 2048;
 /// Rows per parallel RMSNorm work item.
 const NORM_ROWS: usize = 16;
 
+/// Tokens per parallel RoPE work item.
+const ROPE_ROWS: usize = 32;
+
 impl CpuBackend {
+    /// [`Backend::rmsnorm`]: rows split over the team in chunks of 16 (a row's arithmetic is the
+    /// same in any chunk).
+    fn rmsnorm_rows(&self, x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
+        let d = weight.len();
+        let n = x.len() / d;
+        if n < 2 * NORM_ROWS || self.team.threads() == 1 {
+            return ops::rmsnorm_rows(&x[..n * d], weight, eps, &mut out[..n * d]);
+        }
+        let shared = SharedSlice::new(&mut out[..n * d]);
+        let shared = &shared;
+        self.team.for_chunks(n, NORM_ROWS, &|rows| {
+            // SAFETY: row ranges are disjoint; each is handed to one thread.
+            let o = unsafe { shared.slice(rows.start * d, rows.len() * d) };
+            ops::rmsnorm_rows(&x[rows.start * d..rows.end * d], weight, eps, o);
+        });
+    }
+
+
+    /// [`Backend::attention`].
+    fn attention_all(&self, a: AttentionArgs<'_>) {
+        let (hd, n_head, cap) = (a.head_dim, a.n_head, a.capacity);
+        let group = n_head / a.n_kv_head;
+        let scale = 1.0 / (hd as f32).sqrt();
+        let (q, k, v, positions, window) = (a.q, a.k_cache, a.v_cache, a.positions, a.window);
+        #[cfg(target_arch = "x86_64")]
+        if range_kernel(self.simd, hd, group).is_some() {
+            let n_seg = positions.iter().map(|&p| attention_keys(p, window).len().div_ceil(ops::ATT_SEG)).max().unwrap_or(1);
+            // Several tokens at the AVX-512 level: blocks of them share K/V tiles (`attn512::attend_rows`).
+            if n_seg > 1 || (positions.len() > 1 && rows_kernel(self.simd, hd, group)) {
+                return self.attention_segmented(a, n_seg);
+            }
+        }
+        // Work items: (token, KV head); the group's query heads are contiguous in q and out.
+        let n_items = positions.len() * a.n_kv_head;
+        let gw = group * hd;
+        let out = SharedSlice::new(a.out);
+        let out = &out;
+        let simd = self.simd;
+        self.team.for_chunks(n_items, 1, &|range| {
+            for i in range {
+                let (t, kvh) = (i / a.n_kv_head, i % a.n_kv_head);
+                // The query's keys (a window of them for sliding-window layers), from the first.
+                let r = attention_keys(positions[t], window);
+                let n_keys = r.len();
+                let (k0, k1) = ((kvh * cap + r.start) * hd, (kvh * cap + r.end) * hd);
+                let (keys, vals) = (&k[k0..k1], &v[k0..k1]);
+                let qg = &q[i * gw..(i + 1) * gw];
+                // SAFETY: item i owns out[i*gw..(i+1)*gw]; items are disjoint across chunks.
+                let o = unsafe { out.slice(i * gw, gw) };
+                attend(simd, qg, keys, vals, n_keys, hd, scale, o);
+            }
+        });
+    }
+
     fn gelu_tanh_mul_block(&self, gate: &mut [f32], up: &[f32]) {
         match self.simd {
             #[cfg(target_arch = "x86_64")]

@@ -118,6 +118,7 @@ impl Team {
         s.generation.fetch_add(1, Ordering::SeqCst);
         let mine = catch_unwind(AssertUnwindSafe(|| f(0)));
         s.open.store(false, Ordering::SeqCst);
+        let t = super::prof::start();
         let mut spins = 0u32;
         while s.active.load(Ordering::SeqCst) != 0 {
             spins = spins.wrapping_add(1);
@@ -127,6 +128,7 @@ impl Team {
                 std::thread::yield_now();
             }
         }
+        super::prof::stop(super::prof::Phase::TeamWait, t);
         // SAFETY: no worker is inside the job and none can join (closed): nobody reads the slot.
         unsafe { *s.job.get() = None };
         let worker_panicked = s.panicked.swap(false, Ordering::SeqCst);

@@ -429,3 +429,31 @@ fn tall_matrix_decode_chunks_are_batch_invariant() {
         }
     }
 }
+
+/// RMSNorm of 8 rows at a time, and RoPE split over the team, give each row the one-row bits.
+#[test]
+fn norm_rows_and_parallel_rope_equal_one_row_at_a_time() {
+    let d = 576;
+    for n in [1usize, 7, 8, 9, 33, 70] {
+        let x = rand_f32(5, n * d);
+        let w = rand_f32(6, d);
+        let mut got = vec![0f32; n * d];
+        ops::rmsnorm_rows(&x, &w, 1e-5, &mut got);
+        for (r, row) in got.chunks_exact(d).enumerate() {
+            let mut want = vec![0f32; d];
+            ops::rmsnorm(&x[r * d..(r + 1) * d], &w, 1e-5, &mut want);
+            assert!(row.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "rmsnorm row {r} of {n}");
+        }
+        let (hd, heads) = (64, 3);
+        let cs = rand_f32(7, 100 * hd);
+        let pos: Vec<u32> = (0..n as u32).map(|i| (i * 7) % 100).collect();
+        let mut want = rand_f32(8, n * heads * hd);
+        let mut par = want.clone();
+        CpuBackend::with_simd(2, SimdLevel::Scalar).expect("pool").rope(&mut par, &pos, heads, hd, &cs);
+        for (t, tok) in want.chunks_exact_mut(heads * hd).enumerate() {
+            let p = pos[t] as usize;
+            tok.chunks_exact_mut(hd).for_each(|h| ops::rope_head(h, &cs[p * hd..(p + 1) * hd]));
+        }
+        assert!(par.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "rope of {n} tokens");
+    }
+}
