@@ -32,8 +32,10 @@ use forge_cache::gguf::dequantize_row;
 const MARGIN: f32 = 0.3;
 const TOKENS: usize = 32;
 
+/// The test context: the service's options with the `FORGE_WGPU_*` variables applied (variants
+/// for `wgpu_speed`), software adapters allowed.
 fn context() -> Option<Arc<WgpuContext>> {
-    match WgpuContext::new(WgpuOptions { allow_software: true, ..WgpuOptions::default() }) {
+    match WgpuContext::new(WgpuOptions { allow_software: true, ..WgpuOptions::from_env().expect("FORGE_WGPU_*") }) {
         Ok(c) => {
             eprintln!("wgpu adapter: {:?}", c.adapter());
             Some(c)

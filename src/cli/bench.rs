@@ -128,8 +128,12 @@ pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
         }
     }
     let mut i = 0;
+    if !a.json {
+        eprintln!("(each test warms up until two consecutive untimed runs agree within 5%, at most 8 runs or 30 s)");
+    }
     let results = bench(&model, &tests, a.reps, |r| {
         if !a.json {
+            eprintln!("{}: {} warm-up runs", r.test, r.warmup);
             let extra = match (bandwidth, floor(&tests[i])) {
                 (None, _) => String::new(),
                 (Some(_), None) => " | | |".to_string(),

@@ -76,8 +76,35 @@ pub struct BenchResult {
     pub tokens_per_s: f64,
     /// Standard deviation of tokens/s over the repetitions.
     pub stddev: f64,
-    /// Timed repetitions (after one untimed warm-up run).
+    /// Timed repetitions (after the untimed warm-up runs).
     pub reps: usize,
+    /// Untimed warm-up runs before them ([`warm_up`]).
+    pub warmup: usize,
+}
+
+/// Warm-up runs at most, and seconds of them at most (then the timed runs start anyway).
+const WARMUP_MAX_RUNS: usize = 8;
+const WARMUP_MAX_S: f64 = 30.0;
+/// Two consecutive warm-up runs agree when their times differ by at most this fraction.
+const WARMUP_AGREE: f64 = 0.05;
+
+/// Untimed runs of `test` until two consecutive ones agree within [`WARMUP_AGREE`] (at least
+/// two runs; at most [`WARMUP_MAX_RUNS`] or [`WARMUP_MAX_S`] seconds): one run was not enough,
+/// the first wgpu pp512 of a process read ~4x low on the H100 (pipelines, allocations and clocks
+/// still settling after it). Returns the number of runs.
+fn warm_up(model: &Model, state: &mut RunState, test: BenchTest) -> Result<usize, ModelError> {
+    let start = Instant::now();
+    let mut last = run_once(model, state, test)?;
+    let mut runs = 1;
+    while runs < WARMUP_MAX_RUNS && start.elapsed().as_secs_f64() < WARMUP_MAX_S {
+        let t = run_once(model, state, test)?;
+        runs += 1;
+        if (t - last).abs() <= WARMUP_AGREE * t.max(last) {
+            break;
+        }
+        last = t;
+    }
+    Ok(runs)
 }
 
 fn random_tokens(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
@@ -111,7 +138,8 @@ fn run_once(model: &Model, state: &mut RunState, test: BenchTest) -> Result<f64,
     }
 }
 
-/// Runs each test `reps` times after one warm-up; `progress` sees each finished row.
+/// Runs each test `reps` times after its warm-up ([`warm_up`]: until two consecutive untimed
+/// runs agree); `progress` sees each finished row (with its number of warm-up runs).
 pub fn bench(
     model: &Model,
     tests: &[BenchTest],
@@ -121,12 +149,12 @@ pub fn bench(
     let mut state = model.new_state(512);
     let mut out = Vec::new();
     for &test in tests {
-        run_once(model, &mut state, test)?;
+        let warmup = warm_up(model, &mut state, test)?;
         let speeds: Vec<f64> =
             (0..reps.max(1)).map(|_| run_once(model, &mut state, test).map(|s| test.tokens() as f64 / s)).collect::<Result<_, _>>()?;
         let mean = speeds.iter().sum::<f64>() / speeds.len() as f64;
         let var = speeds.iter().map(|s| (s - mean) * (s - mean)).sum::<f64>() / speeds.len() as f64;
-        let r = BenchResult { test: test.name(), tokens_per_s: mean, stddev: var.sqrt(), reps: speeds.len() };
+        let r = BenchResult { test: test.name(), tokens_per_s: mean, stddev: var.sqrt(), reps: speeds.len(), warmup };
         progress(&r);
         out.push(r);
     }

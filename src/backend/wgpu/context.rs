@@ -10,6 +10,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+use super::kernel_src::{wide_grid, wide_source, with_lanes};
 use super::options::{DecodePlan, WgpuOptions};
 use super::WgpuError;
 use crate::gguf::GgmlType;
@@ -98,6 +99,8 @@ pub(crate) struct Kernels {
     /// the same, tiled (matmul_tile.wgsl; the same bits): the layer runner's, empty where
     /// [`WgpuOptions::tile`] is off (the output head keeps matmul_q8: a few rows of tokens)
     pub matmul_tile: HashMap<GgmlType, Kernel>,
+    /// the same, wide tiles (matmul_wide.wgsl, same bits): empty unless `tile_wide` applies
+    pub matmul_wide: HashMap<GgmlType, Kernel>,
     /// embedding lookup (embed.wgsl), per weight type
     pub embed: HashMap<GgmlType, Kernel>,
     /// RMSNorm (rmsnorm.wgsl)
@@ -150,6 +153,8 @@ pub struct WgpuContext {
     pub(crate) q8: bool,
     /// [`WgpuOptions::tile`]
     pub(crate) tile: bool,
+    /// [`WgpuOptions::tile_wide`] where it applies (32 lanes)
+    pub(crate) tile_wide: bool,
     /// [`WgpuOptions::stage`]
     pub(crate) stage: bool,
     /// [`WgpuOptions::attention_one`]
@@ -342,7 +347,8 @@ impl WgpuContext {
                 *s = Some(e.to_string());
             }
         }));
-        let kernels = build_kernels(&device, lanes, decode, subgroups, opts.tile, opts.shader_checks)?;
+        let tile_wide = opts.tile && opts.tile_wide && lanes == 32;
+        let kernels = build_kernels(&device, lanes, decode, subgroups, opts.tile.then_some(tile_wide), opts.shader_checks)?;
         let summary = AdapterSummary {
             name: info.name.clone(),
             device_type: format!("{:?}", info.device_type),
@@ -363,6 +369,7 @@ impl WgpuContext {
             subgroups,
             q8: opts.q8,
             tile: opts.tile,
+            tile_wide,
             stage: opts.stage,
             attention_one: opts.attention_one,
             attention_split: opts.attention_split,
@@ -406,10 +413,10 @@ impl WgpuContext {
         (rows.div_ceil(per_group) as u32, n_tok.div_ceil(MM_TOKENS as usize) as u32)
     }
 
-    /// Workgroups of the tiled Q8 matmul (matmul_tile.wgsl) for `rows` outputs of `n_tok` tokens.
-    pub(crate) fn tile_grid(&self, rows: usize, n_tok: usize) -> (u32, u32) {
+    /// Workgroups of the tiled Q8 matmul (matmul_tile.wgsl; matmul_wide.wgsl where `wide`) for `rows` outputs of `n_tok` tokens.
+    pub(crate) fn tile_grid(&self, rows: usize, n_tok: usize, wide: bool) -> (u32, u32) {
         let per_group = (WG / self.lanes * TILE_ROWS) as usize;
-        (rows.div_ceil(per_group) as u32, n_tok.div_ceil(MM_TOKENS as usize) as u32)
+        if wide { wide_grid(rows, n_tok) } else { (rows.div_ceil(per_group) as u32, n_tok.div_ceil(MM_TOKENS as usize) as u32) }
     }
 
     /// Whether the adapter is a software rasterizer (lavapipe / llvmpipe).
@@ -608,16 +615,7 @@ pub(crate) fn grid_1d(n: usize) -> (u32, u32) {
 /// Rows per group of lanes in matmul_tile.wgsl (its `TR`).
 const TILE_ROWS: u32 = 4;
 
-/// `src` with its `LANES` / `ROWS` lines set for `lanes` threads per row.
-fn with_lanes(name: &str, src: &str, lanes: u32) -> Result<String, WgpuError> {
-    let (l_line, r_line) = ("const LANES: u32 = 32u;", "const ROWS: u32 = 8u;");
-    if !src.contains(l_line) || !src.contains(r_line) {
-        return Err(WgpuError::Shader { kernel: name.into(), msg: "LANES / ROWS lines not found".into() });
-    }
-    Ok(src.replace(l_line, &format!("const LANES: u32 = {lanes}u;")).replace(r_line, &format!("const ROWS: u32 = {}u;", WG / lanes)))
-}
-
-pub(super) fn build_kernels(device: &wgpu::Device, lanes: u32, decode: DecodePlan, subgroups: bool, tile: bool, checks: bool) -> Result<Kernels, WgpuError> {
+pub(super) fn build_kernels(device: &wgpu::Device, lanes: u32, decode: DecodePlan, subgroups: bool, tile: Option<bool>, checks: bool) -> Result<Kernels, WgpuError> {
     let k = |name: &str, src: String, binds: &[B]| kernel(device, name, &src, binds, checks);
     let mm = [B::Uniform, B::Read, B::Read, B::Rw];
     // mm_io.wgsl: the parameters, weights and outputs both batch matmuls declare
@@ -641,6 +639,7 @@ pub(super) fn build_kernels(device: &wgpu::Device, lanes: u32, decode: DecodePla
     let mut embed = HashMap::new();
     let mut matmul_q8 = HashMap::new();
     let mut matmul_tile = HashMap::new();
+    let mut matmul_wide = HashMap::new();
     let mm_x_f32 = include_str!("../../../kernels/wgsl/mm_x_f32.wgsl");
     let mm_x_q8 = include_str!("../../../kernels/wgsl/mm_x_q8.wgsl");
     let mv_q8 = include_str!("../../../kernels/wgsl/matvec_q8.wgsl");
@@ -651,12 +650,16 @@ pub(super) fn build_kernels(device: &wgpu::Device, lanes: u32, decode: DecodePla
         true => include_str!("../../../kernels/wgsl/mt_main_sg.wgsl"),
         false => include_str!("../../../kernels/wgsl/mt_main.wgsl"),
     };
+    debug_assert!(tile != Some(true) || lanes == 32, "matmul_wide.wgsl is written for 32 lanes");
     for ty in WEIGHT_TYPES {
         let Some(dot) = q8dot_source(ty) else { continue };
         let (w, name) = (matmul_weight_source(ty), ty.name());
         matmul_q8.insert(ty, k(&format!("matmul_q8_{name}"), format!("{w}\n{dot}\n{mm_x_q8}\n{matmul_src}"), &mm)?);
-        if tile {
+        if tile.is_some() {
             matmul_tile.insert(ty, k(&format!("matmul_tile_{name}"), format!("{w}\n{dot}\n{tile_src}\n{tile_main}"), &mm)?);
+        }
+        if tile == Some(true) {
+            matmul_wide.insert(ty, k(&format!("matmul_wide_{name}"), format!("{w}\n{dot}\n{mm_io}\n{}", wide_source(ty)), &mm)?);
         }
         if decode != DecodePlan::Off {
             let global = include_str!("../../../kernels/wgsl/mvq_x_global.wgsl");
@@ -701,6 +704,7 @@ pub(super) fn build_kernels(device: &wgpu::Device, lanes: u32, decode: DecodePla
         matvec_rope,
         matmul_q8,
         matmul_tile,
+        matmul_wide,
         embed,
         rmsnorm: k("rmsnorm", format!("{RMS_BIND}\n{RMS_SCALE}\n{}", include_str!("../../../kernels/wgsl/rmsnorm.wgsl")), &[B::Uniform, B::Read, B::Read, B::Rw])?,
         rmsnorm_q8: k(

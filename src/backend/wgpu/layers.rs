@@ -305,6 +305,7 @@ impl GpuLayers {
             kern,
             q8: ctx.q8,
             tile: ctx.tile,
+            tile_wide: ctx.tile_wide,
             att_q8: attention_q8(ctx.q8, c),
             stage: ctx.stage,
             qkv_rope: ctx.qkv_rope && !ctx.attention_one && c.rope_style == RopeStyle::Adjacent && !qk_norms && !self.any_windowed(),
@@ -400,7 +401,7 @@ impl GpuLayers {
                 let norm_bind = ctx.bind(norm_k, &[win(head_slots[0]), (&hx, 0, None), (&h.norm, 0, None), (&hn, 0, None)]);
                 let mmk = mm_map.get(&h.out.ty).ok_or_else(|| WgpuError::Unsupported(h.out.ty.name().into()))?;
                 let out_bind = ctx.bind(mmk, &[win(head_slots[1]), (&h.out.buf, 0, None), (&hn, 0, None), (&logits, 0, None)]);
-                let step = |rows: usize| Step::MatMul { rows, cols: h.out.cols, row_bytes: h.out.row_bytes, y_stride: h.out.rows, y_off: 0, accumulate: false, tile: false };
+                let step = |rows: usize| Step::MatMul { rows, cols: h.out.cols, row_bytes: h.out.row_bytes, y_stride: h.out.rows, y_off: 0, accumulate: false, tile: false, wide: false };
                 Some(HeadActs {
                     norm: Dispatch { pipeline: norm_k.pipeline.clone(), bind: norm_bind, step: Step::RmsNorm { dim: e, eps: c.rms_eps }, label: "output norm" },
                     out: Dispatch { pipeline: mmk.pipeline.clone(), bind: out_bind, step: step(h.out.rows), label: "output" },
@@ -510,7 +511,7 @@ impl GpuLayers {
 
     fn grid_of(&self, step: Step, n: usize) -> (u32, u32) {
         match step {
-            Step::MatMul { rows, tile: true, .. } => self.ctx.tile_grid(rows, n),
+            Step::MatMul { rows, tile: true, wide, .. } => self.ctx.tile_grid(rows, n, wide),
             Step::MatMul { rows, .. } => self.ctx.matmul_grid(rows, n),
             Step::MatVec { rows, .. } => self.ctx.matmul_grid(rows, 1),
             // a workgroup per 256 vec4s of a token (rmsnorm.wgsl, rmsnorm_q8.wgsl)

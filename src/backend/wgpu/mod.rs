@@ -26,6 +26,7 @@
 
 mod backend;
 mod context;
+mod kernel_src;
 mod kv;
 mod layers;
 mod options;

@@ -66,6 +66,15 @@ pub struct WgpuOptions {
     /// partial sums in registers) instead of matmul.wgsl after mm_x_q8.wgsl. Same bits.
     /// `$FORGE_WGPU_TILE=0`.
     pub tile: bool,
+    /// The tiled batch Q8 matmuls of `plan::WIDE_MIN_ROWS` rows and more are matmul_wide.wgsl
+    /// (64 rows x 32 tokens per workgroup, operands staged in workgroup memory, each thread all
+    /// 32 lane sums of its outputs in the tree's leaf order) where a row has 32 lanes; off:
+    /// matmul_tile.wgsl (32 rows x 8 tokens, lanes across threads). Same bits. Off by default:
+    /// H100, SmolLM2-shaped pp512 46097 vs 41180-42833 t/s (main), but the 1.1B's pp8 1433 vs
+    /// 2462 and pp32 3869 vs 7203 (a thread walks a whole row: few workgroups for few tokens),
+    /// pp512 12318-12526 vs 12674 (docs/perf.md); it wants a choice by batch size at dispatch.
+    /// `$FORGE_WGPU_TILE_WIDE=1`.
+    pub tile_wide: bool,
     /// One-token Q8 matmuls quantize (and normalize) their own input in workgroup memory
     /// (mvq_x_stage.wgsl) where they can, instead of after a rmsnorm_q8 / quantize_q8 dispatch.
     /// Same bits. `$FORGE_WGPU_STAGE=0`.
@@ -99,6 +108,7 @@ impl Default for WgpuOptions {
             o_merge: true,
             q8: true,
             tile: true,
+            tile_wide: false,
             stage: true,
             qkv_rope: true,
             subgroups: true,
@@ -153,6 +163,7 @@ impl WgpuOptions {
         o.o_merge = flag("FORGE_WGPU_O_MERGE")?.unwrap_or(o.o_merge);
         o.q8 = flag("FORGE_WGPU_Q8")?.unwrap_or(o.q8);
         o.tile = flag("FORGE_WGPU_TILE")?.unwrap_or(o.tile);
+        o.tile_wide = flag("FORGE_WGPU_TILE_WIDE")?.unwrap_or(o.tile_wide);
         o.stage = flag("FORGE_WGPU_STAGE")?.unwrap_or(o.stage);
         o.qkv_rope = flag("FORGE_WGPU_QKV_ROPE")?.unwrap_or(o.qkv_rope);
         o.shader_checks = flag("FORGE_WGPU_SHADER_CHECKS")?.unwrap_or(o.shader_checks);
@@ -180,6 +191,7 @@ impl WgpuOptions {
             ("decode fused", with(|o| o.decode_kernels = Some(DecodePlan::Fused))),
             ("attention_one", with(|o| o.attention_one = !o.attention_one)),
             ("tile", with(|o| o.tile = !o.tile)),
+            ("tile wide", with(|o| o.tile_wide = !o.tile_wide)),
             ("attention split", with(|o| o.attention_split = !o.attention_split)),
             ("o merge", with(|o| o.o_merge = !o.o_merge)),
             ("stage", with(|o| o.stage = !o.stage)),

@@ -24,7 +24,7 @@ use super::WgpuError;
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(super) enum Step {
     /// `accumulate`: add into the destination (the residual stream) instead of writing.
-    MatMul { rows: usize, cols: usize, row_bytes: usize, y_stride: usize, y_off: usize, accumulate: bool, tile: bool },
+    MatMul { rows: usize, cols: usize, row_bytes: usize, y_stride: usize, y_off: usize, accumulate: bool, tile: bool, wide: bool },
     /// One token's matmul (matmul_vec.wgsl); `eps` for a folded RMSNorm (mv_x_norm.wgsl,
     /// mvq_x_stage.wgsl).
     MatVec { rows: usize, cols: usize, row_bytes: usize, y_off: usize, accumulate: bool, eps: f32 },
@@ -72,6 +72,13 @@ pub(super) struct Acts<'a> {
     pub proj: &'a wgpu::Buffer,
 }
 
+/// Rows from which a tiled matmul is the wide kernel (matmul_wide.wgsl, 64 rows x 32 tokens per
+/// workgroup) where `WgpuOptions::tile_wide` is on: below it too few workgroups fill the GPU.
+/// H100, prefill of 512 tokens, GPU ms wide / narrow (docs/perf.md): SmolLM2-shaped gate|up
+/// (3072 rows) 1.89 / 2.60, q|k|v (960) 0.77 / 0.98, o (576) 0.80 / 0.68, down (576) 1.54 / 1.11;
+/// 1.1B (2048 .. 11264 rows) 25.2 / 25.8 over its four matmuls. The same bits either way.
+pub(super) const WIDE_MIN_ROWS: usize = 768;
+
 /// What the plans need besides the layer and the buffers.
 pub(super) struct PlanCtx<'a> {
     /// the compiled pipelines
@@ -80,6 +87,8 @@ pub(super) struct PlanCtx<'a> {
     pub q8: bool,
     /// the batch Q8 matmuls are the tiled kernel (matmul_tile.wgsl: its own grid)
     pub tile: bool,
+    /// the tiled matmuls of at least [`WIDE_MIN_ROWS`] rows are matmul_wide.wgsl (`Kernels::matmul_wide`)
+    pub tile_wide: bool,
     /// attention writes its output as Q8 rows too (kv.rs `attention_q8`)
     pub att_q8: bool,
     /// one-token matmuls stage their own Q8 input where they can (mvq_x_stage.wgsl)
@@ -163,8 +172,10 @@ impl<'a> PlanCtx<'a> {
     /// The batch matmul of `w` reading `x` (f32) or `a.xq` (Q8).
     fn matmul(&self, w: &'a GpuMatrix, x: &'a wgpu::Buffer, a: &Acts<'a>, y_stride: usize, accumulate: bool) -> Result<MatmulItem<'a>, WgpuError> {
         let q8 = self.uses_q8(w);
-        let step = Step::MatMul { rows: w.rows, cols: w.cols, row_bytes: w.row_bytes, y_stride, y_off: w.y_off, accumulate, tile: q8 && self.tile };
+        let wide = q8 && self.tile && self.tile_wide && w.rows >= WIDE_MIN_ROWS;
+        let step = Step::MatMul { rows: w.rows, cols: w.cols, row_bytes: w.row_bytes, y_stride, y_off: w.y_off, accumulate, tile: q8 && self.tile, wide };
         let (map, x) = match (q8, self.tile) {
+            (true, true) if wide => (&self.kern.matmul_wide, a.xq),
             (true, true) => (&self.kern.matmul_tile, a.xq),
             (true, false) => (&self.kern.matmul_q8, a.xq),
             (false, _) => (&self.kern.matmul, x),

@@ -145,3 +145,20 @@ fn wgpu_matmul_probe() {
     probe_q8(&ctx, "down", 2048, 5632);
     probe_q8(&ctx, "qkv", 2560, 2048);
 }
+
+/// Whether each adapter offers `Features::EXPERIMENTAL_COOPERATIVE_MATRIX` (tensor cores through
+/// VK_KHR_cooperative_matrix), and the shapes / types it lists (`cargo test --release --lib
+/// wgpu_cooperative_matrix_probe -- --ignored --nocapture`). Printing only.
+#[test]
+#[ignore]
+fn wgpu_cooperative_matrix_probe() {
+    let instance = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle());
+    for a in pollster::block_on(instance.enumerate_adapters(wgpu::Backends::all())) {
+        let info = a.get_info();
+        let coop = a.features().contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX);
+        println!("{} ({:?}, {} {}): EXPERIMENTAL_COOPERATIVE_MATRIX {coop}", info.name, info.backend, info.driver, info.driver_info);
+        for p in a.cooperative_matrix_properties() {
+            println!("  {p:?}");
+        }
+    }
+}

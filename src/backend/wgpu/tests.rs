@@ -269,7 +269,8 @@ fn run_chunks_in(
     capacity: usize,
 ) -> Vec<f32> {
     let e = model.config.n_embd;
-    let mut l = WgpuLayers::with_kv(ctx.clone(), model, layers, 16, capacity, kv).expect("layers");
+    let batch = chunks.iter().copied().max().unwrap_or(0).max(16);
+    let mut l = WgpuLayers::with_kv(ctx.clone(), model, layers, batch, capacity, kv).expect("layers");
     let mut out = hidden.to_vec();
     let mut at = 0;
     for &c in chunks {
@@ -333,6 +334,40 @@ fn decode_equals_prefill_of(ctx: &Arc<WgpuContext>, ty: GgmlType) {
         l.forward(&mut tail, &pos[7..]).expect("forward");
         assert!(tail.iter().zip(&all[7 * e..]).all(|(a, b)| a.to_bits() == b.to_bits()), "{kv:?}: after truncate");
         assert!(matches!(l.forward(&mut tail[..e], &[3]), Err(super::WgpuError::BadPositions { .. })));
+    }
+}
+
+/// The wide tile (matmul_wide.wgsl) and the narrow one (matmul_tile.wgsl) against the one-token
+/// kernels, bitwise, on rows of 1280 and 1408 columns (40 and 44 chunks: lanes of one and of two
+/// chunks), the matrices of 768 rows and more in the wide tile (row tiles partial) and the
+/// others in the narrow one, 36 tokens (two token tiles, the second partial) in one prefill
+/// against 36 one-token steps, for the three repacked types; with `tile_wide` off, the narrow
+/// tile alone.
+#[test]
+fn wgpu_wide_tile_decode_equals_prefill() {
+    let _gpu = gpu_lock();
+    if context().is_none() {
+        return eprintln!("skipped: no wgpu adapter");
+    }
+    let shape = crate::gguf::synth::SynthShape { n_embd: 1280, n_layer: 1, n_head: 20, n_head_kv: 4, n_ff: 1408, ..tiny_shape() };
+    let n = 36;
+    for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0] {
+        let f = tempfile::NamedTempFile::new().expect("tmp");
+        write_synth_model(&shape, ty, 11, None, f.path(), |_| {}).expect("synth");
+        let model = crate::engine::Model::load(f.path(), Arc::new(CpuBackend::new(1).expect("pool"))).expect("load");
+        let hidden = uniform(37, n * model.config.n_embd);
+        let mut outs = Vec::new();
+        for wide in [true, false] {
+            let o = WgpuOptions { matmul_lanes: Some(32), decode_kernels: Some(DecodePlan::Unfused), tile_wide: wide, ..test_options() };
+            let ctx = WgpuContext::new(o).expect("adapter");
+            assert_eq!(ctx.tile_wide, wide);
+            let prefill = run_chunks(&ctx, &model, 0..1, KvPrecision::F16, &hidden, &[n]);
+            let decoded = run_chunks(&ctx, &model, 0..1, KvPrecision::F16, &hidden, &[1; 36]);
+            assert!(prefill.iter().all(|v| v.is_finite()) && prefill != hidden);
+            assert!(decoded.iter().zip(&prefill).all(|(a, b)| a.to_bits() == b.to_bits()), "{ty:?} wide {wide}: prefill differs from decode");
+            outs.push(prefill);
+        }
+        assert!(outs[0].iter().zip(&outs[1]).all(|(a, b)| a.to_bits() == b.to_bits()), "{ty:?}: wide and narrow tiles differ");
     }
 }
 
@@ -430,6 +465,7 @@ fn options_from_the_environment() {
         ("FORGE_WGPU_O_MERGE", "0"),
         ("FORGE_WGPU_Q8", "0"),
         ("FORGE_WGPU_TILE", "0"),
+        ("FORGE_WGPU_TILE_WIDE", "1"),
         ("FORGE_WGPU_STAGE", "0"),
         ("FORGE_WGPU_QKV_ROPE", "0"),
         ("FORGE_WGPU_SUBMIT_LAYERS", "6"),
@@ -446,6 +482,7 @@ fn options_from_the_environment() {
         o_merge: false,
         q8: false,
         tile: false,
+        tile_wide: true,
         stage: false,
         qkv_rope: false,
         subgroups: false,
@@ -487,6 +524,8 @@ fn subgroup_kernels_compile_where_offered() {
         ..Default::default()
     }))
     .expect("device");
-    let k = super::context::build_kernels(&device, 32, DecodePlan::Fused, true, true, false).expect("kernels");
+    let k = super::context::build_kernels(&device, 32, DecodePlan::Fused, true, Some(false), false).expect("kernels");
     assert!(!k.matmul_tile.is_empty() && !k.matvec.is_empty());
+    let k = super::context::build_kernels(&device, 32, DecodePlan::Off, false, Some(true), false).expect("wide kernels");
+    assert!(!k.matmul_wide.is_empty());
 }
