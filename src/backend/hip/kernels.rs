@@ -59,8 +59,11 @@ impl Tile {
         }
     }
 
-    /// The tile for a step of `n_tok` tokens.
-    pub fn for_tokens(n_tok: usize) -> Tile {
+    /// The tile of a matrix of `rows` rows for a step of `n_tok` tokens: one function of the shape
+    /// and the batch size (a forced tile, `HipOptions::tile` or a test's, is applied by the caller).
+    /// `Mma64` only where it makes at least `MMA64_MIN_CTAS` CTAs (one per SM at a time):
+    /// SmolLM2's 960-row q|k|v at 512 tokens is 120 of them, slower than `Mma`'s 240.
+    pub fn choose(rows: usize, n_tok: usize) -> Tile {
         match n_tok {
             0 | 1 => Tile::T1,
             2..=4 => Tile::T4,
@@ -68,6 +71,7 @@ impl Tile {
             5..=8 => Tile::T8,
             // T8 where there is no tensor-core kernel (Kernels::matmul)
             9..=32 => Tile::Mma,
+            _ if rows.div_ceil(64) * n_tok.div_ceil(64) < MMA64_MIN_CTAS => Tile::Mma,
             _ => Tile::Mma64,
         }
     }
@@ -147,7 +151,7 @@ pub struct ActRef {
 pub const Q8_BYTES: usize = 40;
 /// Bytes of one TokInfo (common.h).
 pub const TOK_BYTES: usize = 24;
-/// The fewest 64 x 64 tiles for which `Tile::Mma64` is picked by default (H100: 132 SMs, one
+/// The fewest 64 x 64 tiles for which `Tile::choose` picks `Tile::Mma64` (H100: 132 SMs, one
 /// such CTA each; 1.1B's 2048-row matrices at 512 tokens make 256, faster than Mma's 512).
 const MMA64_MIN_CTAS: usize = 192;
 
@@ -252,15 +256,9 @@ impl Kernels {
             return Ok(());
         }
         let info = type_info(m.ty).ok_or_else(|| HipError::Unsupported(format!("{} weights", m.ty.name())))?;
-        let forced = tile.is_some();
-        let mut tile = tile.unwrap_or_else(|| Tile::for_tokens(n_tok));
+        let mut tile = tile.unwrap_or_else(|| Tile::choose(m.rows, n_tok));
         if tile.is_mma() && !(self.mma && info.q8_order) {
             tile = Tile::T8;
-        }
-        // by default the 64 x 64 tile only where it makes enough CTAs to fill the GPU (one per SM
-        // at a time): SmolLM2's 960-row q|k|v at 512 tokens is 120 of them, slower than Mma's 240
-        if tile == Tile::Mma64 && !forced && m.rows.div_ceil(64) * n_tok.div_ceil(64) < MMA64_MIN_CTAS {
-            tile = Tile::Mma;
         }
         let nb = m.cols / info.block;
         let (r, t) = tile.rt();

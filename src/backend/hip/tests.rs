@@ -155,3 +155,14 @@ fn hip_layers_decode_equals_prefill_and_match_the_cpu() {
         assert!(worst <= tol * scale, "{ty:?}: HIP logits differ from the CPU engine's by {worst} (scale {scale})");
     }
 }
+
+/// The default tile is one function of (rows, tokens): `Mma64` only where it fills the GPU.
+#[test]
+fn tile_choice_is_a_function_of_rows_and_tokens() {
+    assert_eq!(Tile::choose(2048, 1), Tile::T1);
+    assert_eq!(Tile::choose(2048, 8), Tile::T8);
+    assert_eq!(Tile::choose(2048, 32), Tile::Mma);
+    assert_eq!(Tile::choose(2048, 512), Tile::Mma64); // 1.1B: 256 tiles of 64 x 64
+    assert_eq!(Tile::choose(960, 512), Tile::Mma); // SmolLM2's q|k|v: 120
+    assert_eq!(Tile::choose(1536, 512), Tile::Mma64); // 192
+}
