@@ -161,6 +161,12 @@ const MMA64_SHARED: u32 = 8 * 64 * 68 * 4;
 /// Keys per attention chunk (attention.hip's FC_ATT_CH; the CPU's ATT_TILE).
 pub const ATT_CH: usize = 128;
 
+/// Tokens per CTA of the grouped attention kernel (attention.hip's `attn_partial_g8`).
+const ATT_GROUP: usize = 8;
+
+/// The fewest tokens of a launch for which attention runs grouped by default (prefill; same bits).
+pub const ATT_GROUP_MIN: usize = 32;
+
 pub struct Kernels {
     mm: HashMap<(GgmlType, Tile, Epi), Func>,
     /// the GPU runs matmul.hip's tensor-core kernels (NVIDIA, compute capability 8.0 or later)
@@ -171,6 +177,8 @@ pub struct Kernels {
     rope: Func,
     rope_store: Func,
     attn_partial: Func,
+    /// attn_partial for groups of ATT_GROUP tokens (4 with FORGE_HIP_ATT_G=4: a measurement knob)
+    attn_partial_g: (Func, usize),
     attn_merge: Func,
     silu_mul_q8: Func,
     silu_mul: Func,
@@ -218,6 +226,10 @@ impl Kernels {
             rope: f("rope")?,
             rope_store: f("rope_store")?,
             attn_partial: f("attn_partial")?,
+            attn_partial_g: match std::env::var("FORGE_HIP_ATT_G").as_deref() {
+                Ok("4") => (f("attn_partial_g4")?, 4),
+                _ => (f("attn_partial_g8")?, ATT_GROUP),
+            },
             attn_merge: f("attn_merge")?,
             silu_mul_q8: f("silu_mul_q8")?,
             silu_mul: f("silu_mul")?,
@@ -336,7 +348,8 @@ impl Kernels {
 
     /// Attention of n tokens (rows of `q`, `q_stride` floats apart; their TokInfo at `tok`) over
     /// layer `layer` of their caches, into `att` [n, n_head*hd] (and `attq` when given).
-    /// `part`: scratch of at least n * n_head * max_chunks * (hd + 2) floats.
+    /// `part`: scratch of at least n * n_head * max_chunks * (hd + 2) floats. `grouped`: whether
+    /// a CTA serves a group of tokens (None: from `ATT_GROUP_MIN` tokens on); the same bits.
     #[allow(clippy::too_many_arguments)]
     pub fn attention(
         &self,
@@ -351,6 +364,7 @@ impl Kernels {
         att: DevPtr,
         attq: Option<DevPtr>,
         n: usize,
+        grouped: Option<bool>,
     ) -> Result<(), HipError> {
         let (n_head, n_kv, hd) = heads;
         let scale = 1.0 / (hd as f32).sqrt();
@@ -366,7 +380,13 @@ impl Kernels {
             Arg::Ptr(part),
             Arg::I32(max_chunks as i32),
         ];
-        launch(rt, self.attn_partial, [max_chunks as u32, n_head as u32, n as u32], [128, 1, 1], 0, &args)?;
+        if grouped.unwrap_or(n >= ATT_GROUP_MIN) {
+            let (f, g) = self.attn_partial_g;
+            let args = [&args[..7], &[Arg::I32(n as i32)], &args[7..]].concat();
+            launch(rt, f, [max_chunks as u32, n_head as u32, grid1(n, g)], [128, 1, 1], 0, &args)?;
+        } else {
+            launch(rt, self.attn_partial, [max_chunks as u32, n_head as u32, n as u32], [128, 1, 1], 0, &args)?;
+        }
         let args = [
             Arg::Ptr(part),
             Arg::I32(n_head as i32),
