@@ -87,11 +87,12 @@ extern "C" __global__ void attn_partial(const float* qkv, int q_stride, int n_he
     }
 }
 
-// attn_partial for a group of G consecutive tokens of a launch at once (prefill): one CTA per
-// (chunk, head, group). Tokens of one cache (runs of equal k, v, cap; a group of several
-// sequences is taken run by run) share each key and value load and its f16 conversion; every
-// token's sums are attn_partial's, in its order (dot in dimension order, the same block_max /
-// block_sum trees, each V slice in key order, slices in slice order), so the bits are the same.
+// attn_partial for a group of G consecutive tokens of a launch at once (prefill; G = 4:
+// attn_partial_g4): one CTA per (chunk, head, group). Tokens of one cache (runs of equal k, v,
+// cap; a group of several sequences is taken run by run) share each key and value load and its
+// f16 conversion; every token's sums are attn_partial's, in its order (dot in dimension order,
+// the same block_max / block_sum trees, each V slice in key order, slices in slice order), so
+// the bits are the same. Loads go 4 at a time (32 dimensions of a key, 4 keys of a V slice).
 // Grid (max_chunks, n_head, ceil(n_tok / G)), FC_ATT_THREADS threads.
 template <int G>
 FC_DEV void attn_partial_group(const float* qkv, int q_stride, int n_head, int n_kv, int hd, float scale,
@@ -131,29 +132,36 @@ FC_DEV void attn_partial_group(const float* qkv, int q_stride, int n_head, int n
             for (int g = 0; g < G; ++g) acc[g] = 0.0f;
             if (tid < nvmax) {
                 const uint16_t* k = kc + (unsigned long long)tid * hd;
-                for (int d = 0; d < hd; d += 8) {
-                    const uint4 u = *(const uint4*)(k + d);
-                    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
-                    float kf[8];
+                // 32 dimensions (4 loads in flight) at a time: hd is a multiple of 32
+                for (int d0 = 0; d0 < hd; d0 += 32) {
+                    uint4 u[4];
 #pragma unroll
-                    for (int j = 0; j < 4; ++j) {
-                        kf[2 * j] = f16_to_f32((uint16_t)(w[j] & 0xFFFF));
-                        kf[2 * j + 1] = f16_to_f32((uint16_t)(w[j] >> 16));
-                    }
+                    for (int x = 0; x < 4; ++x) u[x] = *(const uint4*)(k + d0 + 8 * x);
 #pragma unroll
-                    for (int g = 0; g < G; ++g) {
-                        const float4 a = *(const float4*)&q[g][d];
-                        const float4 b = *(const float4*)&q[g][d + 4];
-                        float x = acc[g];
-                        x = __fmaf_rn(a.x, kf[0], x);
-                        x = __fmaf_rn(a.y, kf[1], x);
-                        x = __fmaf_rn(a.z, kf[2], x);
-                        x = __fmaf_rn(a.w, kf[3], x);
-                        x = __fmaf_rn(b.x, kf[4], x);
-                        x = __fmaf_rn(b.y, kf[5], x);
-                        x = __fmaf_rn(b.z, kf[6], x);
-                        x = __fmaf_rn(b.w, kf[7], x);
-                        acc[g] = x;
+                    for (int x = 0; x < 4; ++x) {
+                        const int d = d0 + 8 * x;
+                        const uint32_t w[4] = {u[x].x, u[x].y, u[x].z, u[x].w};
+                        float kf[8];
+#pragma unroll
+                        for (int j = 0; j < 4; ++j) {
+                            kf[2 * j] = f16_to_f32((uint16_t)(w[j] & 0xFFFF));
+                            kf[2 * j + 1] = f16_to_f32((uint16_t)(w[j] >> 16));
+                        }
+#pragma unroll
+                        for (int g = 0; g < G; ++g) {
+                            const float4 a = *(const float4*)&q[g][d];
+                            const float4 b = *(const float4*)&q[g][d + 4];
+                            float y = acc[g];
+                            y = __fmaf_rn(a.x, kf[0], y);
+                            y = __fmaf_rn(a.y, kf[1], y);
+                            y = __fmaf_rn(a.z, kf[2], y);
+                            y = __fmaf_rn(a.w, kf[3], y);
+                            y = __fmaf_rn(b.x, kf[4], y);
+                            y = __fmaf_rn(b.y, kf[5], y);
+                            y = __fmaf_rn(b.z, kf[6], y);
+                            y = __fmaf_rn(b.w, kf[7], y);
+                            acc[g] = y;
+                        }
                     }
                 }
             }
@@ -198,21 +206,29 @@ FC_DEV void attn_partial_group(const float* qkv, int q_stride, int n_head, int n
             for (int g = 0; g < G; ++g)
 #pragma unroll
                 for (int i = 0; i < 8; ++i) o[g][i] = 0.0f;
-            for (int j = j0; j < j1; ++j) {
-                const uint4 u = *(const uint4*)(vc + (unsigned long long)j * hd + d0);
-                const uint32_t w[4] = {u.x, u.y, u.z, u.w};
-                float vf[8];
+            // 4 keys (loads in flight) at a time: per is a multiple of 4; key j counts for token g
+            // where j < nv[g] (<= nvmax)
+            for (int j = j0; j < j1; j += 4) {
+                uint4 u[4];
 #pragma unroll
-                for (int i = 0; i < 4; ++i) {
-                    vf[2 * i] = f16_to_f32((uint16_t)(w[i] & 0xFFFF));
-                    vf[2 * i + 1] = f16_to_f32((uint16_t)(w[i] >> 16));
-                }
+                for (int x = 0; x < 4; ++x)
+                    u[x] = j + x < j1 ? *(const uint4*)(vc + (unsigned long long)(j + x) * hd + d0) : make_uint4(0, 0, 0, 0);
 #pragma unroll
-                for (int g = 0; g < G; ++g) {
-                    const float pj = p[g][j];
-                    if (j < nv[g]) {
+                for (int x = 0; x < 4; ++x) {
+                    const uint32_t w[4] = {u[x].x, u[x].y, u[x].z, u[x].w};
+                    float vf[8];
 #pragma unroll
-                        for (int i = 0; i < 8; ++i) o[g][i] = __fmaf_rn(pj, vf[i], o[g][i]);
+                    for (int i = 0; i < 4; ++i) {
+                        vf[2 * i] = f16_to_f32((uint16_t)(w[i] & 0xFFFF));
+                        vf[2 * i + 1] = f16_to_f32((uint16_t)(w[i] >> 16));
+                    }
+#pragma unroll
+                    for (int g = 0; g < G; ++g) {
+                        const float pj = p[g][j + x];
+                        if (j + x < nv[g]) {
+#pragma unroll
+                            for (int i = 0; i < 8; ++i) o[g][i] = __fmaf_rn(pj, vf[i], o[g][i]);
+                        }
                     }
                 }
             }
@@ -245,10 +261,6 @@ FC_DEV void attn_partial_group(const float* qkv, int q_stride, int n_head, int n
     }
 }
 
-extern "C" __global__ void attn_partial_g8(const float* qkv, int q_stride, int n_head, int n_kv, int hd, float scale,
-                                           const TokInfo* tok, int n_tok, int layer, float* part, int max_chunks) {
-    attn_partial_group<8>(qkv, q_stride, n_head, n_kv, hd, scale, tok, n_tok, layer, part, max_chunks);
-}
 extern "C" __global__ void attn_partial_g4(const float* qkv, int q_stride, int n_head, int n_kv, int hd, float scale,
                                            const TokInfo* tok, int n_tok, int layer, float* part, int max_chunks) {
     attn_partial_group<4>(qkv, q_stride, n_head, n_kv, hd, scale, tok, n_tok, layer, part, max_chunks);

@@ -161,8 +161,9 @@ const MMA64_SHARED: u32 = 8 * 64 * 68 * 4;
 /// Keys per attention chunk (attention.hip's FC_ATT_CH; the CPU's ATT_TILE).
 pub const ATT_CH: usize = 128;
 
-/// Tokens per CTA of the grouped attention kernel (attention.hip's `attn_partial_g8`).
-const ATT_GROUP: usize = 8;
+/// Tokens per CTA of the grouped attention kernel (attention.hip's `attn_partial_g4`; 8 tokens
+/// measured slower on the H100: 151 registers, 3 CTAs per SM).
+const ATT_GROUP: usize = 4;
 
 /// The fewest tokens of a launch for which attention runs grouped by default (prefill; same bits).
 pub const ATT_GROUP_MIN: usize = 32;
@@ -177,8 +178,8 @@ pub struct Kernels {
     rope: Func,
     rope_store: Func,
     attn_partial: Func,
-    /// attn_partial for groups of ATT_GROUP tokens (4 with FORGE_HIP_ATT_G=4: a measurement knob)
-    attn_partial_g: (Func, usize),
+    /// attn_partial for groups of ATT_GROUP tokens
+    attn_partial_g: Func,
     attn_merge: Func,
     silu_mul_q8: Func,
     silu_mul: Func,
@@ -226,10 +227,7 @@ impl Kernels {
             rope: f("rope")?,
             rope_store: f("rope_store")?,
             attn_partial: f("attn_partial")?,
-            attn_partial_g: match std::env::var("FORGE_HIP_ATT_G").as_deref() {
-                Ok("4") => (f("attn_partial_g4")?, 4),
-                _ => (f("attn_partial_g8")?, ATT_GROUP),
-            },
+            attn_partial_g: f("attn_partial_g4")?,
             attn_merge: f("attn_merge")?,
             silu_mul_q8: f("silu_mul_q8")?,
             silu_mul: f("silu_mul")?,
@@ -381,9 +379,8 @@ impl Kernels {
             Arg::I32(max_chunks as i32),
         ];
         if grouped.unwrap_or(n >= ATT_GROUP_MIN) {
-            let (f, g) = self.attn_partial_g;
             let args = [&args[..7], &[Arg::I32(n as i32)], &args[7..]].concat();
-            launch(rt, f, [max_chunks as u32, n_head as u32, grid1(n, g)], [128, 1, 1], 0, &args)?;
+            launch(rt, self.attn_partial_g, [max_chunks as u32, n_head as u32, grid1(n, ATT_GROUP)], [128, 1, 1], 0, &args)?;
         } else {
             launch(rt, self.attn_partial, [max_chunks as u32, n_head as u32, n as u32], [128, 1, 1], 0, &args)?;
         }

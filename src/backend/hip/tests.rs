@@ -167,7 +167,7 @@ fn tile_choice_is_a_function_of_rows_and_tokens() {
     assert_eq!(Tile::choose(1536, 512), Tile::Mma64); // 192
 }
 
-/// The grouped attention kernel (a CTA per group of 8 tokens) gives every token the bits of the
+/// The grouped attention kernel (a CTA per group of 4 tokens) gives every token the bits of the
 /// one-token kernel: runs within one chunk, across chunk edges, partial last groups, scattered
 /// positions, GQA and every head size; and it matches the CPU reference within `2e-5`.
 #[test]
