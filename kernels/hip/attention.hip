@@ -87,6 +87,185 @@ extern "C" __global__ void attn_partial(const float* qkv, int q_stride, int n_he
     }
 }
 
+// attn_partial for a group of G consecutive tokens of a launch at once (prefill; G = 4:
+// attn_partial_g4): one CTA per (chunk, head, group). Tokens of one cache (runs of equal k, v,
+// cap; a group of several sequences is taken run by run) share each key and value load and its
+// f16 conversion; every token's sums are attn_partial's, in its order (dot in dimension order,
+// the same block_max / block_sum trees, each V slice in key order, slices in slice order), so
+// the bits are the same. Loads go 4 at a time (32 dimensions of a key, 4 keys of a V slice).
+// Grid (max_chunks, n_head, ceil(n_tok / G)), FC_ATT_THREADS threads.
+template <int G>
+FC_DEV void attn_partial_group(const float* qkv, int q_stride, int n_head, int n_kv, int hd, float scale,
+                               const TokInfo* tok, int n_tok, int layer, float* part, int max_chunks) {
+    __shared__ __align__(16) float q[G][FC_ATT_MAX_HD];
+    __shared__ float p[G][FC_ATT_CH];
+    __shared__ float scratch[G][FC_ATT_THREADS / 32];
+    __shared__ __align__(16) float opart[G][FC_ATT_THREADS * 8];
+    const int c = blockIdx.x, h = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int k0 = c * FC_ATT_CH;
+    const int kvh = h / (n_head / n_kv);
+    const int tend = min((int)blockIdx.z * G + G, n_tok);
+    for (int r0 = blockIdx.z * G; r0 < tend;) {
+        const TokInfo first = tok[r0];
+        int r1 = r0 + 1;
+        while (r1 < tend && tok[r1].k == first.k && tok[r1].v == first.v && tok[r1].cap == first.cap) ++r1;
+        // keys of this chunk per token of the run (0: none, or not in the run)
+        int nv[G];
+        int nvmax = 0;
+#pragma unroll
+        for (int g = 0; g < G; ++g) {
+            nv[g] = r0 + g < r1 ? max(0, min(FC_ATT_CH, (int)tok[r0 + g].pos + 1 - k0)) : 0;
+            nvmax = max(nvmax, nv[g]);
+        }
+        if (nvmax > 0) {  // uniform over the CTA
+            const unsigned long long base = (((unsigned long long)layer * n_kv + kvh) * first.cap + k0) * hd;
+            const uint16_t* kc = (const uint16_t*)first.k + base;
+            const uint16_t* vc = (const uint16_t*)first.v + base;
+            __syncthreads();  // the previous run is done with q, p, opart
+            for (int i = tid; i < G * hd; i += FC_ATT_THREADS) {
+                const int g = i / hd, d = i - g * hd;
+                q[g][d] = r0 + g < r1 ? qkv[(unsigned long long)(r0 + g) * q_stride + h * hd + d] : 0.0f;
+            }
+            __syncthreads();
+            float acc[G];
+#pragma unroll
+            for (int g = 0; g < G; ++g) acc[g] = 0.0f;
+            if (tid < nvmax) {
+                const uint16_t* k = kc + (unsigned long long)tid * hd;
+                // 32 dimensions (4 loads in flight) at a time: hd is a multiple of 32
+                for (int d0 = 0; d0 < hd; d0 += 32) {
+                    uint4 u[4];
+#pragma unroll
+                    for (int x = 0; x < 4; ++x) u[x] = *(const uint4*)(k + d0 + 8 * x);
+#pragma unroll
+                    for (int x = 0; x < 4; ++x) {
+                        const int d = d0 + 8 * x;
+                        const uint32_t w[4] = {u[x].x, u[x].y, u[x].z, u[x].w};
+                        float kf[8];
+#pragma unroll
+                        for (int j = 0; j < 4; ++j) {
+                            kf[2 * j] = f16_to_f32((uint16_t)(w[j] & 0xFFFF));
+                            kf[2 * j + 1] = f16_to_f32((uint16_t)(w[j] >> 16));
+                        }
+#pragma unroll
+                        for (int g = 0; g < G; ++g) {
+                            const float4 a = *(const float4*)&q[g][d];
+                            const float4 b = *(const float4*)&q[g][d + 4];
+                            float y = acc[g];
+                            y = __fmaf_rn(a.x, kf[0], y);
+                            y = __fmaf_rn(a.y, kf[1], y);
+                            y = __fmaf_rn(a.z, kf[2], y);
+                            y = __fmaf_rn(a.w, kf[3], y);
+                            y = __fmaf_rn(b.x, kf[4], y);
+                            y = __fmaf_rn(b.y, kf[5], y);
+                            y = __fmaf_rn(b.z, kf[6], y);
+                            y = __fmaf_rn(b.w, kf[7], y);
+                            acc[g] = y;
+                        }
+                    }
+                }
+            }
+            // block_max and block_sum of every token at once, each with their tree
+            float m[G], l[G];
+#pragma unroll
+            for (int g = 0; g < G; ++g) m[g] = warp_max(tid < nv[g] ? __fmul_rn(acc[g], scale) : __int_as_float(0xff800000));
+            __syncthreads();
+            if (lane == 0) {
+#pragma unroll
+                for (int g = 0; g < G; ++g) scratch[g][warp] = m[g];
+            }
+            __syncthreads();
+#pragma unroll
+            for (int g = 0; g < G; ++g) {
+                const float s = tid < nv[g] ? __fmul_rn(acc[g], scale) : __int_as_float(0xff800000);
+                float mx = scratch[g][0];
+                for (int w = 1; w < FC_ATT_THREADS / 32; ++w) mx = fmaxf(mx, scratch[g][w]);
+                m[g] = mx;
+                const float e = tid < nv[g] ? expf(__fsub_rn(s, mx)) : 0.0f;
+                p[g][tid] = e;
+                l[g] = warp_sum(e);
+            }
+            __syncthreads();
+            if (lane == 0) {
+#pragma unroll
+                for (int g = 0; g < G; ++g) scratch[g][warp] = l[g];
+            }
+            __syncthreads();  // also publishes p
+#pragma unroll
+            for (int g = 0; g < G; ++g) {
+                float sum = scratch[g][0];
+                for (int w = 1; w < FC_ATT_THREADS / 32; ++w) sum = __fadd_rn(sum, scratch[g][w]);
+                l[g] = sum;
+            }
+            // o = sum_j p[j] * v[j] per token, slices as in attn_partial
+            const int dv = hd / 8, ns = FC_ATT_THREADS / dv, per = FC_ATT_CH / ns;
+            const int s0 = tid / dv, d0 = (tid % dv) * 8;
+            const int j0 = s0 * per, j1 = min(j0 + per, nvmax);
+            float o[G][8];
+#pragma unroll
+            for (int g = 0; g < G; ++g)
+#pragma unroll
+                for (int i = 0; i < 8; ++i) o[g][i] = 0.0f;
+            // 4 keys (loads in flight) at a time: per is a multiple of 4; key j counts for token g
+            // where j < nv[g] (<= nvmax)
+            for (int j = j0; j < j1; j += 4) {
+                uint4 u[4];
+#pragma unroll
+                for (int x = 0; x < 4; ++x)
+                    u[x] = j + x < j1 ? *(const uint4*)(vc + (unsigned long long)(j + x) * hd + d0) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+                for (int x = 0; x < 4; ++x) {
+                    const uint32_t w[4] = {u[x].x, u[x].y, u[x].z, u[x].w};
+                    float vf[8];
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) {
+                        vf[2 * i] = f16_to_f32((uint16_t)(w[i] & 0xFFFF));
+                        vf[2 * i + 1] = f16_to_f32((uint16_t)(w[i] >> 16));
+                    }
+#pragma unroll
+                    for (int g = 0; g < G; ++g) {
+                        const float pj = p[g][j + x];
+                        if (j + x < nv[g]) {
+#pragma unroll
+                            for (int i = 0; i < 8; ++i) o[g][i] = __fmaf_rn(pj, vf[i], o[g][i]);
+                        }
+                    }
+                }
+            }
+#pragma unroll
+            for (int g = 0; g < G; ++g) {
+                *(float4*)&opart[g][s0 * hd + d0] = make_float4(o[g][0], o[g][1], o[g][2], o[g][3]);
+                *(float4*)&opart[g][s0 * hd + d0 + 4] = make_float4(o[g][4], o[g][5], o[g][6], o[g][7]);
+            }
+            __syncthreads();
+            for (int i = tid; i < G * hd; i += FC_ATT_THREADS) {
+                const int g = i / hd, d = i - g * hd, t = r0 + g;
+                if (t < r1 && (int)tok[t].pos + 1 > k0) {
+                    float a = opart[g][d];
+                    for (int k = 1; k < ns; ++k) a = __fadd_rn(a, opart[g][k * hd + d]);
+                    part[(((unsigned long long)t * n_head + h) * max_chunks + c) * (hd + 2) + d] = a;
+                }
+            }
+            if (tid == 0) {
+#pragma unroll
+                for (int g = 0; g < G; ++g) {
+                    if (nv[g] > 0) {
+                        float* out = part + ((((unsigned long long)(r0 + g)) * n_head + h) * max_chunks + c) * (hd + 2);
+                        out[hd] = m[g];
+                        out[hd + 1] = l[g];
+                    }
+                }
+            }
+        }
+        r0 = r1;
+    }
+}
+
+extern "C" __global__ void attn_partial_g4(const float* qkv, int q_stride, int n_head, int n_kv, int hd, float scale,
+                                           const TokInfo* tok, int n_tok, int layer, float* part, int max_chunks) {
+    attn_partial_group<4>(qkv, q_stride, n_head, n_kv, hd, scale, tok, n_tok, layer, part, max_chunks);
+}
+
 // att[t] = the heads' outputs from their chunks (see the file comment); with q8 also attq
 // (hd % 32 == 0: a head is whole q8 blocks). Grid (n_tok, n_head), FC_ATT_THREADS threads,
 // max_chunks * 8 bytes of dynamic shared memory. The chunk weights f_c = exp(m_c - max m) and the

@@ -18,17 +18,24 @@ use crate::gguf::GgmlType;
 pub struct HipBackend {
     ctx: Arc<HipContext>,
     tile: Option<Tile>,
+    att_grouped: Option<bool>,
     error: Mutex<Option<HipError>>,
 }
 
 impl HipBackend {
     pub fn new(ctx: Arc<HipContext>) -> HipBackend {
-        HipBackend { ctx, tile: None, error: Mutex::new(None) }
+        HipBackend { ctx, tile: None, att_grouped: None, error: Mutex::new(None) }
     }
 
     /// Every matmul on `tile` (None: chosen by the number of tokens).
     pub fn with_tile(mut self, tile: Option<Tile>) -> HipBackend {
         self.tile = tile;
+        self
+    }
+
+    /// Attention by token groups or one token per CTA (None: by the number of tokens).
+    pub fn with_attention_groups(mut self, grouped: Option<bool>) -> HipBackend {
+        self.att_grouped = grouped;
         self
     }
 
@@ -104,7 +111,7 @@ impl HipBackend {
         let part = DevBuf::new(rt, n * a.n_head * chunks * (a.head_dim + 2) * 4)?;
         let ob = DevBuf::new(rt, a.out.len() * 4)?;
         let qd = a.n_head * a.head_dim;
-        k.attention(&**rt, qb.ptr(), qd, (a.n_head, a.n_kv_head, a.head_dim), tb.ptr(), 0, part.ptr(), chunks, ob.ptr(), None, n)?;
+        k.attention(&**rt, qb.ptr(), qd, (a.n_head, a.n_kv_head, a.head_dim), tb.ptr(), 0, part.ptr(), chunks, ob.ptr(), None, n, self.att_grouped)?;
         ob.read_f32(a.out)
     }
 

@@ -59,8 +59,11 @@ impl Tile {
         }
     }
 
-    /// The tile for a step of `n_tok` tokens.
-    pub fn for_tokens(n_tok: usize) -> Tile {
+    /// The tile of a matrix of `rows` rows for a step of `n_tok` tokens: one function of the shape
+    /// and the batch size (a forced tile, `HipOptions::tile` or a test's, is applied by the caller).
+    /// `Mma64` only where it makes at least `MMA64_MIN_CTAS` CTAs (one per SM at a time):
+    /// SmolLM2's 960-row q|k|v at 512 tokens is 120 of them, slower than `Mma`'s 240.
+    pub fn choose(rows: usize, n_tok: usize) -> Tile {
         match n_tok {
             0 | 1 => Tile::T1,
             2..=4 => Tile::T4,
@@ -68,6 +71,7 @@ impl Tile {
             5..=8 => Tile::T8,
             // T8 where there is no tensor-core kernel (Kernels::matmul)
             9..=32 => Tile::Mma,
+            _ if rows.div_ceil(64) * n_tok.div_ceil(64) < MMA64_MIN_CTAS => Tile::Mma,
             _ => Tile::Mma64,
         }
     }
@@ -147,7 +151,7 @@ pub struct ActRef {
 pub const Q8_BYTES: usize = 40;
 /// Bytes of one TokInfo (common.h).
 pub const TOK_BYTES: usize = 24;
-/// The fewest 64 x 64 tiles for which `Tile::Mma64` is picked by default (H100: 132 SMs, one
+/// The fewest 64 x 64 tiles for which `Tile::choose` picks `Tile::Mma64` (H100: 132 SMs, one
 /// such CTA each; 1.1B's 2048-row matrices at 512 tokens make 256, faster than Mma's 512).
 const MMA64_MIN_CTAS: usize = 192;
 
@@ -156,6 +160,13 @@ const MMA64_SHARED: u32 = 8 * 64 * 68 * 4;
 
 /// Keys per attention chunk (attention.hip's FC_ATT_CH; the CPU's ATT_TILE).
 pub const ATT_CH: usize = 128;
+
+/// Tokens per CTA of the grouped attention kernel (attention.hip's `attn_partial_g4`; 8 tokens
+/// measured slower on the H100: 151 registers, 3 CTAs per SM).
+const ATT_GROUP: usize = 4;
+
+/// The fewest tokens of a launch for which attention runs grouped by default (prefill; same bits).
+pub const ATT_GROUP_MIN: usize = 32;
 
 pub struct Kernels {
     mm: HashMap<(GgmlType, Tile, Epi), Func>,
@@ -167,6 +178,8 @@ pub struct Kernels {
     rope: Func,
     rope_store: Func,
     attn_partial: Func,
+    /// attn_partial for groups of ATT_GROUP tokens
+    attn_partial_g: Func,
     attn_merge: Func,
     silu_mul_q8: Func,
     silu_mul: Func,
@@ -214,6 +227,7 @@ impl Kernels {
             rope: f("rope")?,
             rope_store: f("rope_store")?,
             attn_partial: f("attn_partial")?,
+            attn_partial_g: f("attn_partial_g4")?,
             attn_merge: f("attn_merge")?,
             silu_mul_q8: f("silu_mul_q8")?,
             silu_mul: f("silu_mul")?,
@@ -252,15 +266,9 @@ impl Kernels {
             return Ok(());
         }
         let info = type_info(m.ty).ok_or_else(|| HipError::Unsupported(format!("{} weights", m.ty.name())))?;
-        let forced = tile.is_some();
-        let mut tile = tile.unwrap_or_else(|| Tile::for_tokens(n_tok));
+        let mut tile = tile.unwrap_or_else(|| Tile::choose(m.rows, n_tok));
         if tile.is_mma() && !(self.mma && info.q8_order) {
             tile = Tile::T8;
-        }
-        // by default the 64 x 64 tile only where it makes enough CTAs to fill the GPU (one per SM
-        // at a time): SmolLM2's 960-row q|k|v at 512 tokens is 120 of them, slower than Mma's 240
-        if tile == Tile::Mma64 && !forced && m.rows.div_ceil(64) * n_tok.div_ceil(64) < MMA64_MIN_CTAS {
-            tile = Tile::Mma;
         }
         let nb = m.cols / info.block;
         let (r, t) = tile.rt();
@@ -338,7 +346,8 @@ impl Kernels {
 
     /// Attention of n tokens (rows of `q`, `q_stride` floats apart; their TokInfo at `tok`) over
     /// layer `layer` of their caches, into `att` [n, n_head*hd] (and `attq` when given).
-    /// `part`: scratch of at least n * n_head * max_chunks * (hd + 2) floats.
+    /// `part`: scratch of at least n * n_head * max_chunks * (hd + 2) floats. `grouped`: whether
+    /// a CTA serves a group of tokens (None: from `ATT_GROUP_MIN` tokens on); the same bits.
     #[allow(clippy::too_many_arguments)]
     pub fn attention(
         &self,
@@ -353,6 +362,7 @@ impl Kernels {
         att: DevPtr,
         attq: Option<DevPtr>,
         n: usize,
+        grouped: Option<bool>,
     ) -> Result<(), HipError> {
         let (n_head, n_kv, hd) = heads;
         let scale = 1.0 / (hd as f32).sqrt();
@@ -368,7 +378,12 @@ impl Kernels {
             Arg::Ptr(part),
             Arg::I32(max_chunks as i32),
         ];
-        launch(rt, self.attn_partial, [max_chunks as u32, n_head as u32, n as u32], [128, 1, 1], 0, &args)?;
+        if grouped.unwrap_or(n >= ATT_GROUP_MIN) {
+            let args = [&args[..7], &[Arg::I32(n as i32)], &args[7..]].concat();
+            launch(rt, self.attn_partial_g, [max_chunks as u32, n_head as u32, grid1(n, ATT_GROUP)], [128, 1, 1], 0, &args)?;
+        } else {
+            launch(rt, self.attn_partial, [max_chunks as u32, n_head as u32, n as u32], [128, 1, 1], 0, &args)?;
+        }
         let args = [
             Arg::Ptr(part),
             Arg::I32(n_head as i32),

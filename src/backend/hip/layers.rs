@@ -378,6 +378,7 @@ impl HipLayers {
                 a.att.at(g0 * qd * 4),
                 Some(a.attq.at(g0 * qd / 32 * Q8_BYTES)),
                 ng,
+                None,
             )?;
         }
         self.mm(&l.wo.m, ActRef { f32: a.att.ptr(), q8: a.attq.ptr() }, n, a.x.ptr(), e, Epi::Add)?;
