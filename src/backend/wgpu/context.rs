@@ -277,8 +277,7 @@ impl WgpuContext {
 
     /// Like [`detect`](Self::detect), saying why there is no context.
     pub fn new(opts: WgpuOptions) -> Result<Arc<WgpuContext>, WgpuError> {
-        let instance = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle());
-        let adapters = pollster::block_on(instance.enumerate_adapters(wgpu::Backends::all()));
+        let adapters = pollster::block_on(super::instance().enumerate_adapters(wgpu::Backends::all()));
         let mut seen = Vec::new();
         let mut best: Option<(u8, wgpu::Adapter)> = None;
         for a in adapters {

@@ -53,6 +53,17 @@ pub use kv::KvPrecision;
 pub use layers::{layers_unsupported, GpuLayers};
 pub use segment::WgpuLayers;
 
+/// The process's one wgpu instance, created at first use and never dropped. Dropping the last
+/// instance lets the Vulkan loader unload the driver, and NVIDIA's driver leaves thread-exit
+/// destructors behind in every thread that touched it: a thread that outlives the unload then
+/// jumps into unmapped code when it exits (seen on the H100 as a segfault at the end of a test
+/// thread that had only probed for an adapter while another thread dropped its context).
+pub(crate) fn instance() -> &'static wgpu::Instance {
+    static INSTANCE: std::sync::LazyLock<wgpu::Instance> =
+        std::sync::LazyLock::new(|| wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle()));
+    &INSTANCE
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum WgpuError {
     #[error("no usable GPU adapter: {0}")]
