@@ -7,7 +7,7 @@
 // query's chunks, then o / l (0 where l is 0), as attention_part.wgsl's `finish`; then q8_coop,
 // whose blocks of 32 are the same 8 vec4s in the same order (head_dim a multiple of 32, so a
 // block lies inside one head).
-// Prepended: q8_act.wgsl, seq_params.wgsl, attention_fold.wgsl.
+// Prepended: q8_act.wgsl, mvq_x_put.wgsl (XS, put_q8, xq), seq_params.wgsl, attention_fold.wgsl.
 //   2 storage read  S: array<f32>    the sequence's chunk partials (attention_part.wgsl's layout)
 //   4 storage read  POS: array<u32>  [t0 + 1] the token's position at POS[t0]
 //   5 uniform SeqP (seq_params.wgsl; dynamic offset: the sequence's slot; n_tok = 1)
@@ -16,8 +16,6 @@
 @group(0) @binding(2) var<storage, read> S: array<f32>;
 @group(0) @binding(4) var<storage, read> POS: array<u32>;
 @group(0) @binding(5) var<uniform> sp: SeqP;
-
-var<workgroup> XS: array<vec4<u32>, 576>;
 
 // Elements d .. d + 3 of head h: the head's partials of chunks c0 .. c1 folded (fold4), divided
 // by the sum.
@@ -36,8 +34,7 @@ fn merged(h: u32, d: u32, c0: u32, c1: u32, n_chunks: u32) -> vec4<f32> {
 }
 
 fn prepare(li: u32) {
-    let nc = p.cols / 32u;
-    let nv = nc * 8u;
+    let nv = p.cols / 32u * 8u;
     let hd = sp.head_dim;
     // the query's keys and chunks (attention_part.wgsl `key_range`)
     let n_keys = POS[sp.t0] + 1u;
@@ -50,26 +47,13 @@ fn prepare(li: u32) {
     let n_chunks = (sp.capacity + C - 1u) / C;
     for (var j0 = 0u; j0 < nv; j0 += 256u) {
         let j = j0 + li;
-        let live = j < nv;
-        let b = j / 8u;
-        let k = j % 8u;
         var v = vec4<f32>(0.0);
-        if (live) {
+        if (j < nv) {
             let h = 4u * j / hd;
             let d = 4u * j % hd;
             v = merged(h, d, c0, c1, n_chunks);
         }
-        let q = q8_coop(li, v);
-        if (live) {
-            XS[2u * b + k / 4u][k % 4u] = q.word;
-            if (k == 0u) {
-                XS[2u * nc + b] = q.sums;
-            }
-        }
+        put_q8(li, j, nv, v);
     }
     workgroupBarrier();
-}
-
-fn xq(i: u32) -> vec4<u32> {
-    return XS[i];
 }

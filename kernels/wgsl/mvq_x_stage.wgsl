@@ -2,7 +2,7 @@
 // workgroup memory (`prepare`), so that no rmsnorm_q8 / quantize_q8 dispatch runs before the
 // matmul. The Q8 row is the very one rmsnorm_q8.wgsl writes: X * scale * G (rms_scale.wgsl, same
 // order), then q8_coop. (The layer runner stages the q|k|v input only: plan.rs says why.)
-// Prepended: q8_act.wgsl, rms_scale.wgsl.
+// Prepended: q8_act.wgsl, mvq_x_put.wgsl (XS, put_q8, xq), rms_scale.wgsl.
 //   2 storage read  XF: array<vec4<f32>>  [P.cols / 4] the residual stream (plain layout)
 //   4 storage read  G: array<vec4<f32>>   [P.cols / 4] the norm weight
 // P.eps: the norm's eps as f32 bits. P.cols / 32 * 3 <= XS_WORDS.
@@ -10,37 +10,20 @@
 @group(0) @binding(2) var<storage, read> XF: array<vec4<f32>>;
 @group(0) @binding(4) var<storage, read> G: array<vec4<f32>>;
 
-const XS_WORDS: u32 = 576u;
-var<workgroup> XS: array<vec4<u32>, 576>;
-
 fn rms_x(j: u32) -> vec4<f32> {
     return XF[j];
 }
 
 fn prepare(li: u32) {
-    let nc = p.cols / 32u;
-    let nv = nc * 8u;
+    let nv = p.cols / 32u * 8u;
     let scale = rms_scale(li, 0u, p.cols, bitcast<f32>(p.eps));
     for (var j0 = 0u; j0 < nv; j0 += 256u) {
         let j = j0 + li;
-        let live = j < nv;
-        let b = j / 8u;
-        let k = j % 8u;
         var v = vec4<f32>(0.0);
-        if (live) {
+        if (j < nv) {
             v = XF[j] * scale * G[j];
         }
-        let q = q8_coop(li, v);
-        if (live) {
-            XS[2u * b + k / 4u][k % 4u] = q.word;
-            if (k == 0u) {
-                XS[2u * nc + b] = q.sums;
-            }
-        }
+        put_q8(li, j, nv, v);
     }
     workgroupBarrier();
-}
-
-fn xq(i: u32) -> vec4<u32> {
-    return XS[i];
 }

@@ -226,7 +226,7 @@ const K_SCALE_MIN: &str = include_str!("../../../kernels/wgsl/k_scale_min.wgsl")
 const Q8_ACT: &str = include_str!("../../../kernels/wgsl/q8_act.wgsl");
 const RMS_SCALE: &str = include_str!("../../../kernels/wgsl/rms_scale.wgsl");
 const RMS_BIND: &str = include_str!("../../../kernels/wgsl/rms_bind.wgsl");
-/// Widest input (columns) mvq_x_stage.wgsl stages in workgroup memory (its XS_WORDS / 3 * 32).
+/// Widest input (columns) mvq_x_stage.wgsl and mvq_x_merge.wgsl build in workgroup memory (mvq_x_put.wgsl: XS_WORDS / 3 * 32).
 pub(crate) const STAGE_MAX_COLS: usize = 576 / 3 * 32;
 
 /// The `chunk_q8` source (integer dot of a weight chunk with a Q8 block) of a repacked type.
@@ -661,11 +661,11 @@ pub(super) fn build_kernels(device: &wgpu::Device, lanes: u32, decode: DecodePla
             matmul_wide.insert(ty, k(&format!("matmul_wide_{name}"), format!("{w}\n{dot}\n{mm_io}\n{}", wide_source(ty)), &mm)?);
         }
         if decode != DecodePlan::Off {
-            let global = include_str!("../../../kernels/wgsl/mvq_x_global.wgsl");
-            let stage = format!("{Q8_ACT}\n{RMS_SCALE}\n{}", include_str!("../../../kernels/wgsl/mvq_x_stage.wgsl"));
+            let (global, put) = (include_str!("../../../kernels/wgsl/mvq_x_global.wgsl"), include_str!("../../../kernels/wgsl/mvq_x_put.wgsl"));
+            let stage = format!("{Q8_ACT}\n{put}\n{RMS_SCALE}\n{}", include_str!("../../../kernels/wgsl/mvq_x_stage.wgsl"));
             let staged = [B::Uniform, B::Read, B::Read, B::Rw, B::Read];
             // mvq_x_merge.wgsl: 2 the partials, 4 the positions, 5 the sequence's parameters
-            let merge = format!("{Q8_ACT}\n{SEQ_FOLD}\n{}", include_str!("../../../kernels/wgsl/mvq_x_merge.wgsl"));
+            let merge = format!("{Q8_ACT}\n{put}\n{SEQ_FOLD}\n{}", include_str!("../../../kernels/wgsl/mvq_x_merge.wgsl"));
             let merged = [B::Uniform, B::Read, B::Read, B::Rw, B::Read, B::UniformDyn];
             for (xs, x_src, binds) in [(XSrc::Q8, global.to_string(), &mm[..]), (XSrc::Q8Stage, stage, &staged[..]), (XSrc::Q8Merge, merge, &merged[..])] {
                 let src = format!("{w}\n{dot}\n{x_src}\n{mv_q8}\n{vec_src}\n{vec_main}");
