@@ -266,6 +266,215 @@ extern "C" __global__ void attn_partial_g4(const float* qkv, int q_stride, int n
     attn_partial_group<4>(qkv, q_stride, n_head, n_kv, hd, scale, tok, n_tok, layer, part, max_chunks);
 }
 
+// attn_partial for every query head of one KV head (qpk = n_head / n_kv of them, at most 32) and
+// G = 32 / qpk consecutive tokens at once (prefill): one CTA per (chunk, KV head, group), its 32
+// rows (token g, head hq) at row g * qpk + hq. The chunk's keys and values are copied once into
+// shared memory (f16, as stored) and serve all rows; warp w takes rows 8w .. 8w + 7, lane l the
+// keys l + 32 i (attn_partial's thread of warp i) and dimensions l * HD / 32 .. of the values.
+// Tokens of one cache are taken run by run (as attn_partial_group does). Every row's float steps
+// are attn_partial's, in its order: each score a dot in dimension order, then * scale; the max
+// (exact in any order: no score is -0, and a max of +-0 would change no output); e = exp(s - max);
+// l as block_sum's tree (each 32 keys' butterfly, computed from shared memory as the same pairs,
+// then the 4 in warp order); o per slice of HD / 8 keys in key order (key j counts where j < nv),
+// the slices added in slice order. So a token's bits are the one-token kernel's.
+// Grid (max_chunks, n_kv, ceil(n_tok / G)), FC_ATT_THREADS threads; HD 32 or 64.
+#define FC_ATT_KR 32  // rows per CTA
+#define FC_ATT_PS 36  // floats per key of P (32 rows + 4: conflict-free float4 stores)
+template <int HD>
+FC_DEV void attn_partial_kv_body(const float* qkv, int q_stride, int n_head, int n_kv, float scale,
+                                 const TokInfo* tok, int n_tok, int layer, float* part, int max_chunks) {
+    constexpr int KW = HD / 2 + 1;  // words per key of K (odd: a warp's 32 keys in 32 banks)
+    constexpr int KP = KW > FC_ATT_PS ? FC_ATT_CH * KW : FC_ATT_CH * FC_ATT_PS;
+    constexpr int DL = HD / 32;     // dimensions per lane of the value sums
+    constexpr int PER = HD / 8;     // keys per value slice (attn_partial's per)
+    __shared__ __align__(16) uint32_t kp[KP];  // K as f16 pairs [key][KW]; then P [key][FC_ATT_PS]
+    __shared__ __align__(16) uint16_t vs[FC_ATT_CH * HD];
+    __shared__ __align__(16) float qs[FC_ATT_KR * HD];
+    __shared__ float lsh[FC_ATT_THREADS / 32][FC_ATT_KR];
+    const int c = blockIdx.x, kvh = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int qpk = n_head / n_kv, G = FC_ATT_KR / qpk, tz = blockIdx.z * G;
+    const int k0 = c * FC_ATT_CH;
+    const int tend = min(tz + G, n_tok);
+    float* P = (float*)kp;
+    for (int r0 = tz; r0 < tend;) {
+        const TokInfo first = tok[r0];
+        int r1 = r0 + 1;
+        while (r1 < tend && tok[r1].k == first.k && tok[r1].v == first.v && tok[r1].cap == first.cap) ++r1;
+        int nvmax = 0;
+        for (int t = r0; t < r1; ++t) nvmax = max(nvmax, min(FC_ATT_CH, (int)tok[t].pos + 1 - k0));
+        if (nvmax > 0) {  // uniform over the CTA
+            // keys of the chunk for this warp's rows (0: none, or not in the run); the fewest of
+            // those with any (the slices below it need no per-row test)
+            int nv[8];
+            int nvmin = FC_ATT_CH;
+#pragma unroll
+            for (int r = 0; r < 8; ++r) {
+                const int row = 8 * warp + r, t = tz + row / qpk;
+                nv[r] = row < G * qpk && t >= r0 && t < r1 ? max(0, min(FC_ATT_CH, (int)tok[t].pos + 1 - k0)) : 0;
+                if (nv[r] > 0) nvmin = min(nvmin, nv[r]);
+            }
+            const unsigned long long base = (((unsigned long long)layer * n_kv + kvh) * first.cap + k0) * HD;
+            const uint16_t* kc = (const uint16_t*)first.k + base;
+            const uint16_t* vc = (const uint16_t*)first.v + base;
+            __syncthreads();  // the previous run is done with the shared arrays
+            for (int i = tid; i < nvmax * (HD / 8); i += FC_ATT_THREADS) {
+                const int j = i / (HD / 8), d8 = (i % (HD / 8)) * 8;
+                const uint4 a = *(const uint4*)(kc + (unsigned long long)j * HD + d8);
+                uint32_t* dst = kp + j * KW + d8 / 2;
+                dst[0] = a.x;
+                dst[1] = a.y;
+                dst[2] = a.z;
+                dst[3] = a.w;
+                *(uint4*)(vs + j * HD + d8) = *(const uint4*)(vc + (unsigned long long)j * HD + d8);
+            }
+            for (int i = tid; i < FC_ATT_KR * HD; i += FC_ATT_THREADS) {
+                const int row = i / HD, d = i - row * HD, t = tz + row / qpk;
+                qs[i] = row < G * qpk && t >= r0 && t < r1 ? qkv[(unsigned long long)t * q_stride + (kvh * qpk + row % qpk) * HD + d] : 0.0f;
+            }
+            __syncthreads();
+            // scores: 8 rows x 4 keys, each a dot in dimension order
+            float acc[8][4];
+#pragma unroll
+            for (int r = 0; r < 8; ++r)
+#pragma unroll
+                for (int i = 0; i < 4; ++i) acc[r][i] = 0.0f;
+#pragma unroll 2
+            for (int d = 0; d < HD; d += 4) {
+                float kf[4][4];
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    const uint32_t w0 = kp[(lane + 32 * i) * KW + d / 2], w1 = kp[(lane + 32 * i) * KW + d / 2 + 1];
+                    kf[i][0] = f16_to_f32((uint16_t)(w0 & 0xFFFF));
+                    kf[i][1] = f16_to_f32((uint16_t)(w0 >> 16));
+                    kf[i][2] = f16_to_f32((uint16_t)(w1 & 0xFFFF));
+                    kf[i][3] = f16_to_f32((uint16_t)(w1 >> 16));
+                }
+#pragma unroll
+                for (int r = 0; r < 8; ++r) {
+                    const float4 a = *(const float4*)&qs[(8 * warp + r) * HD + d];
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) {
+                        float y = acc[r][i];
+                        y = __fmaf_rn(a.x, kf[i][0], y);
+                        y = __fmaf_rn(a.y, kf[i][1], y);
+                        y = __fmaf_rn(a.z, kf[i][2], y);
+                        y = __fmaf_rn(a.w, kf[i][3], y);
+                        acc[r][i] = y;
+                    }
+                }
+            }
+            float mx[8];
+#pragma unroll
+            for (int r = 0; r < 8; ++r) {
+                float m = __int_as_float(0xff800000);
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    const float s = lane + 32 * i < nv[r] ? __fmul_rn(acc[r][i], scale) : __int_as_float(0xff800000);
+                    acc[r][i] = s;
+                    m = fmaxf(m, s);
+                }
+                mx[r] = warp_max(m);
+            }
+            __syncthreads();  // everyone is done with K: kp becomes P
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const int j = lane + 32 * i;
+                float e[8];
+#pragma unroll
+                for (int r = 0; r < 8; ++r) e[r] = j < nv[r] ? expf(__fsub_rn(acc[r][i], mx[r])) : 0.0f;
+                *(float4*)&P[j * FC_ATT_PS + 8 * warp] = make_float4(e[0], e[1], e[2], e[3]);
+                *(float4*)&P[j * FC_ATT_PS + 8 * warp + 4] = make_float4(e[4], e[5], e[6], e[7]);
+            }
+            __syncthreads();
+            {
+                // l of row `lane` over keys 32 w .. 32 w + 31: warp_sum's butterfly as its pairs
+                const float* pw = P + (32 * warp) * FC_ATT_PS + lane;
+                float a[16];
+#pragma unroll
+                for (int k = 0; k < 16; ++k) a[k] = __fadd_rn(pw[k * FC_ATT_PS], pw[(k + 16) * FC_ATT_PS]);
+#pragma unroll
+                for (int k = 0; k < 8; ++k) a[k] = __fadd_rn(a[k], a[k + 8]);
+#pragma unroll
+                for (int k = 0; k < 4; ++k) a[k] = __fadd_rn(a[k], a[k + 4]);
+#pragma unroll
+                for (int k = 0; k < 2; ++k) a[k] = __fadd_rn(a[k], a[k + 2]);
+                lsh[warp][lane] = __fadd_rn(a[0], a[1]);
+            }
+            // o: 8 rows x DL dimensions, slice by slice
+            float o[8][DL], sl[8][DL];
+#pragma unroll
+            for (int r = 0; r < 8; ++r)
+#pragma unroll
+                for (int x = 0; x < DL; ++x) o[r][x] = 0.0f;
+            for (int s = 0; s < FC_ATT_CH / PER; ++s) {
+                const int j0 = s * PER;
+#pragma unroll
+                for (int r = 0; r < 8; ++r)
+#pragma unroll
+                    for (int x = 0; x < DL; ++x) sl[r][x] = 0.0f;
+                if (j0 < nvmax) {
+                    const bool all = j0 + PER <= nvmin;  // uniform over the warp
+#pragma unroll 4
+                    for (int j = j0; j < min(j0 + PER, nvmax); ++j) {
+                        const float4 pa = *(const float4*)&P[j * FC_ATT_PS + 8 * warp];
+                        const float4 pb = *(const float4*)&P[j * FC_ATT_PS + 8 * warp + 4];
+                        const float p[8] = {pa.x, pa.y, pa.z, pa.w, pb.x, pb.y, pb.z, pb.w};
+                        float v[DL];
+                        if (DL == 2) {
+                            const uint32_t w = *(const uint32_t*)&vs[j * HD + 2 * lane];
+                            v[0] = f16_to_f32((uint16_t)(w & 0xFFFF));
+                            v[DL - 1] = f16_to_f32((uint16_t)(w >> 16));
+                        } else {
+                            v[0] = f16_to_f32(vs[j * HD + lane]);
+                        }
+#pragma unroll
+                        for (int r = 0; r < 8; ++r) {
+                            if (all || j < nv[r]) {
+#pragma unroll
+                                for (int x = 0; x < DL; ++x) sl[r][x] = __fmaf_rn(p[r], v[x], sl[r][x]);
+                            }
+                        }
+                    }
+                }
+#pragma unroll
+                for (int r = 0; r < 8; ++r)
+#pragma unroll
+                    for (int x = 0; x < DL; ++x) o[r][x] = s == 0 ? sl[r][x] : __fadd_rn(o[r][x], sl[r][x]);
+            }
+#pragma unroll
+            for (int r = 0; r < 8; ++r) {
+                if (nv[r] > 0) {
+                    const int row = 8 * warp + r, t = tz + row / qpk, h = kvh * qpk + row % qpk;
+                    float* out = part + (((unsigned long long)t * n_head + h) * max_chunks + c) * (HD + 2);
+#pragma unroll
+                    for (int x = 0; x < DL; ++x) out[lane * DL + x] = o[r][x];
+                    if (lane == 0) out[HD] = mx[r];
+                }
+            }
+            __syncthreads();  // publishes lsh
+            if (tid < FC_ATT_KR) {
+                const int row = tid, t = tz + row / qpk;
+                if (row < G * qpk && t >= r0 && t < r1 && (int)tok[t].pos + 1 > k0) {
+                    float l = lsh[0][row];
+#pragma unroll
+                    for (int w = 1; w < FC_ATT_THREADS / 32; ++w) l = __fadd_rn(l, lsh[w][row]);
+                    part[(((unsigned long long)t * n_head + kvh * qpk + row % qpk) * max_chunks + c) * (HD + 2) + HD + 1] = l;
+                }
+            }
+        }
+        r0 = r1;
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(FC_ATT_THREADS) attn_partial_kv32(const float* qkv, int q_stride, int n_head, int n_kv, int hd, float scale,
+                                                                              const TokInfo* tok, int n_tok, int layer, float* part, int max_chunks) {
+    attn_partial_kv_body<32>(qkv, q_stride, n_head, n_kv, scale, tok, n_tok, layer, part, max_chunks);
+}
+extern "C" __global__ void __launch_bounds__(FC_ATT_THREADS) attn_partial_kv64(const float* qkv, int q_stride, int n_head, int n_kv, int hd, float scale,
+                                                                              const TokInfo* tok, int n_tok, int layer, float* part, int max_chunks) {
+    attn_partial_kv_body<64>(qkv, q_stride, n_head, n_kv, scale, tok, n_tok, layer, part, max_chunks);
+}
+
 // att[t] = the heads' outputs from their chunks (see the file comment); with q8 also attq
 // (hd % 32 == 0: a head is whole q8 blocks). Grid (n_tok, n_head), FC_ATT_THREADS threads,
 // max_chunks * 8 bytes of dynamic shared memory. The chunk weights f_c = exp(m_c - max m) and the

@@ -8,7 +8,7 @@
 use std::sync::{Arc, Mutex};
 
 
-use super::kernels::{type_info, ActRef, Epi, MatRef, Tile, ATT_CH, Q8_BYTES};
+use super::kernels::{type_info, ActRef, AttGroup, Epi, MatRef, Tile, ATT_CH, Q8_BYTES};
 use super::runtime::DevBuf;
 use super::{HipContext, HipError};
 use crate::backend::cpu::ops as cpu_ops;
@@ -18,7 +18,7 @@ use crate::gguf::GgmlType;
 pub struct HipBackend {
     ctx: Arc<HipContext>,
     tile: Option<Tile>,
-    att_grouped: Option<bool>,
+    att_grouped: Option<AttGroup>,
     error: Mutex<Option<HipError>>,
 }
 
@@ -33,8 +33,8 @@ impl HipBackend {
         self
     }
 
-    /// Attention by token groups or one token per CTA (None: by the number of tokens).
-    pub fn with_attention_groups(mut self, grouped: Option<bool>) -> HipBackend {
+    /// Attention's chunk kernel spread this way (None: `AttGroup::choose`, by the number of tokens).
+    pub fn with_attention_groups(mut self, grouped: Option<AttGroup>) -> HipBackend {
         self.att_grouped = grouped;
         self
     }

@@ -168,6 +168,35 @@ const ATT_GROUP: usize = 4;
 /// The fewest tokens of a launch for which attention runs grouped by default (prefill; same bits).
 pub const ATT_GROUP_MIN: usize = 32;
 
+/// Rows (token, query head) per CTA of the KV-head attention kernel (attention.hip's FC_ATT_KR).
+const ATT_KV_ROWS: usize = 32;
+
+/// How attention's chunk kernel spreads its work; every way gives each token the same bits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttGroup {
+    /// One CTA per (chunk, head, token): decode.
+    PerToken,
+    /// One CTA per (chunk, head, 4 tokens): `attn_partial_g4`.
+    Tokens4,
+    /// One CTA per (chunk, KV head, 32 / (n_head / n_kv) tokens): `attn_partial_kv{32,64}`, its
+    /// chunk of keys and values read once for all query heads of the KV head; head_dim 32 or 64
+    /// and at most 32 query heads per KV head (otherwise it runs as `Tokens4`).
+    KvHead,
+}
+
+impl AttGroup {
+    pub const ALL: [AttGroup; 3] = [AttGroup::PerToken, AttGroup::Tokens4, AttGroup::KvHead];
+
+    /// The way for a launch of `n` tokens: per token below `ATT_GROUP_MIN`, else by KV head.
+    pub fn choose(n: usize) -> AttGroup {
+        if n >= ATT_GROUP_MIN {
+            AttGroup::KvHead
+        } else {
+            AttGroup::PerToken
+        }
+    }
+}
+
 pub struct Kernels {
     mm: HashMap<(GgmlType, Tile, Epi), Func>,
     /// the GPU runs matmul.hip's tensor-core kernels (NVIDIA, compute capability 8.0 or later)
@@ -180,6 +209,9 @@ pub struct Kernels {
     attn_partial: Func,
     /// attn_partial for groups of ATT_GROUP tokens
     attn_partial_g: Func,
+    /// attn_partial for the query heads of a KV head, head_dim 32 and 64
+    attn_partial_kv32: Func,
+    attn_partial_kv64: Func,
     attn_merge: Func,
     silu_mul_q8: Func,
     silu_mul: Func,
@@ -228,6 +260,8 @@ impl Kernels {
             rope_store: f("rope_store")?,
             attn_partial: f("attn_partial")?,
             attn_partial_g: f("attn_partial_g4")?,
+            attn_partial_kv32: f("attn_partial_kv32")?,
+            attn_partial_kv64: f("attn_partial_kv64")?,
             attn_merge: f("attn_merge")?,
             silu_mul_q8: f("silu_mul_q8")?,
             silu_mul: f("silu_mul")?,
@@ -346,8 +380,8 @@ impl Kernels {
 
     /// Attention of n tokens (rows of `q`, `q_stride` floats apart; their TokInfo at `tok`) over
     /// layer `layer` of their caches, into `att` [n, n_head*hd] (and `attq` when given).
-    /// `part`: scratch of at least n * n_head * max_chunks * (hd + 2) floats. `grouped`: whether
-    /// a CTA serves a group of tokens (None: from `ATT_GROUP_MIN` tokens on); the same bits.
+    /// `part`: scratch of at least n * n_head * max_chunks * (hd + 2) floats. `grouped`: how CTAs
+    /// share the work (None: `AttGroup::choose`); the same bits.
     #[allow(clippy::too_many_arguments)]
     pub fn attention(
         &self,
@@ -362,7 +396,7 @@ impl Kernels {
         att: DevPtr,
         attq: Option<DevPtr>,
         n: usize,
-        grouped: Option<bool>,
+        grouped: Option<AttGroup>,
     ) -> Result<(), HipError> {
         let (n_head, n_kv, hd) = heads;
         let scale = 1.0 / (hd as f32).sqrt();
@@ -378,11 +412,20 @@ impl Kernels {
             Arg::Ptr(part),
             Arg::I32(max_chunks as i32),
         ];
-        if grouped.unwrap_or(n >= ATT_GROUP_MIN) {
-            let args = [&args[..7], &[Arg::I32(n as i32)], &args[7..]].concat();
-            launch(rt, self.attn_partial_g, [max_chunks as u32, n_head as u32, grid1(n, ATT_GROUP)], [128, 1, 1], 0, &args)?;
-        } else {
-            launch(rt, self.attn_partial, [max_chunks as u32, n_head as u32, n as u32], [128, 1, 1], 0, &args)?;
+        let qpk = n_head / n_kv.max(1);
+        let kv_func = match hd {
+            32 => Some(self.attn_partial_kv32),
+            64 => Some(self.attn_partial_kv64),
+            _ => None,
+        };
+        let grouped_args = || [&args[..7], &[Arg::I32(n as i32)], &args[7..]].concat();
+        match (grouped.unwrap_or_else(|| AttGroup::choose(n)), kv_func) {
+            (AttGroup::PerToken, _) => launch(rt, self.attn_partial, [max_chunks as u32, n_head as u32, n as u32], [128, 1, 1], 0, &args)?,
+            (AttGroup::KvHead, Some(f)) if (1..=ATT_KV_ROWS).contains(&qpk) => {
+                let grid = [max_chunks as u32, n_kv as u32, grid1(n, ATT_KV_ROWS / qpk)];
+                launch(rt, f, grid, [128, 1, 1], 0, &grouped_args())?
+            }
+            _ => launch(rt, self.attn_partial_g, [max_chunks as u32, n_head as u32, grid1(n, ATT_GROUP)], [128, 1, 1], 0, &grouped_args())?,
         }
         let args = [
             Arg::Ptr(part),

@@ -34,7 +34,7 @@ mod tests;
 use std::sync::{Arc, OnceLock};
 
 pub use backend::HipBackend;
-pub use kernels::Tile;
+pub use kernels::{AttGroup, Tile};
 pub use kv::HipKv;
 pub use layers::{layers_unsupported, HipActs, HipLayers};
 

@@ -18,7 +18,7 @@
 
 use std::sync::Arc;
 
-use super::{HipBackend, HipContext, HipLayers, Tile};
+use super::{AttGroup, HipBackend, HipContext, HipLayers, Tile};
 use crate::backend::cpu::{CpuBackend, SimdLevel};
 use crate::backend::offload::LayerOffload;
 use crate::backend::wgpu::tests::{f16s, uniform, weights};
@@ -167,35 +167,40 @@ fn tile_choice_is_a_function_of_rows_and_tokens() {
     assert_eq!(Tile::choose(1536, 512), Tile::Mma64); // 192
 }
 
-/// The grouped attention kernel (a CTA per group of 4 tokens) gives every token the bits of the
-/// one-token kernel: runs within one chunk, across chunk edges, partial last groups, scattered
-/// positions, GQA and every head size; and it matches the CPU reference within `2e-5`.
+/// The grouped attention kernels (a CTA per group of 4 tokens; per KV head and 32 / (n_head /
+/// n_kv) tokens) give every token the bits of the one-token kernel: runs within one chunk, across
+/// chunk edges, partial last groups, scattered positions, GQA (1 to 32 query heads per KV head,
+/// TinyLlama's 32/4 and SmolLM2's 9/3 among them) and every head size; and they match the CPU
+/// reference within `2e-5`.
 #[test]
 fn hip_grouped_attention_equals_the_per_token_kernel_bitwise() {
     let Some(ctx) = context() else { return };
     let cpu = CpuBackend::with_simd(1, SimdLevel::Scalar).expect("pool");
-    let per_token = HipBackend::new(ctx.clone()).with_attention_groups(Some(false));
-    let grouped = HipBackend::new(ctx).with_attention_groups(Some(true));
+    let per_token = HipBackend::new(ctx.clone()).with_attention_groups(Some(AttGroup::PerToken));
+    let grouped: Vec<HipBackend> = [AttGroup::Tokens4, AttGroup::KvHead].map(|g| HipBackend::new(ctx.clone()).with_attention_groups(Some(g))).into();
     let cap = 1100;
     let scattered: Vec<u32> = vec![5, 300, 129, 128, 127, 1000, 0, 64, 255, 256, 1099, 3, 700];
-    for (n_head, n_kv, hd) in [(4, 2, 64), (8, 2, 32), (2, 1, 128), (4, 4, 256)] {
+    let shapes = [(4, 2, 64), (8, 2, 32), (2, 1, 128), (4, 4, 256), (32, 4, 64), (9, 3, 64), (32, 1, 32), (3, 3, 64)];
+    for (n_head, n_kv, hd) in shapes {
         let (k, v) = (f16s(21, n_kv * cap * hd), f16s(22, n_kv * cap * hd));
         for positions in [(0..37).collect::<Vec<u32>>(), (120..141).collect(), (250..300).collect(), (1015..1030).collect(), scattered.clone()] {
             let q = uniform(23, positions.len() * n_head * hd);
             let one = attention(&per_token, &q, &k, &v, cap, &positions, (n_head, n_kv, hd));
-            let group = attention(&grouped, &q, &k, &v, cap, &positions, (n_head, n_kv, hd));
             let reference = attention(&cpu, &q, &k, &v, cap, &positions, (n_head, n_kv, hd));
-            for (i, ((a, b), r)) in group.iter().zip(&one).zip(&reference).enumerate() {
-                assert_eq!(a.to_bits(), b.to_bits(), "hd {hd} heads {n_head}/{n_kv} positions {:?}.. [{i}]: {a} vs {b}", &positions[..1]);
-                assert!((a - r).abs() <= 2e-5, "hd {hd} positions {:?}.. [{i}]: {a} vs the CPU's {r}", &positions[..1]);
+            for g in &grouped {
+                let group = attention(g, &q, &k, &v, cap, &positions, (n_head, n_kv, hd));
+                for (i, ((a, b), r)) in group.iter().zip(&one).zip(&reference).enumerate() {
+                    assert_eq!(a.to_bits(), b.to_bits(), "hd {hd} heads {n_head}/{n_kv} positions {:?}.. [{i}]: {a} vs {b}", &positions[..1]);
+                    assert!((a - r).abs() <= 2e-5, "hd {hd} positions {:?}.. [{i}]: {a} vs the CPU's {r}", &positions[..1]);
+                }
             }
         }
     }
-    assert!(per_token.take_error().is_none() && grouped.take_error().is_none());
+    assert!(per_token.take_error().is_none() && grouped.iter().all(|g| g.take_error().is_none()));
 }
 
 /// A group of tokens from two caches (continuous batching) is taken run by run, with the bits of
-/// the one-token kernel: runs of 1, 2, 3 and 5 tokens of alternating sequences.
+/// the one-token kernel: runs of 1, 2, 3 and 5 tokens of alternating sequences (both grouped kernels).
 #[test]
 fn hip_grouped_attention_over_two_caches_equals_the_per_token_kernel() {
     use super::runtime::DevBuf;
@@ -204,7 +209,7 @@ fn hip_grouped_attention_over_two_caches_equals_the_per_token_kernel() {
     let bits = |c: &[half::f16]| -> Vec<u16> { c.iter().map(|h| h.to_bits()).collect() };
     // (sequence, position): runs A, BB, AAA, BBBBB, A, ... over both caches
     let toks: Vec<(usize, u32)> = (0..40u32).map(|i| (usize::from(matches!(i % 11, 1 | 2 | 6..=10)), 90 + i * 7)).collect();
-    let run = |grouped: bool| -> Vec<u32> {
+    let run = |grouped: AttGroup| -> Vec<u32> {
         let _stream = ctx.lock();
         let (rt, kern) = (ctx.runtime(), ctx.kernels());
         let caches: Vec<(DevBuf, DevBuf)> = (0..2u64)
@@ -226,5 +231,7 @@ fn hip_grouped_attention_over_two_caches_equals_the_per_token_kernel() {
         ob.read_f32(&mut out).expect("read");
         out.iter().map(|v| v.to_bits()).collect()
     };
-    assert_eq!(run(true), run(false));
+    let one = run(AttGroup::PerToken);
+    assert_eq!(run(AttGroup::Tokens4), one);
+    assert_eq!(run(AttGroup::KvHead), one);
 }
