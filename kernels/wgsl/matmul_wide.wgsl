@@ -3,9 +3,10 @@
 // tokens per workgroup, each thread 4 rows x 2 tokens, the operands staged in workgroup memory a
 // few chunks at a time. Composed as packed.wgsl + packed_<type>.wgsl + q8dot_<type>.wgsl +
 // mm_io.wgsl + this file; bindings, parameters and outputs are matmul.wgsl's (mm_x_q8.wgsl's X).
-// The layer runner's `matmul_wide` pipelines, for matrices of plan::WIDE_MIN_ROWS rows and more
-// where WgpuOptions::tile_wide is on and a row has 32 lanes (the GPUs' default; elsewhere and
-// for smaller matrices matmul_tile.wgsl).
+// The layer runner's `matmul_wide` pipelines, chosen per step (layers.rs `GpuLayers::wide`) for
+// matrices of plan::WIDE_MIN_ROWS rows and more and fewer than WgpuOptions::tile_wide_cols
+// columns in steps of WgpuOptions::tile_wide tokens and more, where a row has 32 lanes (the
+// GPUs' default); elsewhere matmul_tile.wgsl, with the same bits.
 //
 // Dispatch: (ceil(rows / RW), ceil(n_tok / TW), 1) workgroups of 256 threads; thread li holds
 // rows r0 + 16 j + li % 16 (j = 0..3) of tokens t0 + 16 u + li / 16 (u = 0, 1).

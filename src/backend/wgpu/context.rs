@@ -153,8 +153,8 @@ pub struct WgpuContext {
     pub(crate) q8: bool,
     /// [`WgpuOptions::tile`]
     pub(crate) tile: bool,
-    /// [`WgpuOptions::tile_wide`] where it applies (32 lanes)
-    pub(crate) tile_wide: bool,
+    /// [`WgpuOptions::tile_wide`] where it applies (tiled, 32 lanes), else 0 (never)
+    pub(crate) tile_wide: usize,
     /// [`WgpuOptions::stage`]
     pub(crate) stage: bool,
     /// [`WgpuOptions::attention_one`]
@@ -346,8 +346,8 @@ impl WgpuContext {
                 *s = Some(e.to_string());
             }
         }));
-        let tile_wide = opts.tile && opts.tile_wide && lanes == 32;
-        let kernels = build_kernels(&device, lanes, decode, subgroups, opts.tile.then_some(tile_wide), opts.shader_checks)?;
+        let tile_wide = if opts.tile && lanes == 32 { opts.tile_wide } else { 0 };
+        let kernels = build_kernels(&device, lanes, decode, subgroups, opts.tile.then_some(tile_wide > 0), opts.shader_checks)?;
         let summary = AdapterSummary {
             name: info.name.clone(),
             device_type: format!("{:?}", info.device_type),

@@ -40,6 +40,9 @@ pub(super) use step::Prof;
 struct Dispatch {
     pipeline: wgpu::ComputePipeline,
     bind: wgpu::BindGroup,
+    /// matmul_wide.wgsl's pipeline and bind group for the same step, taken by steps of
+    /// `WgpuContext::tile_wide` tokens and more (see [`GpuLayers::wide`]; the same bits)
+    wide: Option<(wgpu::ComputePipeline, wgpu::BindGroup)>,
     step: Step,
     /// For profiles: "matmul qkv", ...
     label: &'static str,
@@ -305,7 +308,7 @@ impl GpuLayers {
             kern,
             q8: ctx.q8,
             tile: ctx.tile,
-            tile_wide: ctx.tile_wide,
+            wide_cols: if ctx.tile_wide > 0 { ctx.options().tile_wide_cols } else { 0 },
             att_q8: attention_q8(ctx.q8, c),
             stage: ctx.stage,
             qkv_rope: ctx.qkv_rope && !ctx.attention_one && c.rope_style == RopeStyle::Adjacent && !qk_norms && !self.any_windowed(),
@@ -353,7 +356,11 @@ impl GpuLayers {
             let slot = slots.iter().position(|s| s == step).unwrap_or(0) as u64;
             let mut binds = vec![(&params, slot * slot_stride, Some(PARAM_WINDOW))];
             binds.extend(bufs.iter().map(|b| (*b, 0, None)));
-            (*pre, Dispatch { pipeline: kernel.pipeline.clone(), bind: ctx.bind(kernel, &binds), step: *step, label })
+            let wide = match step {
+                Step::MatMul { wide: Some(ty), .. } => kern.matmul_wide.get(ty).map(|k| (k.pipeline.clone(), ctx.bind(k, &binds))),
+                _ => None,
+            };
+            (*pre, Dispatch { pipeline: kernel.pipeline.clone(), bind: ctx.bind(kernel, &binds), wide, step: *step, label })
         };
         let slot_of = |step: &Step| slots.iter().position(|s| s == step).unwrap_or(0) as u64 * slot_stride;
         for (((chunk, one), rope), merge) in plan.iter().zip(&plan1).zip(&ropes).zip(&merges) {
@@ -401,10 +408,10 @@ impl GpuLayers {
                 let norm_bind = ctx.bind(norm_k, &[win(head_slots[0]), (&hx, 0, None), (&h.norm, 0, None), (&hn, 0, None)]);
                 let mmk = mm_map.get(&h.out.ty).ok_or_else(|| WgpuError::Unsupported(h.out.ty.name().into()))?;
                 let out_bind = ctx.bind(mmk, &[win(head_slots[1]), (&h.out.buf, 0, None), (&hn, 0, None), (&logits, 0, None)]);
-                let step = |rows: usize| Step::MatMul { rows, cols: h.out.cols, row_bytes: h.out.row_bytes, y_stride: h.out.rows, y_off: 0, accumulate: false, tile: false, wide: false };
+                let step = |rows: usize| Step::MatMul { rows, cols: h.out.cols, row_bytes: h.out.row_bytes, y_stride: h.out.rows, y_off: 0, accumulate: false, tile: false, wide: None };
                 Some(HeadActs {
-                    norm: Dispatch { pipeline: norm_k.pipeline.clone(), bind: norm_bind, step: Step::RmsNorm { dim: e, eps: c.rms_eps }, label: "output norm" },
-                    out: Dispatch { pipeline: mmk.pipeline.clone(), bind: out_bind, step: step(h.out.rows), label: "output" },
+                    norm: Dispatch { pipeline: norm_k.pipeline.clone(), bind: norm_bind, wide: None, step: Step::RmsNorm { dim: e, eps: c.rms_eps }, label: "output norm" },
+                    out: Dispatch { pipeline: mmk.pipeline.clone(), bind: out_bind, wide: None, step: step(h.out.rows), label: "output" },
                     hx,
                     _hn: hn,
                     logits,
@@ -509,9 +516,24 @@ impl GpuLayers {
         }
     }
 
+    /// Whether a step of `n` tokens runs `step` as matmul_wide.wgsl ([`Dispatch::wide`]): the
+    /// one place the choice is made, for the pipeline and the grid alike. Either tile gives the
+    /// decode kernels' bits, so the choice by batch size leaves a token's bits alone.
+    fn wide(&self, step: Step, n: usize) -> bool {
+        matches!(step, Step::MatMul { wide: Some(_), .. }) && self.ctx.tile_wide > 0 && n >= self.ctx.tile_wide
+    }
+
+    /// The pipeline and bind group of `d` for a step of `n` tokens.
+    fn pick<'a>(&self, d: &'a Dispatch, n: usize) -> (&'a wgpu::ComputePipeline, &'a wgpu::BindGroup) {
+        match &d.wide {
+            Some((p, b)) if self.wide(d.step, n) => (p, b),
+            _ => (&d.pipeline, &d.bind),
+        }
+    }
+
     fn grid_of(&self, step: Step, n: usize) -> (u32, u32) {
         match step {
-            Step::MatMul { rows, tile: true, wide, .. } => self.ctx.tile_grid(rows, n, wide),
+            Step::MatMul { rows, tile: true, .. } => self.ctx.tile_grid(rows, n, self.wide(step, n)),
             Step::MatMul { rows, .. } => self.ctx.matmul_grid(rows, n),
             Step::MatVec { rows, .. } => self.ctx.matmul_grid(rows, 1),
             // a workgroup per 256 vec4s of a token (rmsnorm.wgsl, rmsnorm_q8.wgsl)

@@ -36,6 +36,8 @@ mod segment;
 mod upload;
 
 #[cfg(test)]
+mod coop_probe;
+#[cfg(test)]
 mod probe;
 #[cfg(test)]
 mod stress;

@@ -10,6 +10,18 @@ use super::WgpuError;
 /// slower kernels of issue 7 part 3, in docs/perf.md's history, 6 was best: the faster the GPU, the more the CPU's
 /// recording of the dispatches shows).
 pub const SUBMIT_LAYERS: usize = 3;
+/// Tokens from which a step's Q8 matmuls of few columns take the wide tile (defaults of
+/// [`WgpuOptions::tile_wide`] and [`tile_wide_cols`](WgpuOptions::tile_wide_cols)). H100, pp
+/// t/s, narrow / wide on every matrix of 768+ rows, two interleaved rounds after a warm-up, one
+/// call: SmolLM2-shaped Q4_1 (q|k|v and gate|up of 576 columns) pp64 15884-16398 / 12845-13775,
+/// pp128 25420-25809 / 22704-23371, pp256 30292-32018 / 33083-33865, pp512 36597-38070 /
+/// 37833-41087; 1.1B Q4_0 (2048 and 5632 columns) narrow ahead at every size, pp16 3481-4145 /
+/// 2138-2186, pp128 10884-10978 / 8462-9662, pp512 12310-12359 / 11781-12103. Below 1024
+/// columns (32 chunks) some of a row's 32 lanes have no chunk in the narrow tile (576: 14 of 32
+/// idle), while the wide tile's threads all work; from 1024 on the narrow tile is never slower.
+pub const WIDE_FROM_TOKENS: usize = 256;
+/// Columns from which the wide tile is not used by default (see [`WIDE_FROM_TOKENS`]).
+pub const WIDE_MAX_COLS: usize = 1024;
 /// Microseconds a read-back polls before it sleeps (default of [`WgpuOptions::spin_us`]).
 pub const SPIN_US: u64 = 2000;
 
@@ -66,15 +78,19 @@ pub struct WgpuOptions {
     /// partial sums in registers) instead of matmul.wgsl after mm_x_q8.wgsl. Same bits.
     /// `$FORGE_WGPU_TILE=0`.
     pub tile: bool,
-    /// The tiled batch Q8 matmuls of `plan::WIDE_MIN_ROWS` rows and more are matmul_wide.wgsl
-    /// (64 rows x 32 tokens per workgroup, operands staged in workgroup memory, each thread all
-    /// 32 lane sums of its outputs in the tree's leaf order) where a row has 32 lanes; off:
-    /// matmul_tile.wgsl (32 rows x 8 tokens, lanes across threads). Same bits. Off by default:
-    /// H100, SmolLM2-shaped pp512 46097 vs 41180-42833 t/s (main), but the 1.1B's pp8 1433 vs
-    /// 2462 and pp32 3869 vs 7203 (a thread walks a whole row: few workgroups for few tokens),
-    /// pp512 12318-12526 vs 12674 (docs/perf.md); it wants a choice by batch size at dispatch.
-    /// `$FORGE_WGPU_TILE_WIDE=1`.
-    pub tile_wide: bool,
+    /// Steps of at least this many tokens run their tiled batch Q8 matmuls of
+    /// `plan::WIDE_MIN_ROWS` rows and more and fewer than [`tile_wide_cols`](Self::tile_wide_cols)
+    /// columns as matmul_wide.wgsl (64 rows x 32 tokens per workgroup, operands staged in
+    /// workgroup memory, each thread all 32 lane sums of its outputs in the tree's leaf order)
+    /// where a row has 32 lanes; smaller steps and other matrices, and every step with 0, run
+    /// matmul_tile.wgsl (32 rows x 8 tokens, lanes across threads); 1: every step. Same bits
+    /// either way (both tiles give the decode kernels' bits, tested), so the choice by batch size
+    /// cannot make a token's bits depend on its batch. Default [`WIDE_FROM_TOKENS`].
+    /// `$FORGE_WGPU_TILE_WIDE` (tokens).
+    pub tile_wide: usize,
+    /// The wide tile only for matrices of fewer columns than this (default [`WIDE_MAX_COLS`];
+    /// `usize::MAX`: every size). Same bits. `$FORGE_WGPU_TILE_WIDE_COLS`.
+    pub tile_wide_cols: usize,
     /// One-token Q8 matmuls quantize (and normalize) their own input in workgroup memory
     /// (mvq_x_stage.wgsl) where they can, instead of after a rmsnorm_q8 / quantize_q8 dispatch.
     /// Same bits. `$FORGE_WGPU_STAGE=0`.
@@ -108,7 +124,8 @@ impl Default for WgpuOptions {
             o_merge: true,
             q8: true,
             tile: true,
-            tile_wide: false,
+            tile_wide: WIDE_FROM_TOKENS,
+            tile_wide_cols: WIDE_MAX_COLS,
             stage: true,
             qkv_rope: true,
             subgroups: true,
@@ -163,7 +180,12 @@ impl WgpuOptions {
         o.o_merge = flag("FORGE_WGPU_O_MERGE")?.unwrap_or(o.o_merge);
         o.q8 = flag("FORGE_WGPU_Q8")?.unwrap_or(o.q8);
         o.tile = flag("FORGE_WGPU_TILE")?.unwrap_or(o.tile);
-        o.tile_wide = flag("FORGE_WGPU_TILE_WIDE")?.unwrap_or(o.tile_wide);
+        if let Some(n) = num("FORGE_WGPU_TILE_WIDE", "a number of tokens (0: never)")? {
+            o.tile_wide = usize::try_from(n).unwrap_or(usize::MAX);
+        }
+        if let Some(n) = num("FORGE_WGPU_TILE_WIDE_COLS", "a number of columns")? {
+            o.tile_wide_cols = usize::try_from(n).unwrap_or(usize::MAX);
+        }
         o.stage = flag("FORGE_WGPU_STAGE")?.unwrap_or(o.stage);
         o.qkv_rope = flag("FORGE_WGPU_QKV_ROPE")?.unwrap_or(o.qkv_rope);
         o.shader_checks = flag("FORGE_WGPU_SHADER_CHECKS")?.unwrap_or(o.shader_checks);
@@ -191,7 +213,8 @@ impl WgpuOptions {
             ("decode fused", with(|o| o.decode_kernels = Some(DecodePlan::Fused))),
             ("attention_one", with(|o| o.attention_one = !o.attention_one)),
             ("tile", with(|o| o.tile = !o.tile)),
-            ("tile wide", with(|o| o.tile_wide = !o.tile_wide)),
+            ("tile wide always", with(|o| (o.tile_wide, o.tile_wide_cols) = (1, usize::MAX))),
+            ("tile wide never", with(|o| o.tile_wide = 0)),
             ("attention split", with(|o| o.attention_split = !o.attention_split)),
             ("o merge", with(|o| o.o_merge = !o.o_merge)),
             ("stage", with(|o| o.stage = !o.stage)),

@@ -19,12 +19,15 @@ use super::options::DecodePlan;
 use super::pack::packed;
 use super::upload::{GpuLayer, GpuMatrix};
 use super::WgpuError;
+use crate::gguf::GgmlType;
 
 /// What one token-wide dispatch computes; with the batch size it gives the parameters and grid.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(super) enum Step {
-    /// `accumulate`: add into the destination (the residual stream) instead of writing.
-    MatMul { rows: usize, cols: usize, row_bytes: usize, y_stride: usize, y_off: usize, accumulate: bool, tile: bool, wide: bool },
+    /// `accumulate`: add into the destination (the residual stream) instead of writing; `wide`:
+    /// the weight type where steps of `WgpuOptions::tile_wide` tokens and more run
+    /// matmul_wide.wgsl instead of matmul_tile.wgsl (the same bits; layers.rs picks per step).
+    MatMul { rows: usize, cols: usize, row_bytes: usize, y_stride: usize, y_off: usize, accumulate: bool, tile: bool, wide: Option<GgmlType> },
     /// One token's matmul (matmul_vec.wgsl); `eps` for a folded RMSNorm (mv_x_norm.wgsl,
     /// mvq_x_stage.wgsl).
     MatVec { rows: usize, cols: usize, row_bytes: usize, y_off: usize, accumulate: bool, eps: f32 },
@@ -73,7 +76,7 @@ pub(super) struct Acts<'a> {
 }
 
 /// Rows from which a tiled matmul is the wide kernel (matmul_wide.wgsl, 64 rows x 32 tokens per
-/// workgroup) where `WgpuOptions::tile_wide` is on: below it too few workgroups fill the GPU.
+/// workgroup) in steps of `WgpuOptions::tile_wide` tokens and more: below it too few workgroups fill the GPU.
 /// H100, prefill of 512 tokens, GPU ms wide / narrow (docs/perf.md): SmolLM2-shaped gate|up
 /// (3072 rows) 1.89 / 2.60, q|k|v (960) 0.77 / 0.98, o (576) 0.80 / 0.68, down (576) 1.54 / 1.11;
 /// 1.1B (2048 .. 11264 rows) 25.2 / 25.8 over its four matmuls. The same bits either way.
@@ -87,8 +90,9 @@ pub(super) struct PlanCtx<'a> {
     pub q8: bool,
     /// the batch Q8 matmuls are the tiled kernel (matmul_tile.wgsl: its own grid)
     pub tile: bool,
-    /// the tiled matmuls of at least [`WIDE_MIN_ROWS`] rows are matmul_wide.wgsl (`Kernels::matmul_wide`)
-    pub tile_wide: bool,
+    /// the tiled matmuls of at least [`WIDE_MIN_ROWS`] rows may run matmul_wide.wgsl
+    /// (`Kernels::matmul_wide`) in large steps, where they have fewer columns than this (0: none)
+    pub wide_cols: usize,
     /// attention writes its output as Q8 rows too (kv.rs `attention_q8`)
     pub att_q8: bool,
     /// one-token matmuls stage their own Q8 input where they can (mvq_x_stage.wgsl)
@@ -172,10 +176,9 @@ impl<'a> PlanCtx<'a> {
     /// The batch matmul of `w` reading `x` (f32) or `a.xq` (Q8).
     fn matmul(&self, w: &'a GpuMatrix, x: &'a wgpu::Buffer, a: &Acts<'a>, y_stride: usize, accumulate: bool) -> Result<MatmulItem<'a>, WgpuError> {
         let q8 = self.uses_q8(w);
-        let wide = q8 && self.tile && self.tile_wide && w.rows >= WIDE_MIN_ROWS;
+        let wide = (q8 && self.tile && w.rows >= WIDE_MIN_ROWS && w.cols < self.wide_cols && self.kern.matmul_wide.contains_key(&w.ty)).then_some(w.ty);
         let step = Step::MatMul { rows: w.rows, cols: w.cols, row_bytes: w.row_bytes, y_stride, y_off: w.y_off, accumulate, tile: q8 && self.tile, wide };
         let (map, x) = match (q8, self.tile) {
-            (true, true) if wide => (&self.kern.matmul_wide, a.xq),
             (true, true) => (&self.kern.matmul_tile, a.xq),
             (true, false) => (&self.kern.matmul_q8, a.xq),
             (false, _) => (&self.kern.matmul, x),

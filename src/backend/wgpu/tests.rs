@@ -341,8 +341,10 @@ fn decode_equals_prefill_of(ctx: &Arc<WgpuContext>, ty: GgmlType) {
 /// kernels, bitwise, on rows of 1280 and 1408 columns (40 and 44 chunks: lanes of one and of two
 /// chunks), the matrices of 768 rows and more in the wide tile (row tiles partial) and the
 /// others in the narrow one, 36 tokens (two token tiles, the second partial) in one prefill
-/// against 36 one-token steps, for the three repacked types; with `tile_wide` off, the narrow
-/// tile alone.
+/// against 36 one-token steps, for the three repacked types: with `tile_wide` 1 (every step
+/// wide), 0 (the narrow tile alone) and 20 (the choice by batch size: chunks of 12 and 24 tokens,
+/// one narrow and one wide, give the bits of the whole prefill and of decode), every matrix size
+/// allowed (`tile_wide_cols`).
 #[test]
 fn wgpu_wide_tile_decode_equals_prefill() {
     let _gpu = gpu_lock();
@@ -357,17 +359,54 @@ fn wgpu_wide_tile_decode_equals_prefill() {
         let model = crate::engine::Model::load(f.path(), Arc::new(CpuBackend::new(1).expect("pool"))).expect("load");
         let hidden = uniform(37, n * model.config.n_embd);
         let mut outs = Vec::new();
-        for wide in [true, false] {
-            let o = WgpuOptions { matmul_lanes: Some(32), decode_kernels: Some(DecodePlan::Unfused), tile_wide: wide, ..test_options() };
+        for from in [1, 0, 20] {
+            let o = WgpuOptions { matmul_lanes: Some(32), decode_kernels: Some(DecodePlan::Unfused), tile_wide: from, tile_wide_cols: usize::MAX, ..test_options() };
             let ctx = WgpuContext::new(o).expect("adapter");
-            assert_eq!(ctx.tile_wide, wide);
+            assert_eq!(ctx.tile_wide, from);
+            assert_eq!(ctx.kernels.matmul_wide.is_empty(), from == 0);
             let prefill = run_chunks(&ctx, &model, 0..1, KvPrecision::F16, &hidden, &[n]);
             let decoded = run_chunks(&ctx, &model, 0..1, KvPrecision::F16, &hidden, &[1; 36]);
             assert!(prefill.iter().all(|v| v.is_finite()) && prefill != hidden);
-            assert!(decoded.iter().zip(&prefill).all(|(a, b)| a.to_bits() == b.to_bits()), "{ty:?} wide {wide}: prefill differs from decode");
+            assert!(decoded.iter().zip(&prefill).all(|(a, b)| a.to_bits() == b.to_bits()), "{ty:?} wide from {from}: prefill differs from decode");
+            if from == 20 {
+                let mixed = run_chunks(&ctx, &model, 0..1, KvPrecision::F16, &hidden, &[12, 24]);
+                assert!(mixed.iter().zip(&prefill).all(|(a, b)| a.to_bits() == b.to_bits()), "{ty:?}: chunks of 12 (narrow) and 24 (wide) differ");
+            }
             outs.push(prefill);
         }
-        assert!(outs[0].iter().zip(&outs[1]).all(|(a, b)| a.to_bits() == b.to_bits()), "{ty:?}: wide and narrow tiles differ");
+        for o in &outs[1..] {
+            assert!(outs[0].iter().zip(o).all(|(a, b)| a.to_bits() == b.to_bits()), "{ty:?}: wide and narrow tiles differ");
+        }
+    }
+}
+
+/// The default choice of tile (wide from `WIDE_FROM_TOKENS` tokens on matrices of fewer than
+/// `WIDE_MAX_COLS` columns) on a SmolLM2-like layer (576 columns; q|k|v 960 and gate|up 3072
+/// rows wide, o and down narrow), Q4_1 and Q4_0: a 260-token prefill (wide), one of 4 + 256
+/// tokens (narrow, then wide) and 260 one-token steps, bitwise.
+#[test]
+fn wgpu_wide_tile_default_rule_decode_equals_prefill() {
+    let _gpu = gpu_lock();
+    if context().is_none() {
+        return eprintln!("skipped: no wgpu adapter");
+    }
+    let shape = crate::gguf::synth::SynthShape { n_embd: 576, n_layer: 1, n_head: 9, n_head_kv: 3, n_ff: 1536, context: 512, ..tiny_shape() };
+    let n = 260;
+    assert!(n >= super::options::WIDE_FROM_TOKENS && 576 < super::options::WIDE_MAX_COLS && n - 4 >= super::options::WIDE_FROM_TOKENS);
+    let o = WgpuOptions { matmul_lanes: Some(32), decode_kernels: Some(DecodePlan::Unfused), ..test_options() };
+    let ctx = WgpuContext::new(o).expect("adapter");
+    assert!(!ctx.kernels.matmul_wide.is_empty());
+    for ty in [GgmlType::Q4_1, GgmlType::Q4_0] {
+        let f = tempfile::NamedTempFile::new().expect("tmp");
+        write_synth_model(&shape, ty, 13, None, f.path(), |_| {}).expect("synth");
+        let model = crate::engine::Model::load(f.path(), Arc::new(CpuBackend::new(1).expect("pool"))).expect("load");
+        let hidden = uniform(41, n * model.config.n_embd);
+        let prefill = run_chunks_in(&ctx, &model, 0..1, KvPrecision::F16, &hidden, &[n], n);
+        assert!(prefill.iter().all(|v| v.is_finite()) && prefill != hidden);
+        for chunks in [vec![4, n - 4], vec![1; n]] {
+            let out = run_chunks_in(&ctx, &model, 0..1, KvPrecision::F16, &hidden, &chunks, n);
+            assert!(out.iter().zip(&prefill).all(|(a, b)| a.to_bits() == b.to_bits()), "{ty:?}: chunks of {} tokens differ from the prefill", chunks[0]);
+        }
     }
 }
 
@@ -466,6 +505,7 @@ fn options_from_the_environment() {
         ("FORGE_WGPU_Q8", "0"),
         ("FORGE_WGPU_TILE", "0"),
         ("FORGE_WGPU_TILE_WIDE", "1"),
+        ("FORGE_WGPU_TILE_WIDE_COLS", "2048"),
         ("FORGE_WGPU_STAGE", "0"),
         ("FORGE_WGPU_QKV_ROPE", "0"),
         ("FORGE_WGPU_SUBMIT_LAYERS", "6"),
@@ -482,7 +522,8 @@ fn options_from_the_environment() {
         o_merge: false,
         q8: false,
         tile: false,
-        tile_wide: true,
+        tile_wide: 1,
+        tile_wide_cols: 2048,
         stage: false,
         qkv_rope: false,
         subgroups: false,

@@ -342,7 +342,8 @@ impl GpuLayers {
             let seq_offset = |i: usize| ((act.n_fixed + set + i) as u64 * act.slot_stride) as u32;
             let (pre, post) = ld.lists(n);
             for d in pre {
-                emit(d.label, &d.pipeline, &d.bind, None, self.grid_of(d.step, n));
+                let (pipeline, bind) = self.pick(d, n);
+                emit(d.label, pipeline, bind, None, self.grid_of(d.step, n));
             }
             // one token: its sequence's q|k|v matmul does RoPE + KV store (plan.rs, kv.rs)
             let rope = match (n, &ld.qkv_rope) {
@@ -362,7 +363,10 @@ impl GpuLayers {
             for (j, d) in post.iter().enumerate() {
                 match merge {
                     Some((i, m, bind)) if j == m.at => emit("matvec o + merge + add", &m.kernel.pipeline, bind, Some(seq_offset(i)), self.grid_of(m.step, 1)),
-                    _ => emit(d.label, &d.pipeline, &d.bind, None, self.grid_of(d.step, n)),
+                    _ => {
+                        let (pipeline, bind) = self.pick(d, n);
+                        emit(d.label, pipeline, bind, None, self.grid_of(d.step, n))
+                    }
                 }
             }
         }
