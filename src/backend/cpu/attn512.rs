@@ -34,11 +34,26 @@ pub fn supports(hd: usize, g: usize) -> bool {
 /// Keys converted from f16 at a time into the f32 tile.
 const SUB: usize = 32;
 
-/// Most query rows (tokens) [`attend_rows`] takes at once.
-pub const MAX_ROWS: usize = 4;
+/// Most query rows (tokens) [`attend_rows`] takes at once ([`max_rows`] for a head shape).
+pub const MAX_ROWS: usize = 8;
 
 /// Query heads of all rows together: the most running outputs a call keeps.
 const MAX_HEADS: usize = MAX_ROWS * MAX_GROUP;
+
+/// 8-float chunks of the queries a call keeps, duplicated into both halves of a register (64 KiB).
+const QQ_CAP: usize = 4 * MAX_GROUP * 32;
+
+/// Floats between two (row, head)s' scores of a tile, and between their exponentials of a
+/// sub-tile: padded, so no two of a call's (row, head)s sit a multiple of 4 KiB apart (L1 sets).
+const SC: usize = ATT_TILE + 16;
+const ES: usize = SUB + 16;
+
+/// Most query rows [`attend_rows`] takes for heads of `hd` dimensions in groups of `g`
+/// ([`supports`]`(hd, g)`): [`MAX_ROWS`], fewer (at least 4) where their queries would not fit
+/// the call's copy of them. A function of the model's shape only.
+pub fn max_rows(hd: usize, g: usize) -> usize {
+    (QQ_CAP / (g * hd / 8)).min(MAX_ROWS)
+}
 
 /// One query row of [`attend_rows`]: `g` query heads sharing the KV head (`q`: [g, hd]), its keys
 /// `start..end` of the call. Without `ml` the normalized output goes to `out` ([g, hd]); with `ml`
@@ -68,7 +83,7 @@ pub unsafe fn attend_range(q: &[f32], keys: &[f16], vals: &[f16], range: std::op
     unsafe { attend_rows(&mut rows, keys, vals, range.start, hd, scale) }
 }
 
-/// Attention of up to [`MAX_ROWS`] query rows against one KV head, each over its keys
+/// Attention of up to [`max_rows`]`(hd, g)` query rows against one KV head, each over its keys
 /// `start..row.end` (`start` a multiple of `ops::ATT_TILE`; `keys`, `vals`: [>= every end, hd] f16
 /// rows). The rows share each conversion of K and V to f32 and each load of it; every row's
 /// arithmetic is exactly what a call with that row alone does (tiles at the same absolute
@@ -81,19 +96,20 @@ pub unsafe fn attend_range(q: &[f32], keys: &[f16], vals: &[f16], range: std::op
 pub unsafe fn attend_rows(rows: &mut [Row<'_>], keys: &[f16], vals: &[f16], start: usize, hd: usize, scale: f32) {
     const T: usize = ATT_TILE;
     let nr = rows.len();
-    assert!((1..=MAX_ROWS).contains(&nr) && start % T == 0);
     let g = rows[0].q.len() / hd;
-    assert!(supports(hd, g));
+    assert!(supports(hd, g) && (1..=max_rows(hd, g)).contains(&nr) && start % T == 0);
     let n_keys = rows.iter().map(|r| r.end).max().unwrap_or(0);
     assert!(keys.len() >= n_keys * hd && vals.len() >= n_keys * hd);
     for r in rows.iter() {
         assert!(r.q.len() == g * hd && r.out.len() == g * hd && r.ml.as_ref().is_none_or(|m| m.len() >= 2 * g));
     }
     let c8 = hd / 8;
-    let mut scores = [[[0f32; T]; MAX_GROUP]; MAX_ROWS];
+    // Row r's head h: its tile's scores at scores[(r * g + h) * SC..][..T], its exponentials of
+    // a sub-tile at e[(r * g + h) * ES..][..SUB].
+    let mut scores = [0f32; MAX_HEADS * SC];
     let mut m = [[f32::NEG_INFINITY; MAX_GROUP]; MAX_ROWS];
     let mut l = [[0f32; MAX_GROUP]; MAX_ROWS];
-    let mut e = [[[0f32; SUB]; MAX_GROUP]; MAX_ROWS];
+    let mut e = [0f32; MAX_HEADS * ES];
     // f32 keys (pair layout) or values of one sub-tile. Its first SUB * hd floats are zeroed once:
     // lanes past the last key of a short sub-tile read finite values, never NaN (masked anyway).
     let mut tile_buf = [std::mem::MaybeUninit::<f32>::uninit(); SUB * 256];
@@ -103,14 +119,14 @@ pub unsafe fn attend_rows(rows: &mut [Row<'_>], keys: &[f16], vals: &[f16], star
     // SAFETY: the first SUB * hd floats were just written.
     let tile = unsafe { std::slice::from_raw_parts_mut(tile_buf.as_mut_ptr() as *mut f32, SUB * hd) };
     // Each (row, head)'s 8-float chunks of q, duplicated into both halves of a register.
-    let mut qq_buf = [std::mem::MaybeUninit::<__m512>::uninit(); MAX_HEADS * 32];
+    // Row r's head h: its c8 chunks from (r * g + h) * c8 (nr * g * c8 <= QQ_CAP by max_rows).
+    let mut qq_buf = [std::mem::MaybeUninit::<__m512>::uninit(); QQ_CAP];
     for (r, row) in rows.iter().enumerate() {
         for (c, x) in row.q.chunks_exact(8).enumerate() {
-            qq_buf[(r * MAX_GROUP) * 32 + (c / c8) * 32 + c % c8].write(dup8(_mm256_loadu_ps(x.as_ptr())));
+            qq_buf[r * g * c8 + c].write(dup8(_mm256_loadu_ps(x.as_ptr())));
         }
     }
-    // Row r's head h: its hd/8 chunks at qq(r, h).
-    let qq = |r: usize, h: usize| -> *const __m512 { qq_buf[(r * MAX_GROUP + h) * 32..].as_ptr() as *const __m512 };
+    let qq = |r: usize, h: usize| -> *const __m512 { qq_buf[(r * g + h) * c8..].as_ptr() as *const __m512 };
     for r in rows.iter_mut() {
         r.out.fill(0.0);
     }
@@ -151,8 +167,8 @@ pub unsafe fn attend_rows(rows: &mut [Row<'_>], keys: &[f16], vals: &[f16], star
                         }
                         for (i, &si) in s.iter().enumerate().take(w) {
                             let si = _mm512_mask_blend_ps(mask, _mm512_set1_ps(f32::NEG_INFINITY), _mm512_mul_ps(si, scale_v));
-                            // SAFETY: scores[r][h + i] has T >= s0 - start + j + 16 floats.
-                            unsafe { _mm512_storeu_ps(scores[r][h + i].as_mut_ptr().add(s0 - start + j), si) };
+                            // SAFETY: (r, h + i)'s scores hold T >= s0 - start + j + 16 floats.
+                            unsafe { _mm512_storeu_ps(scores[(r * g + h + i) * SC..].as_mut_ptr().add(s0 - start + j), si) };
                             tile_max[r][h + i] = _mm512_max_ps(tile_max[r][h + i], si);
                         }
                         h += w;
@@ -195,12 +211,12 @@ pub unsafe fn attend_rows(rows: &mut [Row<'_>], keys: &[f16], vals: &[f16], star
                     for j in (0..nk[r]).step_by(16) {
                         let valid = (nk[r] - j).min(16);
                         let mask: __mmask16 = if valid == 16 { 0xffff } else { (1u16 << valid) - 1 };
-                        // SAFETY: scores[r][h] holds T >= s0 - start + j + 16 floats, e[r][h] SUB >= j + 16.
+                        // SAFETY: (r, h)'s scores hold T >= s0 - start + j + 16 floats, its e SUB >= j + 16.
                         unsafe {
-                            let s = _mm512_loadu_ps(scores[r][h].as_ptr().add(s0 - start + j));
+                            let s = _mm512_loadu_ps(scores[(r * g + h) * SC..].as_ptr().add(s0 - start + j));
                             // Lanes past the last key: e = 0 exactly (exp16 clamps, so mask instead).
                             let ev = _mm512_maskz_mov_ps(mask, exp16(_mm512_sub_ps(s, mv)));
-                            _mm512_storeu_ps(e[r][h].as_mut_ptr().add(j), ev);
+                            _mm512_storeu_ps(e[(r * g + h) * ES..].as_mut_ptr().add(j), ev);
                         }
                     }
                 }
@@ -209,7 +225,7 @@ pub unsafe fn attend_rows(rows: &mut [Row<'_>], keys: &[f16], vals: &[f16], star
             for r in 0..nr {
                 for j in 0..nk[r] {
                     for h in 0..g {
-                        l[r][h] += e[r][h][j];
+                        l[r][h] += e[(r * g + h) * ES + j];
                     }
                 }
             }
@@ -223,7 +239,7 @@ pub unsafe fn attend_rows(rows: &mut [Row<'_>], keys: &[f16], vals: &[f16], star
                 }
                 for h in 0..g {
                     outs[cnt] = rows[r].out[h * hd..].as_mut_ptr();
-                    es[cnt] = e[r][h].as_ptr();
+                    es[cnt] = e[(r * g + h) * ES..].as_ptr();
                     cnt += 1;
                 }
             }
@@ -533,12 +549,14 @@ mod tests {
             return;
         }
         use crate::backend::cpu::testutil::rand_f32;
-        for (hd, g) in [(64, 3), (256, 4), (48, 2)] {
+        for (hd, g) in [(64, 3), (256, 4), (48, 2), (256, 8)] {
             let n_keys = 300;
             let keys: Vec<f16> = rand_f32(1, n_keys * hd).into_iter().map(f16::from_f32).collect();
             let vals: Vec<f16> = rand_f32(2, n_keys * hd).into_iter().map(f16::from_f32).collect();
             let q = rand_f32(3, MAX_ROWS * g * hd);
-            for (start, ends) in [(0, [130, 131, 256, 129]), (128, [300, 150, 129, 160]), (0, [1, 17, 32, 33])] {
+            let cases = [(0, [130, 131, 256, 129, 140, 255, 257, 1]), (128, [300, 150, 129, 160, 299, 200, 256, 257]), (0, [1, 17, 32, 33, 2, 16, 31, 64])];
+            // The most rows the shape takes, and fewer.
+            for (start, ends) in cases.iter().flat_map(|(s, e)| [(*s, &e[..max_rows(hd, g)]), (*s, &e[..3])]) {
                 for with_ml in [false, true] {
                     let mut got = vec![0f32; MAX_ROWS * g * hd];
                     let mut got_ml = vec![0f32; MAX_ROWS * 2 * g];

@@ -464,7 +464,7 @@ impl CpuBackend {
         let scale = 1.0 / (hd as f32).sqrt();
         let n_tok = positions.len();
         let Some(kernel) = range_kernel(self.simd, hd, group) else { unreachable!("attention_segmented without a range kernel") };
-        let block = if rows_kernel(self.simd, hd, group) { attn512::MAX_ROWS } else { 1 };
+        let block = if rows_kernel(self.simd, hd, group) { attn512::max_rows(hd, group) } else { 1 };
         let n_blocks = n_tok.div_ceil(block);
         let n_items = n_kv * n_seg * n_blocks;
         let mut s = self.scratch.lock().unwrap_or_else(|p| p.into_inner());
