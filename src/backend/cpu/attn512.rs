@@ -245,7 +245,7 @@ pub unsafe fn attend_rows(rows: &mut [Row<'_>], keys: &[f16], vals: &[f16], star
             }
             // SAFETY: every pointer addresses hd floats of a distinct output head (rows own
             // disjoint `out`s) and n_common <= SUB floats of its e; the tile holds n >= nk keys.
-            unsafe { accumulate_many(&outs[..cnt], &es[..cnt], tile.as_ptr(), hd, 0..n_common) };
+            unsafe { accumulate_many(&outs[..cnt], &es[..cnt], 1, tile.as_ptr(), hd, 0..n_common) };
             let mut i = 0;
             for r in 0..nr {
                 if nk[r] == 0 {
@@ -253,7 +253,7 @@ pub unsafe fn attend_rows(rows: &mut [Row<'_>], keys: &[f16], vals: &[f16], star
                 }
                 if nk[r] > n_common {
                     // SAFETY: as above, for this row's g heads.
-                    unsafe { accumulate_many(&outs[i..i + g], &es[i..i + g], tile.as_ptr(), hd, n_common..nk[r]) };
+                    unsafe { accumulate_many(&outs[i..i + g], &es[i..i + g], 1, tile.as_ptr(), hd, n_common..nk[r]) };
                 }
                 i += g;
             }
@@ -279,7 +279,7 @@ pub unsafe fn attend_rows(rows: &mut [Row<'_>], keys: &[f16], vals: &[f16], star
 
 /// f16 rows to f32 (length a multiple of 16).
 #[inline(always)]
-fn f16_rows(src: &[f16], dst: &mut [f32]) {
+pub(super) fn f16_rows(src: &[f16], dst: &mut [f32]) {
     assert!(src.len() == dst.len() && src.len() % 16 == 0);
     for (d, s) in dst.chunks_exact_mut(16).zip(src.chunks_exact(16)) {
         // SAFETY: AVX-512F enabled in every caller; `s` is 16 f16 = 32 bytes, `d` 16 floats.
@@ -388,15 +388,15 @@ fn dots16(qq: &[__m512], k16: &[f32]) -> __m512 {
     unsafe { dots_n::<1>([qq.as_ptr()], qq.len(), k16)[0] }
 }
 
-/// outs[i] += Σ_j es[i][j] · v[j] for j in `js` (v: rows of hd floats), keys in order: one FMA
-/// per element and key, as when each output is accumulated alone; up to 6 outputs share each
-/// load of a value row, their running sums in registers 64 floats at a time.
+/// outs[i] += Σ_j es[i][j · stride] · v[j] for j in `js` (v: rows of hd floats), keys in order:
+/// one FMA per element and key, as when each output is accumulated alone; up to 6 outputs share
+/// each load of a value row, their running sums in registers 64 floats at a time.
 ///
 /// # Safety
-/// AVX-512F; each `outs[i]` addresses hd floats no other entry does, each `es[i]` >= js.end
-/// floats, `v` >= js.end * hd floats; hd a multiple of 16.
+/// AVX-512F; each `outs[i]` addresses hd floats no other entry does, each `es[i]` >
+/// (js.end - 1) * stride floats, `v` >= js.end * hd floats; hd a multiple of 16.
 #[inline(always)]
-unsafe fn accumulate_many(outs: &[*mut f32], es: &[*const f32], v: *const f32, hd: usize, js: std::ops::Range<usize>) {
+pub(super) unsafe fn accumulate_many(outs: &[*mut f32], es: &[*const f32], stride: usize, v: *const f32, hd: usize, js: std::ops::Range<usize>) {
     debug_assert!(outs.len() == es.len() && hd % 16 == 0);
     let mut i = 0;
     while i < outs.len() {
@@ -406,18 +406,18 @@ unsafe fn accumulate_many(outs: &[*mut f32], es: &[*const f32], v: *const f32, h
             // SAFETY: the caller's contract, for outs[i..i + n] and columns c0..c0 + 16w <= hd.
             unsafe {
                 match (n, w) {
-                    (6, 4) => acc_block::<6, 4>(&outs[i..], &es[i..], v, hd, c0, js.clone()),
-                    (3, 4) => acc_block::<3, 4>(&outs[i..], &es[i..], v, hd, c0, js.clone()),
-                    (4, 4) => acc_block::<4, 4>(&outs[i..], &es[i..], v, hd, c0, js.clone()),
-                    (2, 4) => acc_block::<2, 4>(&outs[i..], &es[i..], v, hd, c0, js.clone()),
+                    (6, 4) => acc_block::<6, 4>(&outs[i..], &es[i..], stride, v, hd, c0, js.clone()),
+                    (3, 4) => acc_block::<3, 4>(&outs[i..], &es[i..], stride, v, hd, c0, js.clone()),
+                    (4, 4) => acc_block::<4, 4>(&outs[i..], &es[i..], stride, v, hd, c0, js.clone()),
+                    (2, 4) => acc_block::<2, 4>(&outs[i..], &es[i..], stride, v, hd, c0, js.clone()),
                     (n, 4) => {
                         for k in i..i + n {
-                            acc_block::<1, 4>(&outs[k..], &es[k..], v, hd, c0, js.clone());
+                            acc_block::<1, 4>(&outs[k..], &es[k..], stride, v, hd, c0, js.clone());
                         }
                     }
                     (n, _) => {
                         for k in i..i + n {
-                            acc_block::<1, 1>(&outs[k..], &es[k..], v, hd, c0, js.clone());
+                            acc_block::<1, 1>(&outs[k..], &es[k..], stride, v, hd, c0, js.clone());
                         }
                     }
                 }
@@ -429,7 +429,7 @@ unsafe fn accumulate_many(outs: &[*mut f32], es: &[*const f32], v: *const f32, h
 
 /// [`accumulate_many`] for N outputs and 16·W columns from c0 (W = 1 walks them 16 at a time).
 #[inline(always)]
-unsafe fn acc_block<const N: usize, const W: usize>(outs: &[*mut f32], es: &[*const f32], v: *const f32, hd: usize, c0: usize, js: std::ops::Range<usize>) {
+unsafe fn acc_block<const N: usize, const W: usize>(outs: &[*mut f32], es: &[*const f32], stride: usize, v: *const f32, hd: usize, c0: usize, js: std::ops::Range<usize>) {
     let cols = if W == 1 { (hd - c0).min(64) / 16 } else { 1 };
     for cc in 0..cols {
         let c = c0 + 16 * cc;
@@ -448,7 +448,7 @@ unsafe fn acc_block<const N: usize, const W: usize>(outs: &[*mut f32], es: &[*co
                     vv[x] = _mm512_loadu_ps(row.add(16 * x));
                 }
                 for k in 0..N {
-                    let ev = _mm512_set1_ps(*es[k].add(j));
+                    let ev = _mm512_set1_ps(*es[k].add(j * stride));
                     for x in 0..W {
                         acc[k][x] = _mm512_fmadd_ps(ev, vv[x], acc[k][x]);
                     }

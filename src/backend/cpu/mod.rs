@@ -25,6 +25,8 @@ mod amx;
 #[cfg(target_arch = "x86_64")]
 mod attn512;
 #[cfg(target_arch = "x86_64")]
+mod attn512q;
+#[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx2_k;
@@ -396,7 +398,7 @@ impl CpuBackend {
         #[cfg(target_arch = "x86_64")]
         if range_kernel(self.simd, hd, group).is_some() {
             let n_seg = positions.iter().map(|&p| attention_keys(p, window).len().div_ceil(ops::ATT_SEG)).max().unwrap_or(1);
-            // Several tokens at the AVX-512 level: blocks of them share K/V tiles (`attn512::attend_rows`).
+            // Several tokens at the AVX-512 level: blocks of them share K/V tiles (`attn512q::attend_lanes`).
             if n_seg > 1 || (positions.len() > 1 && rows_kernel(self.simd, hd, group)) {
                 return self.attention_segmented(a, n_seg);
             }
@@ -453,8 +455,9 @@ impl CpuBackend {
     /// of several tokens at the AVX-512 level: work items (KV head, segment, block of tokens),
     /// then a merge of each query's segments in order. A query with a single segment is computed
     /// whole, exactly as by `attend`. At the AVX-512 level the tokens of a block that need the
-    /// segment go through `attn512::attend_rows` together (one conversion and load of each K/V
-    /// tile for all of them), which gives each token the arithmetic of its own call.
+    /// segment go through `attn512q::attend_lanes` together (their query heads in the lanes, one
+    /// conversion and load of each K/V tile for all of them; `attn512::attend_rows` where they
+    /// fill less than a register), which gives each token the arithmetic of its own call.
     #[cfg(target_arch = "x86_64")]
     fn attention_segmented(&self, a: AttentionArgs<'_>, n_seg: usize) {
         const SEG: usize = ops::ATT_SEG;
@@ -464,7 +467,7 @@ impl CpuBackend {
         let scale = 1.0 / (hd as f32).sqrt();
         let n_tok = positions.len();
         let Some(kernel) = range_kernel(self.simd, hd, group) else { unreachable!("attention_segmented without a range kernel") };
-        let block = if rows_kernel(self.simd, hd, group) { attn512::max_rows(hd, group) } else { 1 };
+        let block = if rows_kernel(self.simd, hd, group) { attn512q::max_rows(hd, group) } else { 1 };
         let n_blocks = n_tok.div_ceil(block);
         let n_items = n_kv * n_seg * n_blocks;
         let mut s = self.scratch.lock().unwrap_or_else(|p| p.into_inner());
@@ -488,8 +491,8 @@ impl CpuBackend {
             for item in range {
                 let (hs, blk) = (item / n_blocks, item % n_blocks);
                 let (kvh, seg) = (hs / n_seg, hs % n_seg);
-                let mut rows: [attn512::Row<'_>; attn512::MAX_ROWS] = std::array::from_fn(|_| attn512::Row { q: &[], end: 0, out: &mut [], ml: None });
-                let mut toks = [0usize; attn512::MAX_ROWS];
+                let mut rows: [attn512::Row<'_>; attn512q::MAX_ROWS] = std::array::from_fn(|_| attn512::Row { q: &[], end: 0, out: &mut [], ml: None });
+                let mut toks = [0usize; attn512q::MAX_ROWS];
                 let (mut n_rows, mut first_key, mut last_key, mut same_start) = (0, None, 0, true);
                 for t in blk * block..((blk + 1) * block).min(n_tok) {
                     if seg >= segs(t) {
@@ -517,8 +520,16 @@ impl CpuBackend {
                 let Some(first_key) = first_key else { continue };
                 if block > 1 && same_start {
                     let (k0, k1) = ((kvh * cap + first_key) * hd, (kvh * cap + last_key) * hd);
-                    // SAFETY: `rows_kernel` checked the level's features, the head size and group.
-                    unsafe { attn512::attend_rows(&mut rows[..n_rows], &a.k_cache[k0..k1], &a.v_cache[k0..k1], seg * SEG, hd, scale) };
+                    let (keys, vals) = (&a.k_cache[k0..k1], &a.v_cache[k0..k1]);
+                    if attn512q::worth(n_rows, group) {
+                        // SAFETY: `rows_kernel` checked the level's features, the head size and group.
+                        unsafe { attn512q::attend_lanes(&mut rows[..n_rows], keys, vals, seg * SEG, hd, scale) };
+                    } else {
+                        for chunk in rows[..n_rows].chunks_mut(attn512::max_rows(hd, group)) {
+                            // SAFETY: as above.
+                            unsafe { attn512::attend_rows(chunk, keys, vals, seg * SEG, hd, scale) };
+                        }
+                    }
                     continue;
                 }
                 for (row, &t) in rows[..n_rows].iter_mut().zip(&toks) {
@@ -580,7 +591,7 @@ fn attend(simd: SimdLevel, q: &[f32], keys: &[f16], vals: &[f16], n_keys: usize,
     }
 }
 
-/// Whether tokens go through `attn512::attend_rows` in blocks (the AVX-512 level, for the head
+/// Whether tokens go through `attn512q::attend_lanes` in blocks (the AVX-512 level, for the head
 /// sizes and groups its kernel takes): a function of the level and the model's shape only.
 #[cfg(target_arch = "x86_64")]
 fn rows_kernel(simd: SimdLevel, hd: usize, group: usize) -> bool {
