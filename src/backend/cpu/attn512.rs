@@ -483,6 +483,26 @@ pub(super) fn exp16(x: __m512) -> __m512 {
     }
 }
 
+/// Test helper (also for attn512q's tests): row r of `got` (outputs [n, g, hd]) and `got_ml`
+/// ((max, sum) pairs [n, 2g], compared when `with_ml`) must be bitwise what [`attend_range`]
+/// gives query row r of `q` alone over keys `start..ends[r]`. Callers check avx512f first.
+#[cfg(test)]
+#[allow(clippy::too_many_arguments)]
+pub(super) fn assert_rows_equal_single_row_calls(got: &[f32], got_ml: &[f32], q: &[f32], ends: &[usize], keys: &[f16], vals: &[f16], start: usize, hd: usize, g: usize, with_ml: bool) {
+    let same = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
+    for (r, &end) in ends.iter().enumerate() {
+        let mut want = vec![0f32; g * hd];
+        let mut want_ml = vec![0f32; 2 * g];
+        let ml = if with_ml { Some(&mut want_ml[..]) } else { None };
+        // SAFETY: the callers checked avx512f; the slices have the lengths attend_range needs.
+        unsafe { attend_range(&q[r * g * hd..(r + 1) * g * hd], keys, vals, start..end, hd, 0.125, &mut want, ml) };
+        assert!(same(&got[r * g * hd..(r + 1) * g * hd], &want), "hd {hd} g {g}, row {r}, start {start}, ends {ends:?}, ml {with_ml}");
+        if with_ml {
+            assert!(same(&got_ml[r * 2 * g..(r + 1) * 2 * g], &want_ml), "hd {hd} g {g}, row {r}: (max, sum)");
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -570,16 +590,7 @@ mod tests {
                         // SAFETY: avx512f checked above; supports(hd, g) holds for these shapes.
                         unsafe { attend_rows(&mut rows, &keys, &vals, start, hd, 0.125) };
                     }
-                    for (r, &end) in ends.iter().enumerate() {
-                        let mut want = vec![0f32; g * hd];
-                        let mut want_ml = vec![0f32; 2 * g];
-                        let ml = if with_ml { Some(&mut want_ml[..]) } else { None };
-                        // SAFETY: as above.
-                        unsafe { attend_range(&q[r * g * hd..(r + 1) * g * hd], &keys, &vals, start..end, hd, 0.125, &mut want, ml) };
-                        let same = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
-                        assert!(same(&got[r * g * hd..(r + 1) * g * hd], &want), "hd {hd}, row {r}, ends {ends:?}, ml {with_ml}");
-                        assert!(same(&got_ml[r * 2 * g..(r + 1) * 2 * g], &want_ml), "hd {hd}, row {r}: (max, sum)");
-                    }
+                    assert_rows_equal_single_row_calls(&got, &got_ml, &q, ends, &keys, &vals, start, hd, g, with_ml);
                 }
             }
         }

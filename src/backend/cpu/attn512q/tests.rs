@@ -2,7 +2,7 @@
 
 use half::f16;
 
-use super::super::attn512::{self, attend_range, Row};
+use super::super::attn512::{self, Row};
 use super::*;
 use crate::backend::cpu::testutil::rand_f32;
 use crate::backend::simd::SimdLevel;
@@ -57,16 +57,7 @@ fn attend_lanes_equals_single_row_calls_bitwise() {
         for (start, ends) in cases.iter().flat_map(|(s, e)| [(*s, &e[..mr]), (*s, &e[..mr.min(3)]), (*s, &e[..mr.div_ceil(2)])]) {
             for with_ml in [false, true] {
                 let (got, got_ml) = run(false, &q, ends, &keys, &vals, start, hd, g, with_ml);
-                for (r, &end) in ends.iter().enumerate() {
-                    let mut want = vec![0f32; g * hd];
-                    let mut want_ml = vec![0f32; 2 * g];
-                    let ml = if with_ml { Some(&mut want_ml[..]) } else { None };
-                    // SAFETY: as above.
-                    unsafe { attend_range(&q[r * g * hd..(r + 1) * g * hd], &keys, &vals, start..end, hd, 0.125, &mut want, ml) };
-                    let same = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
-                    assert!(same(&got[r * g * hd..(r + 1) * g * hd], &want), "hd {hd} g {g}, row {r}, start {start}, ends {ends:?}, ml {with_ml}");
-                    assert!(same(&got_ml[r * 2 * g..(r + 1) * 2 * g], &want_ml), "hd {hd} g {g}, row {r}: (max, sum)");
-                }
+                attn512::assert_rows_equal_single_row_calls(&got, &got_ml, &q, ends, &keys, &vals, start, hd, g, with_ml);
             }
         }
     }
