@@ -6,25 +6,27 @@
 // silu(g) * u with the CPU's arithmetic: g / (1 + exp(-g)) * u.
 FC_DEV float silu_mul1(float g, float u) { return __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), u); }
 
-// Slices of 256 elements per CTA of silu_mul_q8 (their loads issued together).
+// The most slices of 256 elements per CTA of silu_mul_q8 (their loads issued together).
 #define FC_SILU_SPC 4
 
 // gu: [n, 2*ff] rows (gate | up). act[t] = silu(gate) * up (act may be null: only the q8 blocks
-// are wanted); with q8 also actq (ff % 32 == 0). Grid (n, ceil(ff / (256 * FC_SILU_SPC))), 256
-// threads: FC_SILU_SPC elements per thread, 256 apart, one q8 block per warp and slice. Every
-// element is computed alone, so the grid never changes a bit.
-extern "C" __global__ void silu_mul_q8(const float* gu, int ff, float* act, BlockQ8* actq, int q8) {
-    const int t = blockIdx.x, i0 = blockIdx.y * FC_SILU_SPC * blockDim.x + threadIdx.x;
+// are wanted); with q8 also actq (ff % 32 == 0). Grid (n, ceil(ff / (256 * spc))), 256 threads,
+// spc <= FC_SILU_SPC: spc elements per thread, 256 apart, one q8 block per warp and slice (spc = 1
+// for decode: more CTAs, shorter threads). Every element is computed alone, so the grid never
+// changes a bit.
+extern "C" __global__ void silu_mul_q8(const float* gu, int ff, float* act, BlockQ8* actq, int q8, int spc) {
+    const int t = blockIdx.x, i0 = blockIdx.y * spc * blockDim.x + threadIdx.x;
     const float* g = gu + (unsigned long long)t * 2 * ff;
     float gv[FC_SILU_SPC], uv[FC_SILU_SPC];
 #pragma unroll
     for (int k = 0; k < FC_SILU_SPC; ++k) {
         const int i = i0 + k * blockDim.x;
-        gv[k] = i < ff ? g[i] : 0.0f;
-        uv[k] = i < ff ? g[ff + i] : 0.0f;
+        gv[k] = k < spc && i < ff ? g[i] : 0.0f;
+        uv[k] = k < spc && i < ff ? g[ff + i] : 0.0f;
     }
 #pragma unroll
     for (int k = 0; k < FC_SILU_SPC; ++k) {
+        if (k >= spc) break;
         const int i = i0 + k * blockDim.x;
         const float v = i < ff ? silu_mul1(gv[k], uv[k]) : 0.0f;
         if (act && i < ff) act[(unsigned long long)t * ff + i] = v;

@@ -28,6 +28,19 @@ extern "C" __global__ void rmsnorm_q8(const float* x, const float* w, int e, flo
     __shared__ float scratch[FC_NORM_THREADS / 32];
     const int t = blockIdx.x, tid = threadIdx.x;
     const float* xr = x + (unsigned long long)(rows ? rows[t] : t) * e;
+    float* xnr = xn ? xn + (unsigned long long)t * e : nullptr;
+    BlockQ8* xqr = xq + (unsigned long long)t * (e / 32);
+    if (spc == 1) {
+        // one slice per CTA (decode): the row's sum, then one element per thread
+        float ss = 0.0f;
+        for (int i = tid; i < e; i += FC_NORM_THREADS) ss = __fmaf_rn(xr[i], xr[i], ss);
+        ss = block_sum(ss, scratch, FC_NORM_THREADS / 32);
+        const float scale = 1.0f / sqrtf(__fadd_rn(ss / (float)e, eps));
+        const int i = blockIdx.y * FC_NORM_THREADS + tid;
+        rmsnorm_out(i < e ? xr[i] : 0.0f, i, e, scale, w, xnr, xqr, q8);
+        return;
+    }
+    // several slices per CTA (prefill): the row read once, its first FC_NORM_REG slices kept
     float xv[FC_NORM_REG];
     float ss = 0.0f;
 #pragma unroll
@@ -41,8 +54,6 @@ extern "C" __global__ void rmsnorm_q8(const float* x, const float* w, int e, flo
     const float scale = 1.0f / sqrtf(__fadd_rn(ss / (float)e, eps));
     const int slices = (e + FC_NORM_THREADS - 1) / FC_NORM_THREADS;
     const int y0 = blockIdx.y * spc, y1 = min(y0 + spc, slices);
-    float* xnr = xn ? xn + (unsigned long long)t * e : nullptr;
-    BlockQ8* xqr = xq + (unsigned long long)t * (e / 32);
 #pragma unroll
     for (int k = 0; k < FC_NORM_REG; ++k)
         if (k >= y0 && k < y1) rmsnorm_out(xv[k], k * FC_NORM_THREADS + tid, e, scale, w, xnr, xqr, q8);

@@ -197,10 +197,12 @@ impl AttGroup {
     }
 }
 
-/// Slices of 256 elements per CTA of `silu_mul_q8` (elementwise.hip's FC_SILU_SPC).
+/// Slices of 256 elements per CTA of `silu_mul_q8` from `NORM_ROW_MIN` tokens (elementwise.hip's
+/// FC_SILU_SPC; fewer tokens: one slice per CTA, as many CTAs as slices).
 const SILU_SLICES: usize = 4;
 
-/// Tokens from which RMSNorm runs one CTA per row (`NormGrid::Row`).
+/// Tokens from which RMSNorm runs one CTA per row (`NormGrid::Row`) and SiLU·mul `SILU_SLICES`
+/// slices per CTA (prefill); below it both keep decode's short threads.
 pub const NORM_ROW_MIN: usize = 16;
 
 /// How RMSNorm's CTAs cover a row of 256-element slices; every way gives the same bits (each
@@ -510,8 +512,9 @@ impl Kernels {
     /// act = silu(gate) * up from gu [n, 2*ff] (`act` None: not written), and actq when given.
     #[allow(clippy::too_many_arguments)]
     pub fn silu_mul_q8(&self, rt: &dyn Runtime, gu: DevPtr, ff: usize, act: Option<DevPtr>, actq: Option<DevPtr>, n: usize) -> Result<(), HipError> {
-        let args = [Arg::Ptr(gu), Arg::I32(ff as i32), Arg::Ptr(act.unwrap_or(0)), Arg::Ptr(actq.unwrap_or(0)), Arg::I32(actq.is_some() as i32)];
-        launch(rt, self.silu_mul_q8, [n as u32, grid1(ff, 256 * SILU_SLICES), 1], [256, 1, 1], 0, &args)
+        let spc = if n >= NORM_ROW_MIN { SILU_SLICES } else { 1 };
+        let args = [Arg::Ptr(gu), Arg::I32(ff as i32), Arg::Ptr(act.unwrap_or(0)), Arg::Ptr(actq.unwrap_or(0)), Arg::I32(actq.is_some() as i32), Arg::I32(spc as i32)];
+        launch(rt, self.silu_mul_q8, [n as u32, grid1(ff, 256 * spc), 1], [256, 1, 1], 0, &args)
     }
 
     pub fn silu_mul(&self, rt: &dyn Runtime, g: DevPtr, u: DevPtr, n: usize) -> Result<(), HipError> {

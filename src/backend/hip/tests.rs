@@ -238,8 +238,8 @@ fn hip_grouped_attention_over_two_caches_equals_the_per_token_kernel() {
 
 /// RMSNorm (+ q8) gives the same bits on every grid (a CTA per 256-element slice or per row),
 /// with or without its f32 output, and reading gathered rows; SiLU·mul's q8 blocks are the same
-/// with or without its f32 output. Widths: 576 (a partial last slice), 2048, 4640 (past the
-/// slices kept in registers).
+/// with or without its f32 output and on its prefill grid (17 rows) and decode grid (3 rows).
+/// Widths: 576 (a partial last slice), 2048, 4640 (past the slices kept in registers).
 #[test]
 fn hip_norm_grids_and_outputs_give_the_same_bits() {
     use super::kernels::NormGrid;
@@ -252,7 +252,7 @@ fn hip_norm_grids_and_outputs_give_the_same_bits() {
         rt.download(&mut out, b.ptr()).expect("download");
         out
     };
-    for (e, n) in [(576, 3), (2048, 5), (4640, 2)] {
+    for (e, n) in [(576, 3), (2048, 5), (4640, 2), (2048, 17)] {
         let x: Vec<f32> = uniform(40, n * e).iter().map(|v| v * 3.0).collect();
         let w: Vec<f32> = uniform(41, e).iter().map(|v| 1.0 + 0.1 * v).collect();
         let (xb, wb) = (DevBuf::from_f32(rt, &x).expect("x"), DevBuf::from_f32(rt, &w).expect("w"));
@@ -281,11 +281,14 @@ fn hip_norm_grids_and_outputs_give_the_same_bits() {
         }
         // SiLU·mul over [n, 2*e] with and without its f32 output
         let gu = DevBuf::from_f32(rt, &[x.clone(), x.iter().map(|v| v * 0.5).collect()].concat()).expect("gu");
-        let silu = |with_f32: bool| -> Vec<u8> {
+        let silu = |with_f32: bool, rows: usize| -> Vec<u8> {
             let (act, actq) = (DevBuf::new(rt, fl).expect("act"), DevBuf::new(rt, ql).expect("actq"));
-            k.silu_mul_q8(&**rt, gu.ptr(), e, with_f32.then(|| act.ptr()), Some(actq.ptr()), n).expect("silu");
-            bytes(&actq, ql)
+            k.silu_mul_q8(&**rt, gu.ptr(), e, with_f32.then(|| act.ptr()), Some(actq.ptr()), rows).expect("silu");
+            bytes(&actq, rows * e / 32 * super::kernels::Q8_BYTES)
         };
-        assert_eq!(silu(true), silu(false), "e {e}: silu_mul_q8 with and without f32");
+        let all = silu(true, n);
+        assert_eq!(all, silu(false, n), "e {e}: silu_mul_q8 with and without f32");
+        let few = silu(false, 3.min(n));
+        assert_eq!(all[..few.len()], few[..], "e {e}: silu_mul_q8 on {n} rows vs their first 3");
     }
 }
