@@ -18,29 +18,36 @@ extern "C" __global__ void rope(float* x, int n_head, int hd, const float* table
     for (int i = threadIdx.x; i < n_head * half; i += blockDim.x) rope_pair(row + 2 * i, cs + 2 * (i % half));
 }
 
+// The rotation of rope_pair on a pair held in registers.
+FC_DEV float2 rope_pair2(float2 p, float2 cs) {
+    return make_float2(__fsub_rn(__fmul_rn(p.x, cs.x), __fmul_rn(p.y, cs.y)), __fadd_rn(__fmul_rn(p.x, cs.y), __fmul_rn(p.y, cs.x)));
+}
+
+// Two f16 values as one little-endian word (lo at the lower address).
+FC_DEV uint32_t f16x2(float lo, float hi) { return (uint32_t)f32_to_f16(lo) | ((uint32_t)f32_to_f16(hi) << 16); }
+
 // qkv: [n_tok, n_head*hd + 2*kvd] rows (q | k | v), kvd = n_kv*hd. Rotates q in place, and writes
 // rotated k and v as f16 at the token's position of layer `layer` of its sequence's cache.
-// Grid (n_tok, ceil(work / blockDim.x)): one thread per q pair, k pair or v value.
+// Grid (n_tok, ceil(work / blockDim.x)): one thread per q pair, k pair or v pair (pairs are
+// 8-byte aligned in qkv, 4-byte aligned in the caches: hd is even).
 extern "C" __global__ void rope_store(float* qkv, int n_head, int n_kv, int hd, const float* table, const TokInfo* tok, int layer) {
     const int t = blockIdx.x, half = hd / 2, qd = n_head * hd, kvd = n_kv * hd;
     const int j = blockIdx.y * blockDim.x + threadIdx.x;
     const TokInfo ti = tok[t];
-    float* row = qkv + (unsigned long long)t * (qd + 2 * kvd);
-    const float* cs = table + (unsigned long long)ti.pos * hd;
+    float2* row = (float2*)(qkv + (unsigned long long)t * (qd + 2 * kvd));
+    const float2* cs = (const float2*)(table + (unsigned long long)ti.pos * hd);
     if (j < qd / 2) {
-        rope_pair(row + 2 * j, cs + 2 * (j % half));
+        row[j] = rope_pair2(row[j], cs[j % half]);
     } else if (j < qd / 2 + kvd / 2) {
         const int i = j - qd / 2;
-        float p[2] = {row[qd + 2 * i], row[qd + 2 * i + 1]};
-        rope_pair(p, cs + 2 * (i % half));
+        const float2 p = rope_pair2(row[qd / 2 + i], cs[i % half]);
         const int h = (2 * i) / hd, d = (2 * i) % hd;
-        uint16_t* kc = (uint16_t*)ti.k;
-        const unsigned long long at = (((unsigned long long)layer * n_kv + h) * ti.cap + ti.pos) * hd + d;
-        kc[at] = f32_to_f16(p[0]);
-        kc[at + 1] = f32_to_f16(p[1]);
-    } else if (j < qd / 2 + kvd / 2 + kvd) {
-        const int i = j - qd / 2 - kvd / 2, h = i / hd, d = i % hd;
-        uint16_t* vc = (uint16_t*)ti.v;
-        vc[(((unsigned long long)layer * n_kv + h) * ti.cap + ti.pos) * hd + d] = f32_to_f16(row[qd + kvd + i]);
+        uint32_t* kc = (uint32_t*)ti.k;
+        kc[((((unsigned long long)layer * n_kv + h) * ti.cap + ti.pos) * hd + d) / 2] = f16x2(p.x, p.y);
+    } else if (j < qd / 2 + kvd) {
+        const int i = j - qd / 2 - kvd / 2, h = (2 * i) / hd, d = (2 * i) % hd;
+        const float2 p = row[(qd + kvd) / 2 + i];
+        uint32_t* vc = (uint32_t*)ti.v;
+        vc[((((unsigned long long)layer * n_kv + h) * ti.cap + ti.pos) * hd + d) / 2] = f16x2(p.x, p.y);
     }
 }

@@ -84,7 +84,7 @@ impl HipBackend {
         let (rt, k) = (self.ctx.runtime(), self.ctx.kernels());
         let e = weight.len();
         let (xb, wb, ob) = (DevBuf::from_f32(rt, x)?, DevBuf::from_f32(rt, weight)?, DevBuf::new(rt, out.len() * 4)?);
-        k.rmsnorm(&**rt, xb.ptr(), wb.ptr(), e, eps, ob.ptr(), None, x.len() / e.max(1))?;
+        k.rmsnorm(&**rt, xb.ptr(), wb.ptr(), e, eps, Some(ob.ptr()), None, x.len() / e.max(1))?;
         ob.read_f32(out)
     }
 

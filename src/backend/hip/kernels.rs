@@ -197,6 +197,38 @@ impl AttGroup {
     }
 }
 
+/// Slices of 256 elements per CTA of `silu_mul_q8` from `NORM_ROW_MIN` tokens (elementwise.hip's
+/// FC_SILU_SPC; fewer tokens: one slice per CTA, as many CTAs as slices).
+const SILU_SLICES: usize = 4;
+
+/// Tokens from which RMSNorm runs one CTA per row (`NormGrid::Row`) and SiLU·mul `SILU_SLICES`
+/// slices per CTA (prefill); below it both keep decode's short threads.
+pub const NORM_ROW_MIN: usize = 16;
+
+/// How RMSNorm's CTAs cover a row of 256-element slices; every way gives the same bits (each
+/// CTA computes the row's scale in one fixed order).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NormGrid {
+    /// One CTA per slice, each summing the whole row: few tokens (decode), many CTAs.
+    Slice,
+    /// One CTA per row, the row read once: prefill.
+    Row,
+}
+
+impl NormGrid {
+    /// Every grid (tests iterate them).
+    pub const ALL: [NormGrid; 2] = [NormGrid::Slice, NormGrid::Row];
+
+    /// The grid for `n` rows: by row from `NORM_ROW_MIN` rows, else by slice.
+    pub fn choose(n: usize) -> NormGrid {
+        if n >= NORM_ROW_MIN {
+            NormGrid::Row
+        } else {
+            NormGrid::Slice
+        }
+    }
+}
+
 pub struct Kernels {
     mm: HashMap<(GgmlType, Tile, Epi), Func>,
     /// the GPU runs matmul.hip's tensor-core kernels (NVIDIA, compute capability 8.0 or later)
@@ -216,7 +248,6 @@ pub struct Kernels {
     silu_mul_q8: Func,
     silu_mul: Func,
     add: Func,
-    gather_rows: Func,
     kv_copy: Func,
 }
 
@@ -266,7 +297,6 @@ impl Kernels {
             silu_mul_q8: f("silu_mul_q8")?,
             silu_mul: f("silu_mul")?,
             add: f("add")?,
-            gather_rows: f("gather_rows")?,
             kv_copy: f("kv_copy")?,
         })
     }
@@ -355,10 +385,45 @@ impl Kernels {
     }
 
     /// xn = rmsnorm(x) * w for n rows of e; with `xq`, their q8 blocks too (e % 32 == 0).
+    /// `xn` None: only the q8 blocks (a matmul on q8 weights reads nothing else).
     #[allow(clippy::too_many_arguments)]
-    pub fn rmsnorm(&self, rt: &dyn Runtime, x: DevPtr, w: DevPtr, e: usize, eps: f32, xn: DevPtr, xq: Option<DevPtr>, n: usize) -> Result<(), HipError> {
-        let args = [Arg::Ptr(x), Arg::Ptr(w), Arg::I32(e as i32), Arg::F32(eps), Arg::Ptr(xn), Arg::Ptr(xq.unwrap_or(0)), Arg::I32(xq.is_some() as i32)];
-        launch(rt, self.rmsnorm_q8, [n as u32, grid1(e, 256), 1], [256, 1, 1], 0, &args)
+    pub fn rmsnorm(&self, rt: &dyn Runtime, x: DevPtr, w: DevPtr, e: usize, eps: f32, xn: Option<DevPtr>, xq: Option<DevPtr>, n: usize) -> Result<(), HipError> {
+        self.rmsnorm_rows(rt, x, None, w, e, eps, xn, xq, n, None)
+    }
+
+    /// `rmsnorm` of the rows `rows` ([n] u32 on the device; None: rows 0..n) of x, on `grid`
+    /// (None: `NormGrid::choose(n)`); every grid gives the same bits.
+    #[allow(clippy::too_many_arguments)]
+    pub fn rmsnorm_rows(
+        &self,
+        rt: &dyn Runtime,
+        x: DevPtr,
+        rows: Option<DevPtr>,
+        w: DevPtr,
+        e: usize,
+        eps: f32,
+        xn: Option<DevPtr>,
+        xq: Option<DevPtr>,
+        n: usize,
+        grid: Option<NormGrid>,
+    ) -> Result<(), HipError> {
+        let slices = grid1(e, 256) as usize;
+        let spc = match grid.unwrap_or_else(|| NormGrid::choose(n)) {
+            NormGrid::Slice => 1,
+            NormGrid::Row => slices,
+        };
+        let args = [
+            Arg::Ptr(x),
+            Arg::Ptr(w),
+            Arg::I32(e as i32),
+            Arg::F32(eps),
+            Arg::Ptr(xn.unwrap_or(0)),
+            Arg::Ptr(xq.unwrap_or(0)),
+            Arg::I32(xq.is_some() as i32),
+            Arg::I32(spc as i32),
+            Arg::Ptr(rows.unwrap_or(0)),
+        ];
+        launch(rt, self.rmsnorm_q8, [n as u32, grid1(slices, spc), 1], [256, 1, 1], 0, &args)
     }
 
     pub fn quantize(&self, rt: &dyn Runtime, x: DevPtr, cols: usize, xq: DevPtr, n: usize) -> Result<(), HipError> {
@@ -374,7 +439,8 @@ impl Kernels {
     #[allow(clippy::too_many_arguments)]
     pub fn rope_store(&self, rt: &dyn Runtime, qkv: DevPtr, n_head: usize, n_kv: usize, hd: usize, table: DevPtr, tok: DevPtr, layer: usize, n: usize) -> Result<(), HipError> {
         let args = [Arg::Ptr(qkv), Arg::I32(n_head as i32), Arg::I32(n_kv as i32), Arg::I32(hd as i32), Arg::Ptr(table), Arg::Ptr(tok), Arg::I32(layer as i32)];
-        let work = (n_head * hd) / 2 + (n_kv * hd) / 2 + n_kv * hd;
+        // one thread per q pair, k pair and v pair
+        let work = (n_head * hd) / 2 + n_kv * hd;
         launch(rt, self.rope_store, [n as u32, grid1(work, 128), 1], [128, 1, 1], 0, &args)
     }
 
@@ -443,10 +509,12 @@ impl Kernels {
         launch(rt, self.attn_merge, [n as u32, n_head as u32, 1], [128, 1, 1], (max_chunks * 8) as u32, &args)
     }
 
-    /// act = silu(gate) * up from gu [n, 2*ff] (and actq when given).
-    pub fn silu_mul_q8(&self, rt: &dyn Runtime, gu: DevPtr, ff: usize, act: DevPtr, actq: Option<DevPtr>, n: usize) -> Result<(), HipError> {
-        let args = [Arg::Ptr(gu), Arg::I32(ff as i32), Arg::Ptr(act), Arg::Ptr(actq.unwrap_or(0)), Arg::I32(actq.is_some() as i32)];
-        launch(rt, self.silu_mul_q8, [n as u32, grid1(ff, 256), 1], [256, 1, 1], 0, &args)
+    /// act = silu(gate) * up from gu [n, 2*ff] (`act` None: not written), and actq when given.
+    #[allow(clippy::too_many_arguments)]
+    pub fn silu_mul_q8(&self, rt: &dyn Runtime, gu: DevPtr, ff: usize, act: Option<DevPtr>, actq: Option<DevPtr>, n: usize) -> Result<(), HipError> {
+        let spc = if n >= NORM_ROW_MIN { SILU_SLICES } else { 1 };
+        let args = [Arg::Ptr(gu), Arg::I32(ff as i32), Arg::Ptr(act.unwrap_or(0)), Arg::Ptr(actq.unwrap_or(0)), Arg::I32(actq.is_some() as i32), Arg::I32(spc as i32)];
+        launch(rt, self.silu_mul_q8, [n as u32, grid1(ff, 256 * spc), 1], [256, 1, 1], 0, &args)
     }
 
     pub fn silu_mul(&self, rt: &dyn Runtime, g: DevPtr, u: DevPtr, n: usize) -> Result<(), HipError> {
@@ -455,10 +523,6 @@ impl Kernels {
 
     pub fn add(&self, rt: &dyn Runtime, x: DevPtr, y: DevPtr, n: usize) -> Result<(), HipError> {
         launch(rt, self.add, [grid1(n, 256), 1, 1], [256, 1, 1], 0, &[Arg::Ptr(x), Arg::Ptr(y), Arg::I32(n as i32)])
-    }
-
-    pub fn gather_rows(&self, rt: &dyn Runtime, x: DevPtr, e: usize, rows: DevPtr, out: DevPtr, k: usize) -> Result<(), HipError> {
-        launch(rt, self.gather_rows, [k as u32, 1, 1], [128, 1, 1], 0, &[Arg::Ptr(x), Arg::I32(e as i32), Arg::Ptr(rows), Arg::Ptr(out)])
     }
 
     /// Positions 0..n of `lh` (layer, head) runs of head_dim f16 values, between caches of

@@ -214,7 +214,6 @@ impl HipLayers {
                 let v = c.vocab_size;
                 Some(HeadActs {
                     rows: DevBuf::new(rt, HEAD_ROWS * 4)?,
-                    hx: DevBuf::new(rt, HEAD_ROWS * e * 4)?,
                     hxn: DevBuf::new(rt, HEAD_ROWS * e * 4)?,
                     hxq: DevBuf::new(rt, HEAD_ROWS * e / 32 * Q8_BYTES)?,
                     logits: DevBuf::new(rt, HEAD_ROWS * v * 4)?,
@@ -358,7 +357,9 @@ impl HipLayers {
         let (e, qd, kvd, ff, hd) = (c.n_embd, c.n_head * c.head_dim, c.kv_dim(), c.n_ff, c.head_dim);
         let qkvd = qd + 2 * kvd;
         let xin = ActRef { f32: a.xn.ptr(), q8: a.xq.ptr() };
-        k.rmsnorm(rt, a.x.ptr(), l.attn_norm.ptr(), e, c.rms_eps, a.xn.ptr(), Some(a.xq.ptr()), n)?;
+        // each norm writes only the forms of its output that the next matmuls read
+        let (f, q) = input_forms(l.qkv.iter().map(|(m, _)| &m.m));
+        k.rmsnorm(rt, a.x.ptr(), l.attn_norm.ptr(), e, c.rms_eps, f.then(|| a.xn.ptr()), q.then(|| a.xq.ptr()), n)?;
         for (m, col) in &l.qkv {
             self.mm(&m.m, xin, n, a.qkv.at(col * 4), qkvd, Epi::Store)?;
         }
@@ -382,11 +383,13 @@ impl HipLayers {
             )?;
         }
         self.mm(&l.wo.m, ActRef { f32: a.att.ptr(), q8: a.attq.ptr() }, n, a.x.ptr(), e, Epi::Add)?;
-        k.rmsnorm(rt, a.x.ptr(), l.ffn_norm.ptr(), e, c.rms_eps, a.xn.ptr(), Some(a.xq.ptr()), n)?;
+        let (f, q) = input_forms(l.gate_up.iter().map(|(m, _)| &m.m));
+        k.rmsnorm(rt, a.x.ptr(), l.ffn_norm.ptr(), e, c.rms_eps, f.then(|| a.xn.ptr()), q.then(|| a.xq.ptr()), n)?;
         for (m, col) in &l.gate_up {
             self.mm(&m.m, xin, n, a.gu.at(col * 4), 2 * ff, Epi::Store)?;
         }
-        k.silu_mul_q8(rt, a.gu.ptr(), ff, a.act.ptr(), Some(a.actq.ptr()), n)?;
+        let (f, q) = input_forms([&l.down.m]);
+        k.silu_mul_q8(rt, a.gu.ptr(), ff, f.then(|| a.act.ptr()), q.then(|| a.actq.ptr()), n)?;
         self.mm(&l.down.m, ActRef { f32: a.act.ptr(), q8: a.actq.ptr() }, n, a.x.ptr(), e, Epi::Add)
     }
 
@@ -397,8 +400,9 @@ impl HipLayers {
         let c = &self.shape;
         let (rt, kr) = (&**self.ctx.runtime(), self.ctx.kernels());
         let (e, v) = (c.n_embd, c.vocab_size);
-        kr.gather_rows(rt, a.x.ptr(), e, ha.rows.ptr(), ha.hx.ptr(), k)?;
-        kr.rmsnorm(rt, ha.hx.ptr(), h.norm.ptr(), e, c.rms_eps, ha.hxn.ptr(), Some(ha.hxq.ptr()), k)?;
+        // the norm reads the chosen rows of x itself (no gathered copy)
+        let (f, q) = input_forms([&h.out.m]);
+        kr.rmsnorm_rows(rt, a.x.ptr(), Some(ha.rows.ptr()), h.norm.ptr(), e, c.rms_eps, f.then(|| ha.hxn.ptr()), q.then(|| ha.hxq.ptr()), k, None)?;
         self.mm(&h.out.m, ActRef { f32: ha.hxn.ptr(), q8: ha.hxq.ptr() }, k, ha.logits.ptr(), v, Epi::Store)
     }
 
@@ -434,6 +438,14 @@ struct GraphKey {
     head: usize,
 }
 
+/// Which forms of their input matrices `ms` read: (f32 values, q8 blocks).
+fn input_forms<'a>(ms: impl IntoIterator<Item = &'a MatRef>) -> (bool, bool) {
+    ms.into_iter().fold((false, false), |(f, q), m| match type_info(m.ty) {
+        Some(i) => (f || i.float_act, q || !i.float_act),
+        None => (true, true),
+    })
+}
+
 /// Graphs kept per activations (all dropped when full).
 const MAX_GRAPHS: usize = 16;
 
@@ -441,8 +453,7 @@ const MAX_GRAPHS: usize = 16;
 struct HeadActs {
     /// [HEAD_ROWS] u32 step rows
     rows: DevBuf,
-    /// [HEAD_ROWS, n_embd] gathered rows, their norm, its q8 blocks
-    hx: DevBuf,
+    /// [HEAD_ROWS, n_embd] the chosen rows' norm, its q8 blocks
     hxn: DevBuf,
     hxq: DevBuf,
     /// [HEAD_ROWS, vocab]

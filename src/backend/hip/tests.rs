@@ -235,3 +235,60 @@ fn hip_grouped_attention_over_two_caches_equals_the_per_token_kernel() {
     assert_eq!(run(AttGroup::Tokens4), one);
     assert_eq!(run(AttGroup::KvHead), one);
 }
+
+/// RMSNorm (+ q8) gives the same bits on every grid (a CTA per 256-element slice or per row),
+/// with or without its f32 output, and reading gathered rows; SiLU·mul's q8 blocks are the same
+/// with or without its f32 output and on its prefill grid (17 rows) and decode grid (3 rows).
+/// Widths: 576 (a partial last slice), 2048, 4640 (past the slices kept in registers).
+#[test]
+fn hip_norm_grids_and_outputs_give_the_same_bits() {
+    use super::kernels::NormGrid;
+    use super::runtime::DevBuf;
+    let Some(ctx) = context() else { return };
+    let _stream = ctx.lock();
+    let (rt, k) = (ctx.runtime(), ctx.kernels());
+    let bytes = |b: &DevBuf, len: usize| -> Vec<u8> {
+        let mut out = vec![0u8; len];
+        rt.download(&mut out, b.ptr()).expect("download");
+        out
+    };
+    for (e, n) in [(576, 3), (2048, 5), (4640, 2), (2048, 17)] {
+        let x: Vec<f32> = uniform(40, n * e).iter().map(|v| v * 3.0).collect();
+        let w: Vec<f32> = uniform(41, e).iter().map(|v| 1.0 + 0.1 * v).collect();
+        let (xb, wb) = (DevBuf::from_f32(rt, &x).expect("x"), DevBuf::from_f32(rt, &w).expect("w"));
+        let (fl, ql) = (n * e * 4, n * e / 32 * super::kernels::Q8_BYTES);
+        let run = |rows: Option<&DevBuf>, grid: NormGrid, with_f32: bool| -> (Vec<u8>, Vec<u8>) {
+            let (xn, xq) = (DevBuf::new(rt, fl).expect("xn"), DevBuf::new(rt, ql).expect("xq"));
+            let f = with_f32.then(|| xn.ptr());
+            k.rmsnorm_rows(&**rt, xb.ptr(), rows.map(|r| r.ptr()), wb.ptr(), e, 1e-5, f, Some(xq.ptr()), n, Some(grid)).expect("rmsnorm");
+            (if with_f32 { bytes(&xn, fl) } else { Vec::new() }, bytes(&xq, ql))
+        };
+        let (xn0, xq0) = run(None, NormGrid::Slice, true);
+        for grid in NormGrid::ALL {
+            let (xn, xq) = run(None, grid, true);
+            assert!(xn == xn0 && xq == xq0, "e {e}: {grid:?} vs Slice");
+            assert_eq!(run(None, grid, false).1, xq0, "e {e}: {grid:?} without f32");
+            // rows in reverse order: output row t is input row n-1-t
+            let ids: Vec<u32> = (0..n as u32).rev().collect();
+            let rb = DevBuf::from_bytes(rt, bytemuck::cast_slice(&ids)).expect("rows");
+            let (gxn, gxq) = run(Some(&rb), grid, true);
+            let (fr, qr) = (e * 4, e / 32 * super::kernels::Q8_BYTES);
+            for t in 0..n {
+                let s = n - 1 - t;
+                assert_eq!(gxn[t * fr..(t + 1) * fr], xn0[s * fr..(s + 1) * fr], "e {e}: {grid:?} gathered row {t}");
+                assert_eq!(gxq[t * qr..(t + 1) * qr], xq0[s * qr..(s + 1) * qr], "e {e}: {grid:?} gathered row {t} q8");
+            }
+        }
+        // SiLU·mul over [n, 2*e] with and without its f32 output
+        let gu = DevBuf::from_f32(rt, &[x.clone(), x.iter().map(|v| v * 0.5).collect()].concat()).expect("gu");
+        let silu = |with_f32: bool, rows: usize| -> Vec<u8> {
+            let (act, actq) = (DevBuf::new(rt, fl).expect("act"), DevBuf::new(rt, ql).expect("actq"));
+            k.silu_mul_q8(&**rt, gu.ptr(), e, with_f32.then(|| act.ptr()), Some(actq.ptr()), rows).expect("silu");
+            bytes(&actq, rows * e / 32 * super::kernels::Q8_BYTES)
+        };
+        let all = silu(true, n);
+        assert_eq!(all, silu(false, n), "e {e}: silu_mul_q8 with and without f32");
+        let few = silu(false, 3.min(n));
+        assert_eq!(all[..few.len()], few[..], "e {e}: silu_mul_q8 on {n} rows vs their first 3");
+    }
+}
