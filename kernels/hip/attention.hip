@@ -532,7 +532,8 @@ extern "C" __global__ void attn_merge(const float* part, int n_head, int hd, int
 // compute the next scores. K is kept in 8-byte pieces, HD / 2 + 2 words per key (a half warp's
 // 64-bit reads of 16 keys hit 32 distinct banks); P has its own buffer. Groups run last first
 // (in a prefill the later tokens have the most chunks). Grid (n_kv, ceil(n_tok / G)),
-// FC_ATT_THREADS threads, FC_ATT_FUSED_SHARED(HD) bytes of dynamic shared memory (3 CTAs per SM).
+// FC_ATT_THREADS threads, FC_ATT_FUSED_SHARED(HD) bytes of dynamic shared memory (3 CTAs per SM);
+// 12 arguments (the runtimes' most): no hd (HD is the kernel's), attq null for no q8 blocks.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
 #define FC_ATT_ASYNC 1
 #endif
@@ -562,7 +563,7 @@ FC_DEV void att_cp_wait1() {
 
 template <int HD>
 FC_DEV void attn_fused_kv_body(const float* qkv, int q_stride, int n_head, int n_kv, float scale, const TokInfo* tok, int n_tok,
-                               int layer, float* part, int max_chunks, float* att, BlockQ8* attq, int q8) {
+                               int layer, float* part, int max_chunks, float* att, BlockQ8* attq) {
     constexpr int KW = HD / 2 + 2;  // words per key of K
     constexpr int DL = HD / 32;     // dimensions per lane of the value sums
     constexpr int PER = HD / 8;     // keys per value slice (attn_partial's per)
@@ -790,7 +791,7 @@ FC_DEV void attn_fused_kv_body(const float* qkv, int q_stride, int n_head, int n
         for (int x = 0; x < DL; ++x) {
             const float y = __fmul_rn(o[x], inv);
             orow[lane + 32 * x] = y;
-            if (q8) quantize_warp_q8(y, attq + (unsigned long long)t * (qd / 32) + (h * HD) / 32 + x);
+            if (attq) quantize_warp_q8(y, attq + (unsigned long long)t * (qd / 32) + (h * HD) / 32 + x);
         }
     }
 }
@@ -798,13 +799,13 @@ FC_DEV void attn_fused_kv_body(const float* qkv, int q_stride, int n_head, int n
 // Dynamic shared memory of attn_fused_kv_body<HD>: K, V, P, the query rows and the l partials.
 #define FC_ATT_FUSED_SHARED(HD) (FC_ATT_CH * (HD / 2 + 2) * 4 + FC_ATT_CH * HD * 2 + FC_ATT_CH * FC_ATT_PS * 4 + FC_ATT_KR * HD * 4 + 4 * FC_ATT_KR * 4)
 
-extern "C" __global__ void __launch_bounds__(FC_ATT_THREADS, 3) attn_fused_kv32(const float* qkv, int q_stride, int n_head, int n_kv, int hd, float scale,
+extern "C" __global__ void __launch_bounds__(FC_ATT_THREADS, 3) attn_fused_kv32(const float* qkv, int q_stride, int n_head, int n_kv, float scale,
                                                                             const TokInfo* tok, int n_tok, int layer, float* part, int max_chunks,
-                                                                            float* att, BlockQ8* attq, int q8) {
-    attn_fused_kv_body<32>(qkv, q_stride, n_head, n_kv, scale, tok, n_tok, layer, part, max_chunks, att, attq, q8);
+                                                                            float* att, BlockQ8* attq) {
+    attn_fused_kv_body<32>(qkv, q_stride, n_head, n_kv, scale, tok, n_tok, layer, part, max_chunks, att, attq);
 }
-extern "C" __global__ void __launch_bounds__(FC_ATT_THREADS, 3) attn_fused_kv64(const float* qkv, int q_stride, int n_head, int n_kv, int hd, float scale,
+extern "C" __global__ void __launch_bounds__(FC_ATT_THREADS, 3) attn_fused_kv64(const float* qkv, int q_stride, int n_head, int n_kv, float scale,
                                                                             const TokInfo* tok, int n_tok, int layer, float* part, int max_chunks,
-                                                                            float* att, BlockQ8* attq, int q8) {
-    attn_fused_kv_body<64>(qkv, q_stride, n_head, n_kv, scale, tok, n_tok, layer, part, max_chunks, att, attq, q8);
+                                                                            float* att, BlockQ8* attq) {
+    attn_fused_kv_body<64>(qkv, q_stride, n_head, n_kv, scale, tok, n_tok, layer, part, max_chunks, att, attq);
 }

@@ -449,7 +449,8 @@ impl Kernels {
             };
             match fused {
                 Some(f) => {
-                    let args = [grouped_args(), vec![Arg::Ptr(att), Arg::Ptr(attq.unwrap_or(0)), Arg::I32(attq.is_some() as i32)]].concat();
+                    // 12 arguments: grouped_args without hd, then att and attq (0: no q8 blocks)
+                    let args = [&args[..4], &args[5..7], &[Arg::I32(n as i32)], &args[7..], &[Arg::Ptr(att), Arg::Ptr(attq.unwrap_or(0))]].concat();
                     let grid = [n_kv as u32, grid1(n, ATT_KV_ROWS / qpk), 1];
                     return launch(rt, f, grid, [128, 1, 1], att_fused_shared(hd), &args);
                 }
