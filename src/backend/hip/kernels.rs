@@ -171,6 +171,11 @@ pub const ATT_GROUP_MIN: usize = 32;
 /// Rows (token, query head) per CTA of the KV-head attention kernel (attention.hip's FC_ATT_KR).
 const ATT_KV_ROWS: usize = 32;
 
+/// The fewest CTAs (KV heads x token groups) for which attention runs fused by default: on the
+/// H100 the 1.1B's 512 at 512 tokens are faster fused (ncu 104 us vs 97 + 26), SmolLM2's 156
+/// slower (a CTA walks its chunks one after another: pp512 97-98k vs 115-117k t/s).
+const ATT_FUSED_MIN_CTAS: usize = 256;
+
 /// Dynamic shared memory of the fused KV-head attention kernel (attention.hip's
 /// FC_ATT_FUSED_SHARED): K, V, P, the query rows and the l partials.
 fn att_fused_shared(hd: usize) -> u32 {
@@ -441,7 +446,10 @@ impl Kernels {
             _ => None,
         };
         let grouped_args = || [&args[..7], &[Arg::I32(n as i32)], &args[7..]].concat();
-        let mut grouped = grouped.unwrap_or_else(|| AttGroup::choose(n));
+        let mut grouped = grouped.unwrap_or_else(|| match AttGroup::choose(n) {
+            AttGroup::KvFused if qpk > 0 && qpk <= ATT_KV_ROWS && n_kv * n.div_ceil(ATT_KV_ROWS / qpk) < ATT_FUSED_MIN_CTAS => AttGroup::KvHead,
+            g => g,
+        });
         if grouped == AttGroup::KvFused {
             let fused = match (self.attn_fused_kv, hd) {
                 (Some((f, _)), 32) | (Some((_, f)), 64) if (1..=ATT_KV_ROWS).contains(&qpk) => Some(f),
