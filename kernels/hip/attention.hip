@@ -520,3 +520,292 @@ extern "C" __global__ void attn_merge(const float* part, int n_head, int hd, int
             quantize_warp_q8(row[32 * b + lane], attq + (unsigned long long)t * (qd / 32) + (h * hd) / 32 + b);
     }
 }
+
+// attn_partial_kv{32,64} and attn_merge in one kernel (prefill): one CTA per (KV head, group of
+// 32 / qpk tokens) walks all the chunks of its rows in chunk order, each chunk computed exactly
+// as attn_partial_kv_body does (every row's float steps attn_partial's, in its order; the
+// partials written to `part` as there), then merges its rows' partials as attn_merge does (the
+// max over chunks, f_c = exp(m_c - max), the sum of l_c * f_c in chunk order, 1 / l, each
+// dimension's sum of o_c * f_c in chunk order, * (1 / l), and the q8 blocks): a token's bits are
+// the one-token kernels'. The query rows are loaded once per run; the next chunk's keys arrive
+// (cp.async on NVIDIA sm_80+) while the warps compute this chunk's P.V, its values while they
+// compute the next scores. K is kept in 8-byte pieces, HD / 2 + 2 words per key (a half warp's
+// 64-bit reads of 16 keys hit 32 distinct banks); P has its own buffer. Groups run last first
+// (in a prefill the later tokens have the most chunks). Grid (n_kv, ceil(n_tok / G)),
+// FC_ATT_THREADS threads, FC_ATT_FUSED_SHARED(HD) bytes of dynamic shared memory (3 CTAs per SM);
+// 12 arguments (the runtimes' most): no hd (HD is the kernel's), attq null for no q8 blocks.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#define FC_ATT_ASYNC 1
+#endif
+template <int BYTES>
+FC_DEV void att_cp(void* dst, const void* src) {
+#ifdef FC_ATT_ASYNC
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src), "n"(BYTES));
+#else
+    if (BYTES == 16) {
+        *(uint4*)dst = *(const uint4*)src;
+    } else {
+        *(uint2*)dst = *(const uint2*)src;
+    }
+#endif
+}
+FC_DEV void att_cp_commit() {
+#ifdef FC_ATT_ASYNC
+    asm volatile("cp.async.commit_group;\n" ::);
+#endif
+}
+// Waits until at most one of this thread's newest copy groups is still in flight.
+FC_DEV void att_cp_wait1() {
+#ifdef FC_ATT_ASYNC
+    asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+#endif
+}
+
+template <int HD>
+FC_DEV void attn_fused_kv_body(const float* qkv, int q_stride, int n_head, int n_kv, float scale, const TokInfo* tok, int n_tok,
+                               int layer, float* part, int max_chunks, float* att, BlockQ8* attq) {
+    constexpr int KW = HD / 2 + 2;  // words per key of K
+    constexpr int DL = HD / 32;     // dimensions per lane of the value sums
+    constexpr int PER = HD / 8;     // keys per value slice (attn_partial's per)
+    extern __shared__ __align__(16) uint32_t fsm[];
+    uint32_t* kp = fsm;                                             // [FC_ATT_CH][KW]
+    uint16_t* vs = (uint16_t*)(kp + FC_ATT_CH * KW);                // [FC_ATT_CH][HD]
+    float* P = (float*)(vs + FC_ATT_CH * HD);                       // [FC_ATT_CH][FC_ATT_PS]
+    float* qs = P + FC_ATT_CH * FC_ATT_PS;                          // [FC_ATT_KR][HD]
+    float(*lsh)[FC_ATT_KR] = (float(*)[FC_ATT_KR])(qs + FC_ATT_KR * HD);  // [4][FC_ATT_KR]
+    const int kvh = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int qpk = n_head / n_kv, G = FC_ATT_KR / qpk;
+    const int tz = (gridDim.y - 1 - blockIdx.y) * G;
+    const int tend = min(tz + G, n_tok);
+    for (int r0 = tz; r0 < tend;) {
+        const TokInfo first = tok[r0];
+        int r1 = r0 + 1;
+        while (r1 < tend && tok[r1].k == first.k && tok[r1].v == first.v && tok[r1].cap == first.cap) ++r1;
+        int posmax = 0;
+        for (int t = r0; t < r1; ++t) posmax = max(posmax, (int)tok[t].pos);
+        const int nc = posmax / FC_ATT_CH + 1;
+        const unsigned long long hbase = ((unsigned long long)layer * n_kv + kvh) * first.cap * HD;
+        const uint16_t* kh = (const uint16_t*)first.k + hbase;
+        const uint16_t* vh = (const uint16_t*)first.v + hbase;
+        // chunk c's keys (those below the run's last position) into kp / its values into vs
+        auto issue_k = [&](int c) {
+            const int k0 = c * FC_ATT_CH, n = min(FC_ATT_CH, posmax + 1 - k0);
+            for (int i = tid; i < n * (HD / 4); i += FC_ATT_THREADS) {
+                const int j = i / (HD / 4), d4 = (i % (HD / 4)) * 4;
+                att_cp<8>(kp + j * KW + d4 / 2, kh + (unsigned long long)(k0 + j) * HD + d4);
+            }
+            att_cp_commit();
+        };
+        auto issue_v = [&](int c) {
+            const int k0 = c * FC_ATT_CH, n = min(FC_ATT_CH, posmax + 1 - k0);
+            for (int i = tid; i < n * (HD / 8); i += FC_ATT_THREADS) {
+                const int j = i / (HD / 8), d8 = (i % (HD / 8)) * 8;
+                att_cp<16>(vs + j * HD + d8, vh + (unsigned long long)(k0 + j) * HD + d8);
+            }
+            att_cp_commit();
+        };
+        __syncthreads();  // the previous run is done with the shared arrays
+        issue_k(0);
+        issue_v(0);
+        for (int i = tid; i < FC_ATT_KR * HD; i += FC_ATT_THREADS) {
+            const int row = i / HD, d = i - row * HD, t = tz + row / qpk;
+            qs[i] = row < G * qpk && t >= r0 && t < r1 ? qkv[(unsigned long long)t * q_stride + (kvh * qpk + row % qpk) * HD + d] : 0.0f;
+        }
+        for (int c = 0; c < nc; ++c) {
+            const int k0 = c * FC_ATT_CH;
+            const int nvmax = min(FC_ATT_CH, posmax + 1 - k0);
+            // keys of the chunk for this warp's rows (0: none, or not in the run); the fewest of
+            // those with any (the slices below it need no per-row test)
+            int nv[8];
+            int nvmin = FC_ATT_CH;
+#pragma unroll
+            for (int r = 0; r < 8; ++r) {
+                const int row = 8 * warp + r, t = tz + row / qpk;
+                nv[r] = row < G * qpk && t >= r0 && t < r1 ? max(0, min(FC_ATT_CH, (int)tok[t].pos + 1 - k0)) : 0;
+                if (nv[r] > 0) nvmin = min(nvmin, nv[r]);
+            }
+            att_cp_wait1();   // this chunk's keys (its values may still be in flight)
+            __syncthreads();  // ... for every thread; the query rows too
+            // scores: 8 rows x 4 keys, each a dot in dimension order
+            float acc[8][4];
+#pragma unroll
+            for (int r = 0; r < 8; ++r)
+#pragma unroll
+                for (int i = 0; i < 4; ++i) acc[r][i] = 0.0f;
+#pragma unroll 2
+            for (int d = 0; d < HD; d += 4) {
+                float kf[4][4];
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    const uint2 w = *(const uint2*)&kp[(lane + 32 * i) * KW + d / 2];
+                    kf[i][0] = f16_to_f32((uint16_t)(w.x & 0xFFFF));
+                    kf[i][1] = f16_to_f32((uint16_t)(w.x >> 16));
+                    kf[i][2] = f16_to_f32((uint16_t)(w.y & 0xFFFF));
+                    kf[i][3] = f16_to_f32((uint16_t)(w.y >> 16));
+                }
+#pragma unroll
+                for (int r = 0; r < 8; ++r) {
+                    const float4 a = *(const float4*)&qs[(8 * warp + r) * HD + d];
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) {
+                        float y = acc[r][i];
+                        y = __fmaf_rn(a.x, kf[i][0], y);
+                        y = __fmaf_rn(a.y, kf[i][1], y);
+                        y = __fmaf_rn(a.z, kf[i][2], y);
+                        y = __fmaf_rn(a.w, kf[i][3], y);
+                        acc[r][i] = y;
+                    }
+                }
+            }
+            float mx[8];
+#pragma unroll
+            for (int r = 0; r < 8; ++r) {
+                float m = __int_as_float(0xff800000);
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    const float s = lane + 32 * i < nv[r] ? __fmul_rn(acc[r][i], scale) : __int_as_float(0xff800000);
+                    acc[r][i] = s;
+                    m = fmaxf(m, s);
+                }
+                mx[r] = warp_max(m);
+            }
+            __syncthreads();  // everyone is done with K: the next chunk's keys may come
+            if (c + 1 < nc) issue_k(c + 1);
+            else att_cp_commit();  // an empty group: the waits count the same
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const int j = lane + 32 * i;
+                float e[8];
+#pragma unroll
+                for (int r = 0; r < 8; ++r) e[r] = j < nv[r] ? expf(__fsub_rn(acc[r][i], mx[r])) : 0.0f;
+                *(float4*)&P[j * FC_ATT_PS + 8 * warp] = make_float4(e[0], e[1], e[2], e[3]);
+                *(float4*)&P[j * FC_ATT_PS + 8 * warp + 4] = make_float4(e[4], e[5], e[6], e[7]);
+            }
+            att_cp_wait1();   // this chunk's values (the next keys may still be in flight)
+            __syncthreads();  // ... for every thread; P too
+            {
+                // l of row `lane` over keys 32 w .. 32 w + 31: warp_sum's butterfly as its pairs
+                const float* pw = P + (32 * warp) * FC_ATT_PS + lane;
+                float a[16];
+#pragma unroll
+                for (int k = 0; k < 16; ++k) a[k] = __fadd_rn(pw[k * FC_ATT_PS], pw[(k + 16) * FC_ATT_PS]);
+#pragma unroll
+                for (int k = 0; k < 8; ++k) a[k] = __fadd_rn(a[k], a[k + 8]);
+#pragma unroll
+                for (int k = 0; k < 4; ++k) a[k] = __fadd_rn(a[k], a[k + 4]);
+#pragma unroll
+                for (int k = 0; k < 2; ++k) a[k] = __fadd_rn(a[k], a[k + 2]);
+                lsh[warp][lane] = __fadd_rn(a[0], a[1]);
+            }
+            // o: 8 rows x DL dimensions, slice by slice
+            float o[8][DL], sl[8][DL];
+#pragma unroll
+            for (int r = 0; r < 8; ++r)
+#pragma unroll
+                for (int x = 0; x < DL; ++x) o[r][x] = 0.0f;
+            for (int s = 0; s < FC_ATT_CH / PER; ++s) {
+                const int j0 = s * PER;
+#pragma unroll
+                for (int r = 0; r < 8; ++r)
+#pragma unroll
+                    for (int x = 0; x < DL; ++x) sl[r][x] = 0.0f;
+                if (j0 < nvmax) {
+                    const bool all = j0 + PER <= nvmin;  // uniform over the warp
+#pragma unroll 4
+                    for (int j = j0; j < min(j0 + PER, nvmax); ++j) {
+                        const float4 pa = *(const float4*)&P[j * FC_ATT_PS + 8 * warp];
+                        const float4 pb = *(const float4*)&P[j * FC_ATT_PS + 8 * warp + 4];
+                        const float p[8] = {pa.x, pa.y, pa.z, pa.w, pb.x, pb.y, pb.z, pb.w};
+                        float v[DL];
+                        if (DL == 2) {
+                            const uint32_t w = *(const uint32_t*)&vs[j * HD + 2 * lane];
+                            v[0] = f16_to_f32((uint16_t)(w & 0xFFFF));
+                            v[DL - 1] = f16_to_f32((uint16_t)(w >> 16));
+                        } else {
+                            v[0] = f16_to_f32(vs[j * HD + lane]);
+                        }
+#pragma unroll
+                        for (int r = 0; r < 8; ++r) {
+                            if (all || j < nv[r]) {
+#pragma unroll
+                                for (int x = 0; x < DL; ++x) sl[r][x] = __fmaf_rn(p[r], v[x], sl[r][x]);
+                            }
+                        }
+                    }
+                }
+#pragma unroll
+                for (int r = 0; r < 8; ++r)
+#pragma unroll
+                    for (int x = 0; x < DL; ++x) o[r][x] = s == 0 ? sl[r][x] : __fadd_rn(o[r][x], sl[r][x]);
+            }
+#pragma unroll
+            for (int r = 0; r < 8; ++r) {
+                if (nv[r] > 0) {
+                    const int row = 8 * warp + r, t = tz + row / qpk, h = kvh * qpk + row % qpk;
+                    float* out = part + (((unsigned long long)t * n_head + h) * max_chunks + c) * (HD + 2);
+#pragma unroll
+                    for (int x = 0; x < DL; ++x) out[lane * DL + x] = o[r][x];
+                    if (lane == 0) out[HD] = mx[r];
+                }
+            }
+            __syncthreads();  // publishes lsh; everyone is done with V and P
+            if (c + 1 < nc) issue_v(c + 1);
+            else att_cp_commit();
+            if (tid < FC_ATT_KR) {
+                const int row = tid, t = tz + row / qpk;
+                if (row < G * qpk && t >= r0 && t < r1 && (int)tok[t].pos + 1 > k0) {
+                    float l = lsh[0][row];
+#pragma unroll
+                    for (int w = 1; w < FC_ATT_THREADS / 32; ++w) l = __fadd_rn(l, lsh[w][row]);
+                    part[(((unsigned long long)t * n_head + kvh * qpk + row % qpk) * max_chunks + c) * (HD + 2) + HD + 1] = l;
+                }
+            }
+        }
+        r0 = r1;
+    }
+    __syncthreads();  // every row's partials are written (and visible to the whole CTA)
+    // attn_merge for this warp's rows: lane holds dimensions lane + 32 x
+    const int qd = n_head * HD;
+#pragma unroll 1
+    for (int r = 0; r < 8; ++r) {
+        const int row = 8 * warp + r, t = tz + row / qpk;
+        if (row >= G * qpk || t >= tend) continue;  // uniform over the warp
+        const int h = kvh * qpk + row % qpk;
+        const int nc = ((int)tok[t].pos + FC_ATT_CH) / FC_ATT_CH;
+        const float* ph = part + ((unsigned long long)t * n_head + h) * max_chunks * (HD + 2);
+        float mx = ph[HD];
+        for (int c = 1; c < nc; ++c) mx = fmaxf(mx, ph[c * (HD + 2) + HD]);
+        float l = __fmul_rn(ph[HD + 1], expf(__fsub_rn(ph[HD], mx)));
+        for (int c = 1; c < nc; ++c) l = __fadd_rn(l, __fmul_rn(ph[c * (HD + 2) + HD + 1], expf(__fsub_rn(ph[c * (HD + 2) + HD], mx))));
+        const float inv = 1.0f / l;
+        float o[DL];
+#pragma unroll
+        for (int x = 0; x < DL; ++x) o[x] = 0.0f;
+        for (int c = 0; c < nc; ++c) {
+            const float f = expf(__fsub_rn(ph[c * (HD + 2) + HD], mx));
+#pragma unroll
+            for (int x = 0; x < DL; ++x) o[x] = __fmaf_rn(ph[c * (HD + 2) + lane + 32 * x], f, o[x]);
+        }
+        float* orow = att + (unsigned long long)t * qd + h * HD;
+#pragma unroll
+        for (int x = 0; x < DL; ++x) {
+            const float y = __fmul_rn(o[x], inv);
+            orow[lane + 32 * x] = y;
+            if (attq) quantize_warp_q8(y, attq + (unsigned long long)t * (qd / 32) + (h * HD) / 32 + x);
+        }
+    }
+}
+
+// Dynamic shared memory of attn_fused_kv_body<HD>: K, V, P, the query rows and the l partials.
+#define FC_ATT_FUSED_SHARED(HD) (FC_ATT_CH * (HD / 2 + 2) * 4 + FC_ATT_CH * HD * 2 + FC_ATT_CH * FC_ATT_PS * 4 + FC_ATT_KR * HD * 4 + 4 * FC_ATT_KR * 4)
+
+extern "C" __global__ void __launch_bounds__(FC_ATT_THREADS, 3) attn_fused_kv32(const float* qkv, int q_stride, int n_head, int n_kv, float scale,
+                                                                            const TokInfo* tok, int n_tok, int layer, float* part, int max_chunks,
+                                                                            float* att, BlockQ8* attq) {
+    attn_fused_kv_body<32>(qkv, q_stride, n_head, n_kv, scale, tok, n_tok, layer, part, max_chunks, att, attq);
+}
+extern "C" __global__ void __launch_bounds__(FC_ATT_THREADS, 3) attn_fused_kv64(const float* qkv, int q_stride, int n_head, int n_kv, float scale,
+                                                                            const TokInfo* tok, int n_tok, int layer, float* part, int max_chunks,
+                                                                            float* att, BlockQ8* attq) {
+    attn_fused_kv_body<64>(qkv, q_stride, n_head, n_kv, scale, tok, n_tok, layer, part, max_chunks, att, attq);
+}

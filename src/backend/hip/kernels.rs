@@ -171,6 +171,17 @@ pub const ATT_GROUP_MIN: usize = 32;
 /// Rows (token, query head) per CTA of the KV-head attention kernel (attention.hip's FC_ATT_KR).
 const ATT_KV_ROWS: usize = 32;
 
+/// The fewest CTAs (KV heads x token groups) for which attention runs fused by default: on the
+/// H100 the 1.1B's 512 at 512 tokens are faster fused (ncu 104 us vs 97 + 26), SmolLM2's 156
+/// slower (a CTA walks its chunks one after another: pp512 97-98k vs 115-117k t/s).
+const ATT_FUSED_MIN_CTAS: usize = 256;
+
+/// Dynamic shared memory of the fused KV-head attention kernel (attention.hip's
+/// FC_ATT_FUSED_SHARED): K, V, P, the query rows and the l partials.
+fn att_fused_shared(hd: usize) -> u32 {
+    (ATT_CH * (hd / 2 + 2) * 4 + ATT_CH * hd * 2 + ATT_CH * 36 * 4 + ATT_KV_ROWS * hd * 4 + 4 * ATT_KV_ROWS * 4) as u32
+}
+
 /// How attention's chunk kernel spreads its work; every way gives each token the same bits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AttGroup {
@@ -182,15 +193,19 @@ pub enum AttGroup {
     /// chunk of keys and values read once for all query heads of the KV head; head_dim 32 or 64
     /// and at most 32 query heads per KV head (otherwise it runs as `Tokens4`).
     KvHead,
+    /// `KvHead` and the merge in one kernel, `attn_fused_kv{32,64}`: one CTA per (KV head, 32 /
+    /// (n_head / n_kv) tokens) walks its chunks in order, then merges its rows (NVIDIA sm_80+;
+    /// elsewhere, or for other shapes, it runs as `KvHead`).
+    KvFused,
 }
 
 impl AttGroup {
-    pub const ALL: [AttGroup; 3] = [AttGroup::PerToken, AttGroup::Tokens4, AttGroup::KvHead];
+    pub const ALL: [AttGroup; 4] = [AttGroup::PerToken, AttGroup::Tokens4, AttGroup::KvHead, AttGroup::KvFused];
 
-    /// The way for a launch of `n` tokens: per token below `ATT_GROUP_MIN`, else by KV head.
+    /// The way for a launch of `n` tokens: per token below `ATT_GROUP_MIN`, else by KV head, fused.
     pub fn choose(n: usize) -> AttGroup {
         if n >= ATT_GROUP_MIN {
-            AttGroup::KvHead
+            AttGroup::KvFused
         } else {
             AttGroup::PerToken
         }
@@ -245,6 +260,8 @@ pub struct Kernels {
     attn_partial_kv32: Func,
     attn_partial_kv64: Func,
     attn_merge: Func,
+    /// attn_partial_kv{32,64} and attn_merge in one kernel, head_dim 32 and 64 (None: not on this GPU)
+    attn_fused_kv: Option<(Func, Func)>,
     silu_mul_q8: Func,
     silu_mul: Func,
     add: Func,
@@ -281,6 +298,15 @@ impl Kernels {
                 }
             }
         }
+        // the fused attention kernel asks for more than 48 KiB of shared memory (NVIDIA's opt-in;
+        // sm_80+, where its copies are cp.async); without it attention runs as `AttGroup::KvHead`
+        let attn_fused_kv = if mma {
+            let (f32_, f64_) = (f("attn_fused_kv32")?, f("attn_fused_kv64")?);
+            let ok = rt.set_shared_limit(f32_, att_fused_shared(32)).is_ok() && rt.set_shared_limit(f64_, att_fused_shared(64)).is_ok();
+            ok.then_some((f32_, f64_))
+        } else {
+            None
+        };
         Ok(Kernels {
             mm,
             mma,
@@ -294,6 +320,7 @@ impl Kernels {
             attn_partial_kv32: f("attn_partial_kv32")?,
             attn_partial_kv64: f("attn_partial_kv64")?,
             attn_merge: f("attn_merge")?,
+            attn_fused_kv,
             silu_mul_q8: f("silu_mul_q8")?,
             silu_mul: f("silu_mul")?,
             add: f("add")?,
@@ -485,7 +512,26 @@ impl Kernels {
             _ => None,
         };
         let grouped_args = || [&args[..7], &[Arg::I32(n as i32)], &args[7..]].concat();
-        match (grouped.unwrap_or_else(|| AttGroup::choose(n)), kv_func) {
+        let mut grouped = grouped.unwrap_or_else(|| match AttGroup::choose(n) {
+            AttGroup::KvFused if qpk > 0 && qpk <= ATT_KV_ROWS && n_kv * n.div_ceil(ATT_KV_ROWS / qpk) < ATT_FUSED_MIN_CTAS => AttGroup::KvHead,
+            g => g,
+        });
+        if grouped == AttGroup::KvFused {
+            let fused = match (self.attn_fused_kv, hd) {
+                (Some((f, _)), 32) | (Some((_, f)), 64) if (1..=ATT_KV_ROWS).contains(&qpk) => Some(f),
+                _ => None,
+            };
+            match fused {
+                Some(f) => {
+                    // 12 arguments: grouped_args without hd, then att and attq (0: no q8 blocks)
+                    let args = [&args[..4], &args[5..7], &[Arg::I32(n as i32)], &args[7..], &[Arg::Ptr(att), Arg::Ptr(attq.unwrap_or(0))]].concat();
+                    let grid = [n_kv as u32, grid1(n, ATT_KV_ROWS / qpk), 1];
+                    return launch(rt, f, grid, [128, 1, 1], att_fused_shared(hd), &args);
+                }
+                None => grouped = AttGroup::KvHead,
+            }
+        }
+        match (grouped, kv_func) {
             (AttGroup::PerToken, _) => launch(rt, self.attn_partial, [max_chunks as u32, n_head as u32, n as u32], [128, 1, 1], 0, &args)?,
             (AttGroup::KvHead, Some(f)) if (1..=ATT_KV_ROWS).contains(&qpk) => {
                 let grid = [max_chunks as u32, n_kv as u32, grid1(n, ATT_KV_ROWS / qpk)];

@@ -168,7 +168,7 @@ fn tile_choice_is_a_function_of_rows_and_tokens() {
 }
 
 /// The grouped attention kernels (a CTA per group of 4 tokens; per KV head and 32 / (n_head /
-/// n_kv) tokens) give every token the bits of the one-token kernel: runs within one chunk, across
+/// n_kv) tokens, with or without the merge fused in) give every token the bits of the one-token kernel: runs within one chunk, across
 /// chunk edges, partial last groups, scattered positions, GQA (1 to 32 query heads per KV head,
 /// TinyLlama's 32/4 and SmolLM2's 9/3 among them) and every head size; and they match the CPU
 /// reference within `2e-5`.
@@ -177,7 +177,7 @@ fn hip_grouped_attention_equals_the_per_token_kernel_bitwise() {
     let Some(ctx) = context() else { return };
     let cpu = CpuBackend::with_simd(1, SimdLevel::Scalar).expect("pool");
     let per_token = HipBackend::new(ctx.clone()).with_attention_groups(Some(AttGroup::PerToken));
-    let grouped: Vec<HipBackend> = [AttGroup::Tokens4, AttGroup::KvHead].map(|g| HipBackend::new(ctx.clone()).with_attention_groups(Some(g))).into();
+    let grouped: Vec<HipBackend> = [AttGroup::Tokens4, AttGroup::KvHead, AttGroup::KvFused].map(|g| HipBackend::new(ctx.clone()).with_attention_groups(Some(g))).into();
     let cap = 1100;
     let scattered: Vec<u32> = vec![5, 300, 129, 128, 127, 1000, 0, 64, 255, 256, 1099, 3, 700];
     let shapes = [(4, 2, 64), (8, 2, 32), (2, 1, 128), (4, 4, 256), (32, 4, 64), (9, 3, 64), (32, 1, 32), (3, 3, 64)];
@@ -200,7 +200,7 @@ fn hip_grouped_attention_equals_the_per_token_kernel_bitwise() {
 }
 
 /// A group of tokens from two caches (continuous batching) is taken run by run, with the bits of
-/// the one-token kernel: runs of 1, 2, 3 and 5 tokens of alternating sequences (both grouped kernels).
+/// the one-token kernel: runs of 1, 2, 3 and 5 tokens of alternating sequences (every grouped kernel).
 #[test]
 fn hip_grouped_attention_over_two_caches_equals_the_per_token_kernel() {
     use super::runtime::DevBuf;
@@ -234,6 +234,7 @@ fn hip_grouped_attention_over_two_caches_equals_the_per_token_kernel() {
     let one = run(AttGroup::PerToken);
     assert_eq!(run(AttGroup::Tokens4), one);
     assert_eq!(run(AttGroup::KvHead), one);
+    assert_eq!(run(AttGroup::KvFused), one);
 }
 
 /// RMSNorm (+ q8) gives the same bits on every grid (a CTA per 256-element slice or per row),
