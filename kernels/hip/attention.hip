@@ -280,13 +280,191 @@ extern "C" __global__ void attn_partial_g4(const float* qkv, int q_stride, int n
 // Grid (max_chunks, n_kv, ceil(n_tok / G)), FC_ATT_THREADS threads; HD 32 or 64.
 #define FC_ATT_KR 32  // rows per CTA
 #define FC_ATT_PS 36  // floats per key of P (32 rows + 4: conflict-free float4 stores)
+// Pieces of the KV-head kernels (attn_partial_kv_body and attn_fused_kv_body), one chunk of
+// FC_ATT_CH keys at a time. Row 8 warp + r of a CTA (r < 8) is token tz + row / qpk, query head
+// kvh * qpk + row % qpk; only the tokens r0 .. r1 of the run being walked (one cache) take part.
+// Each piece is attn_partial's float steps for those rows, in its order.
+
+// The chunk's keys (from k0) for the warp's 8 rows, into nv (0: none, or not in the run); returns
+// the fewest of those with any (the value slices below it need no per-row test).
+FC_DEV int kv_row_keys(const TokInfo* tok, int tz, int qpk, int G, int r0, int r1, int k0, int warp, int nv[8]) {
+    int nvmin = FC_ATT_CH;
+#pragma unroll
+    for (int r = 0; r < 8; ++r) {
+        const int row = 8 * warp + r, t = tz + row / qpk;
+        nv[r] = row < G * qpk && t >= r0 && t < r1 ? max(0, min(FC_ATT_CH, (int)tok[t].pos + 1 - k0)) : 0;
+        if (nv[r] > 0) nvmin = min(nvmin, nv[r]);
+    }
+    return nvmin;
+}
+
+// Scores of the warp's 8 rows x keys lane + 32 i (i < 4), K in shared memory as f16 pairs, KW
+// words per key: each a dot in dimension order, then * scale (-inf past a row's keys); mx[r] the
+// row's max over the chunk.
+template <int HD, int KW>
+FC_DEV void kv_scores(const uint32_t* kp, const float* qs, const int nv[8], float scale, int lane, int warp, float acc[8][4], float mx[8]) {
+#pragma unroll
+    for (int r = 0; r < 8; ++r)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[r][i] = 0.0f;
+#pragma unroll 2
+    for (int d = 0; d < HD; d += 4) {
+        float kf[4][4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            uint32_t w0, w1;
+            if (KW % 2 == 0) {  // 8-byte aligned: one 64-bit read
+                const uint2 w = *(const uint2*)&kp[(lane + 32 * i) * KW + d / 2];
+                w0 = w.x;
+                w1 = w.y;
+            } else {
+                w0 = kp[(lane + 32 * i) * KW + d / 2];
+                w1 = kp[(lane + 32 * i) * KW + d / 2 + 1];
+            }
+            kf[i][0] = f16_to_f32((uint16_t)(w0 & 0xFFFF));
+            kf[i][1] = f16_to_f32((uint16_t)(w0 >> 16));
+            kf[i][2] = f16_to_f32((uint16_t)(w1 & 0xFFFF));
+            kf[i][3] = f16_to_f32((uint16_t)(w1 >> 16));
+        }
+#pragma unroll
+        for (int r = 0; r < 8; ++r) {
+            const float4 a = *(const float4*)&qs[(8 * warp + r) * HD + d];
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                float y = acc[r][i];
+                y = __fmaf_rn(a.x, kf[i][0], y);
+                y = __fmaf_rn(a.y, kf[i][1], y);
+                y = __fmaf_rn(a.z, kf[i][2], y);
+                y = __fmaf_rn(a.w, kf[i][3], y);
+                acc[r][i] = y;
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < 8; ++r) {
+        float m = __int_as_float(0xff800000);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const float s = lane + 32 * i < nv[r] ? __fmul_rn(acc[r][i], scale) : __int_as_float(0xff800000);
+            acc[r][i] = s;
+            m = fmaxf(m, s);
+        }
+        mx[r] = warp_max(m);
+    }
+}
+
+// P[key][8 warp + r] = exp(score - mx[r]) (0 past the row's keys).
+FC_DEV void kv_write_p(const float acc[8][4], const int nv[8], const float mx[8], float* P, int lane, int warp) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const int j = lane + 32 * i;
+        float e[8];
+#pragma unroll
+        for (int r = 0; r < 8; ++r) e[r] = j < nv[r] ? expf(__fsub_rn(acc[r][i], mx[r])) : 0.0f;
+        *(float4*)&P[j * FC_ATT_PS + 8 * warp] = make_float4(e[0], e[1], e[2], e[3]);
+        *(float4*)&P[j * FC_ATT_PS + 8 * warp + 4] = make_float4(e[4], e[5], e[6], e[7]);
+    }
+}
+
+// (P published) l of row `lane` over keys 32 warp .. 32 warp + 31, warp_sum's butterfly as its
+// pairs, into lsh[warp][lane].
+FC_DEV void kv_l_part(const float* P, float (*lsh)[FC_ATT_KR], int lane, int warp) {
+    const float* pw = P + (32 * warp) * FC_ATT_PS + lane;
+    float a[16];
+#pragma unroll
+    for (int k = 0; k < 16; ++k) a[k] = __fadd_rn(pw[k * FC_ATT_PS], pw[(k + 16) * FC_ATT_PS]);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) a[k] = __fadd_rn(a[k], a[k + 8]);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) a[k] = __fadd_rn(a[k], a[k + 4]);
+#pragma unroll
+    for (int k = 0; k < 2; ++k) a[k] = __fadd_rn(a[k], a[k + 2]);
+    lsh[warp][lane] = __fadd_rn(a[0], a[1]);
+}
+
+// o: the warp's 8 rows x HD / 32 dimensions (lane's), sum of P * V per slice of HD / 8 keys in key
+// order (key j counts where j < nv[r]), the slices added in slice order.
+template <int HD>
+FC_DEV void kv_pv(const float* P, const uint16_t* vs, const int nv[8], int nvmin, int nvmax, int lane, int warp, float o[8][HD / 32]) {
+    constexpr int DL = HD / 32;
+    constexpr int PER = HD / 8;
+    float sl[8][DL];
+#pragma unroll
+    for (int r = 0; r < 8; ++r)
+#pragma unroll
+        for (int x = 0; x < DL; ++x) o[r][x] = 0.0f;
+    for (int s = 0; s < FC_ATT_CH / PER; ++s) {
+        const int j0 = s * PER;
+#pragma unroll
+        for (int r = 0; r < 8; ++r)
+#pragma unroll
+            for (int x = 0; x < DL; ++x) sl[r][x] = 0.0f;
+        if (j0 < nvmax) {
+            const bool all = j0 + PER <= nvmin;  // uniform over the warp
+#pragma unroll 4
+            for (int j = j0; j < min(j0 + PER, nvmax); ++j) {
+                const float4 pa = *(const float4*)&P[j * FC_ATT_PS + 8 * warp];
+                const float4 pb = *(const float4*)&P[j * FC_ATT_PS + 8 * warp + 4];
+                const float p[8] = {pa.x, pa.y, pa.z, pa.w, pb.x, pb.y, pb.z, pb.w};
+                float v[DL];
+                if (DL == 2) {
+                    const uint32_t w = *(const uint32_t*)&vs[j * HD + 2 * lane];
+                    v[0] = f16_to_f32((uint16_t)(w & 0xFFFF));
+                    v[DL - 1] = f16_to_f32((uint16_t)(w >> 16));
+                } else {
+                    v[0] = f16_to_f32(vs[j * HD + lane]);
+                }
+#pragma unroll
+                for (int r = 0; r < 8; ++r) {
+                    if (all || j < nv[r]) {
+#pragma unroll
+                        for (int x = 0; x < DL; ++x) sl[r][x] = __fmaf_rn(p[r], v[x], sl[r][x]);
+                    }
+                }
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < 8; ++r)
+#pragma unroll
+            for (int x = 0; x < DL; ++x) o[r][x] = s == 0 ? sl[r][x] : __fadd_rn(o[r][x], sl[r][x]);
+    }
+}
+
+// The warp's rows' o and max of chunk c into part ([n_tok, n_head, max_chunks, HD + 2]).
+template <int HD>
+FC_DEV void kv_store_om(float* part, const float o[8][HD / 32], const float mx[8], const int nv[8], int tz, int qpk, int kvh, int n_head, int max_chunks, int c, int lane, int warp) {
+#pragma unroll
+    for (int r = 0; r < 8; ++r) {
+        if (nv[r] > 0) {
+            const int row = 8 * warp + r, t = tz + row / qpk, h = kvh * qpk + row % qpk;
+            float* out = part + (((unsigned long long)t * n_head + h) * max_chunks + c) * (HD + 2);
+#pragma unroll
+            for (int x = 0; x < HD / 32; ++x) out[lane * (HD / 32) + x] = o[r][x];
+            if (lane == 0) out[HD] = mx[r];
+        }
+    }
+}
+
+// (lsh published) each row's l of chunk c (at k0), its warps' parts added in warp order, into part.
+template <int HD>
+FC_DEV void kv_store_l(float* part, float (*lsh)[FC_ATT_KR], const TokInfo* tok, int tz, int qpk, int G, int r0, int r1, int k0, int kvh, int n_head, int max_chunks, int c, int tid) {
+    if (tid < FC_ATT_KR) {
+        const int row = tid, t = tz + row / qpk;
+        if (row < G * qpk && t >= r0 && t < r1 && (int)tok[t].pos + 1 > k0) {
+            float l = lsh[0][row];
+#pragma unroll
+            for (int w = 1; w < FC_ATT_THREADS / 32; ++w) l = __fadd_rn(l, lsh[w][row]);
+            part[(((unsigned long long)t * n_head + kvh * qpk + row % qpk) * max_chunks + c) * (HD + 2) + HD + 1] = l;
+        }
+    }
+}
+
 template <int HD>
 FC_DEV void attn_partial_kv_body(const float* qkv, int q_stride, int n_head, int n_kv, float scale,
                                  const TokInfo* tok, int n_tok, int layer, float* part, int max_chunks) {
     constexpr int KW = HD / 2 + 1;  // words per key of K (odd: a warp's 32 keys in 32 banks)
     constexpr int KP = KW > FC_ATT_PS ? FC_ATT_CH * KW : FC_ATT_CH * FC_ATT_PS;
     constexpr int DL = HD / 32;     // dimensions per lane of the value sums
-    constexpr int PER = HD / 8;     // keys per value slice (attn_partial's per)
     __shared__ __align__(16) uint32_t kp[KP];  // K as f16 pairs [key][KW]; then P [key][FC_ATT_PS]
     __shared__ __align__(16) uint16_t vs[FC_ATT_CH * HD];
     __shared__ __align__(16) float qs[FC_ATT_KR * HD];
@@ -303,16 +481,8 @@ FC_DEV void attn_partial_kv_body(const float* qkv, int q_stride, int n_head, int
         int nvmax = 0;
         for (int t = r0; t < r1; ++t) nvmax = max(nvmax, min(FC_ATT_CH, (int)tok[t].pos + 1 - k0));
         if (nvmax > 0) {  // uniform over the CTA
-            // keys of the chunk for this warp's rows (0: none, or not in the run); the fewest of
-            // those with any (the slices below it need no per-row test)
             int nv[8];
-            int nvmin = FC_ATT_CH;
-#pragma unroll
-            for (int r = 0; r < 8; ++r) {
-                const int row = 8 * warp + r, t = tz + row / qpk;
-                nv[r] = row < G * qpk && t >= r0 && t < r1 ? max(0, min(FC_ATT_CH, (int)tok[t].pos + 1 - k0)) : 0;
-                if (nv[r] > 0) nvmin = min(nvmin, nv[r]);
-            }
+            const int nvmin = kv_row_keys(tok, tz, qpk, G, r0, r1, k0, warp, nv);
             const unsigned long long base = (((unsigned long long)layer * n_kv + kvh) * first.cap + k0) * HD;
             const uint16_t* kc = (const uint16_t*)first.k + base;
             const uint16_t* vc = (const uint16_t*)first.v + base;
@@ -332,135 +502,17 @@ FC_DEV void attn_partial_kv_body(const float* qkv, int q_stride, int n_head, int
                 qs[i] = row < G * qpk && t >= r0 && t < r1 ? qkv[(unsigned long long)t * q_stride + (kvh * qpk + row % qpk) * HD + d] : 0.0f;
             }
             __syncthreads();
-            // scores: 8 rows x 4 keys, each a dot in dimension order
-            float acc[8][4];
-#pragma unroll
-            for (int r = 0; r < 8; ++r)
-#pragma unroll
-                for (int i = 0; i < 4; ++i) acc[r][i] = 0.0f;
-#pragma unroll 2
-            for (int d = 0; d < HD; d += 4) {
-                float kf[4][4];
-#pragma unroll
-                for (int i = 0; i < 4; ++i) {
-                    const uint32_t w0 = kp[(lane + 32 * i) * KW + d / 2], w1 = kp[(lane + 32 * i) * KW + d / 2 + 1];
-                    kf[i][0] = f16_to_f32((uint16_t)(w0 & 0xFFFF));
-                    kf[i][1] = f16_to_f32((uint16_t)(w0 >> 16));
-                    kf[i][2] = f16_to_f32((uint16_t)(w1 & 0xFFFF));
-                    kf[i][3] = f16_to_f32((uint16_t)(w1 >> 16));
-                }
-#pragma unroll
-                for (int r = 0; r < 8; ++r) {
-                    const float4 a = *(const float4*)&qs[(8 * warp + r) * HD + d];
-#pragma unroll
-                    for (int i = 0; i < 4; ++i) {
-                        float y = acc[r][i];
-                        y = __fmaf_rn(a.x, kf[i][0], y);
-                        y = __fmaf_rn(a.y, kf[i][1], y);
-                        y = __fmaf_rn(a.z, kf[i][2], y);
-                        y = __fmaf_rn(a.w, kf[i][3], y);
-                        acc[r][i] = y;
-                    }
-                }
-            }
-            float mx[8];
-#pragma unroll
-            for (int r = 0; r < 8; ++r) {
-                float m = __int_as_float(0xff800000);
-#pragma unroll
-                for (int i = 0; i < 4; ++i) {
-                    const float s = lane + 32 * i < nv[r] ? __fmul_rn(acc[r][i], scale) : __int_as_float(0xff800000);
-                    acc[r][i] = s;
-                    m = fmaxf(m, s);
-                }
-                mx[r] = warp_max(m);
-            }
+            float acc[8][4], mx[8];
+            kv_scores<HD, KW>(kp, qs, nv, scale, lane, warp, acc, mx);
             __syncthreads();  // everyone is done with K: kp becomes P
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                const int j = lane + 32 * i;
-                float e[8];
-#pragma unroll
-                for (int r = 0; r < 8; ++r) e[r] = j < nv[r] ? expf(__fsub_rn(acc[r][i], mx[r])) : 0.0f;
-                *(float4*)&P[j * FC_ATT_PS + 8 * warp] = make_float4(e[0], e[1], e[2], e[3]);
-                *(float4*)&P[j * FC_ATT_PS + 8 * warp + 4] = make_float4(e[4], e[5], e[6], e[7]);
-            }
+            kv_write_p(acc, nv, mx, P, lane, warp);
             __syncthreads();
-            {
-                // l of row `lane` over keys 32 w .. 32 w + 31: warp_sum's butterfly as its pairs
-                const float* pw = P + (32 * warp) * FC_ATT_PS + lane;
-                float a[16];
-#pragma unroll
-                for (int k = 0; k < 16; ++k) a[k] = __fadd_rn(pw[k * FC_ATT_PS], pw[(k + 16) * FC_ATT_PS]);
-#pragma unroll
-                for (int k = 0; k < 8; ++k) a[k] = __fadd_rn(a[k], a[k + 8]);
-#pragma unroll
-                for (int k = 0; k < 4; ++k) a[k] = __fadd_rn(a[k], a[k + 4]);
-#pragma unroll
-                for (int k = 0; k < 2; ++k) a[k] = __fadd_rn(a[k], a[k + 2]);
-                lsh[warp][lane] = __fadd_rn(a[0], a[1]);
-            }
-            // o: 8 rows x DL dimensions, slice by slice
-            float o[8][DL], sl[8][DL];
-#pragma unroll
-            for (int r = 0; r < 8; ++r)
-#pragma unroll
-                for (int x = 0; x < DL; ++x) o[r][x] = 0.0f;
-            for (int s = 0; s < FC_ATT_CH / PER; ++s) {
-                const int j0 = s * PER;
-#pragma unroll
-                for (int r = 0; r < 8; ++r)
-#pragma unroll
-                    for (int x = 0; x < DL; ++x) sl[r][x] = 0.0f;
-                if (j0 < nvmax) {
-                    const bool all = j0 + PER <= nvmin;  // uniform over the warp
-#pragma unroll 4
-                    for (int j = j0; j < min(j0 + PER, nvmax); ++j) {
-                        const float4 pa = *(const float4*)&P[j * FC_ATT_PS + 8 * warp];
-                        const float4 pb = *(const float4*)&P[j * FC_ATT_PS + 8 * warp + 4];
-                        const float p[8] = {pa.x, pa.y, pa.z, pa.w, pb.x, pb.y, pb.z, pb.w};
-                        float v[DL];
-                        if (DL == 2) {
-                            const uint32_t w = *(const uint32_t*)&vs[j * HD + 2 * lane];
-                            v[0] = f16_to_f32((uint16_t)(w & 0xFFFF));
-                            v[DL - 1] = f16_to_f32((uint16_t)(w >> 16));
-                        } else {
-                            v[0] = f16_to_f32(vs[j * HD + lane]);
-                        }
-#pragma unroll
-                        for (int r = 0; r < 8; ++r) {
-                            if (all || j < nv[r]) {
-#pragma unroll
-                                for (int x = 0; x < DL; ++x) sl[r][x] = __fmaf_rn(p[r], v[x], sl[r][x]);
-                            }
-                        }
-                    }
-                }
-#pragma unroll
-                for (int r = 0; r < 8; ++r)
-#pragma unroll
-                    for (int x = 0; x < DL; ++x) o[r][x] = s == 0 ? sl[r][x] : __fadd_rn(o[r][x], sl[r][x]);
-            }
-#pragma unroll
-            for (int r = 0; r < 8; ++r) {
-                if (nv[r] > 0) {
-                    const int row = 8 * warp + r, t = tz + row / qpk, h = kvh * qpk + row % qpk;
-                    float* out = part + (((unsigned long long)t * n_head + h) * max_chunks + c) * (HD + 2);
-#pragma unroll
-                    for (int x = 0; x < DL; ++x) out[lane * DL + x] = o[r][x];
-                    if (lane == 0) out[HD] = mx[r];
-                }
-            }
+            kv_l_part(P, lsh, lane, warp);
+            float o[8][DL];
+            kv_pv<HD>(P, vs, nv, nvmin, nvmax, lane, warp, o);
+            kv_store_om<HD>(part, o, mx, nv, tz, qpk, kvh, n_head, max_chunks, c, lane, warp);
             __syncthreads();  // publishes lsh
-            if (tid < FC_ATT_KR) {
-                const int row = tid, t = tz + row / qpk;
-                if (row < G * qpk && t >= r0 && t < r1 && (int)tok[t].pos + 1 > k0) {
-                    float l = lsh[0][row];
-#pragma unroll
-                    for (int w = 1; w < FC_ATT_THREADS / 32; ++w) l = __fadd_rn(l, lsh[w][row]);
-                    part[(((unsigned long long)t * n_head + kvh * qpk + row % qpk) * max_chunks + c) * (HD + 2) + HD + 1] = l;
-                }
-            }
+            kv_store_l<HD>(part, lsh, tok, tz, qpk, G, r0, r1, k0, kvh, n_head, max_chunks, c, tid);
         }
         r0 = r1;
     }
@@ -566,7 +618,6 @@ FC_DEV void attn_fused_kv_body(const float* qkv, int q_stride, int n_head, int n
                                int layer, float* part, int max_chunks, float* att, BlockQ8* attq) {
     constexpr int KW = HD / 2 + 2;  // words per key of K
     constexpr int DL = HD / 32;     // dimensions per lane of the value sums
-    constexpr int PER = HD / 8;     // keys per value slice (attn_partial's per)
     extern __shared__ __align__(16) uint32_t fsm[];
     uint32_t* kp = fsm;                                             // [FC_ATT_CH][KW]
     uint16_t* vs = (uint16_t*)(kp + FC_ATT_CH * KW);                // [FC_ATT_CH][HD]
@@ -614,152 +665,26 @@ FC_DEV void attn_fused_kv_body(const float* qkv, int q_stride, int n_head, int n
         for (int c = 0; c < nc; ++c) {
             const int k0 = c * FC_ATT_CH;
             const int nvmax = min(FC_ATT_CH, posmax + 1 - k0);
-            // keys of the chunk for this warp's rows (0: none, or not in the run); the fewest of
-            // those with any (the slices below it need no per-row test)
             int nv[8];
-            int nvmin = FC_ATT_CH;
-#pragma unroll
-            for (int r = 0; r < 8; ++r) {
-                const int row = 8 * warp + r, t = tz + row / qpk;
-                nv[r] = row < G * qpk && t >= r0 && t < r1 ? max(0, min(FC_ATT_CH, (int)tok[t].pos + 1 - k0)) : 0;
-                if (nv[r] > 0) nvmin = min(nvmin, nv[r]);
-            }
+            const int nvmin = kv_row_keys(tok, tz, qpk, G, r0, r1, k0, warp, nv);
             att_cp_wait1();   // this chunk's keys (its values may still be in flight)
             __syncthreads();  // ... for every thread; the query rows too
-            // scores: 8 rows x 4 keys, each a dot in dimension order
-            float acc[8][4];
-#pragma unroll
-            for (int r = 0; r < 8; ++r)
-#pragma unroll
-                for (int i = 0; i < 4; ++i) acc[r][i] = 0.0f;
-#pragma unroll 2
-            for (int d = 0; d < HD; d += 4) {
-                float kf[4][4];
-#pragma unroll
-                for (int i = 0; i < 4; ++i) {
-                    const uint2 w = *(const uint2*)&kp[(lane + 32 * i) * KW + d / 2];
-                    kf[i][0] = f16_to_f32((uint16_t)(w.x & 0xFFFF));
-                    kf[i][1] = f16_to_f32((uint16_t)(w.x >> 16));
-                    kf[i][2] = f16_to_f32((uint16_t)(w.y & 0xFFFF));
-                    kf[i][3] = f16_to_f32((uint16_t)(w.y >> 16));
-                }
-#pragma unroll
-                for (int r = 0; r < 8; ++r) {
-                    const float4 a = *(const float4*)&qs[(8 * warp + r) * HD + d];
-#pragma unroll
-                    for (int i = 0; i < 4; ++i) {
-                        float y = acc[r][i];
-                        y = __fmaf_rn(a.x, kf[i][0], y);
-                        y = __fmaf_rn(a.y, kf[i][1], y);
-                        y = __fmaf_rn(a.z, kf[i][2], y);
-                        y = __fmaf_rn(a.w, kf[i][3], y);
-                        acc[r][i] = y;
-                    }
-                }
-            }
-            float mx[8];
-#pragma unroll
-            for (int r = 0; r < 8; ++r) {
-                float m = __int_as_float(0xff800000);
-#pragma unroll
-                for (int i = 0; i < 4; ++i) {
-                    const float s = lane + 32 * i < nv[r] ? __fmul_rn(acc[r][i], scale) : __int_as_float(0xff800000);
-                    acc[r][i] = s;
-                    m = fmaxf(m, s);
-                }
-                mx[r] = warp_max(m);
-            }
+            float acc[8][4], mx[8];
+            kv_scores<HD, KW>(kp, qs, nv, scale, lane, warp, acc, mx);
             __syncthreads();  // everyone is done with K: the next chunk's keys may come
             if (c + 1 < nc) issue_k(c + 1);
             else att_cp_commit();  // an empty group: the waits count the same
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                const int j = lane + 32 * i;
-                float e[8];
-#pragma unroll
-                for (int r = 0; r < 8; ++r) e[r] = j < nv[r] ? expf(__fsub_rn(acc[r][i], mx[r])) : 0.0f;
-                *(float4*)&P[j * FC_ATT_PS + 8 * warp] = make_float4(e[0], e[1], e[2], e[3]);
-                *(float4*)&P[j * FC_ATT_PS + 8 * warp + 4] = make_float4(e[4], e[5], e[6], e[7]);
-            }
+            kv_write_p(acc, nv, mx, P, lane, warp);
             att_cp_wait1();   // this chunk's values (the next keys may still be in flight)
             __syncthreads();  // ... for every thread; P too
-            {
-                // l of row `lane` over keys 32 w .. 32 w + 31: warp_sum's butterfly as its pairs
-                const float* pw = P + (32 * warp) * FC_ATT_PS + lane;
-                float a[16];
-#pragma unroll
-                for (int k = 0; k < 16; ++k) a[k] = __fadd_rn(pw[k * FC_ATT_PS], pw[(k + 16) * FC_ATT_PS]);
-#pragma unroll
-                for (int k = 0; k < 8; ++k) a[k] = __fadd_rn(a[k], a[k + 8]);
-#pragma unroll
-                for (int k = 0; k < 4; ++k) a[k] = __fadd_rn(a[k], a[k + 4]);
-#pragma unroll
-                for (int k = 0; k < 2; ++k) a[k] = __fadd_rn(a[k], a[k + 2]);
-                lsh[warp][lane] = __fadd_rn(a[0], a[1]);
-            }
-            // o: 8 rows x DL dimensions, slice by slice
-            float o[8][DL], sl[8][DL];
-#pragma unroll
-            for (int r = 0; r < 8; ++r)
-#pragma unroll
-                for (int x = 0; x < DL; ++x) o[r][x] = 0.0f;
-            for (int s = 0; s < FC_ATT_CH / PER; ++s) {
-                const int j0 = s * PER;
-#pragma unroll
-                for (int r = 0; r < 8; ++r)
-#pragma unroll
-                    for (int x = 0; x < DL; ++x) sl[r][x] = 0.0f;
-                if (j0 < nvmax) {
-                    const bool all = j0 + PER <= nvmin;  // uniform over the warp
-#pragma unroll 4
-                    for (int j = j0; j < min(j0 + PER, nvmax); ++j) {
-                        const float4 pa = *(const float4*)&P[j * FC_ATT_PS + 8 * warp];
-                        const float4 pb = *(const float4*)&P[j * FC_ATT_PS + 8 * warp + 4];
-                        const float p[8] = {pa.x, pa.y, pa.z, pa.w, pb.x, pb.y, pb.z, pb.w};
-                        float v[DL];
-                        if (DL == 2) {
-                            const uint32_t w = *(const uint32_t*)&vs[j * HD + 2 * lane];
-                            v[0] = f16_to_f32((uint16_t)(w & 0xFFFF));
-                            v[DL - 1] = f16_to_f32((uint16_t)(w >> 16));
-                        } else {
-                            v[0] = f16_to_f32(vs[j * HD + lane]);
-                        }
-#pragma unroll
-                        for (int r = 0; r < 8; ++r) {
-                            if (all || j < nv[r]) {
-#pragma unroll
-                                for (int x = 0; x < DL; ++x) sl[r][x] = __fmaf_rn(p[r], v[x], sl[r][x]);
-                            }
-                        }
-                    }
-                }
-#pragma unroll
-                for (int r = 0; r < 8; ++r)
-#pragma unroll
-                    for (int x = 0; x < DL; ++x) o[r][x] = s == 0 ? sl[r][x] : __fadd_rn(o[r][x], sl[r][x]);
-            }
-#pragma unroll
-            for (int r = 0; r < 8; ++r) {
-                if (nv[r] > 0) {
-                    const int row = 8 * warp + r, t = tz + row / qpk, h = kvh * qpk + row % qpk;
-                    float* out = part + (((unsigned long long)t * n_head + h) * max_chunks + c) * (HD + 2);
-#pragma unroll
-                    for (int x = 0; x < DL; ++x) out[lane * DL + x] = o[r][x];
-                    if (lane == 0) out[HD] = mx[r];
-                }
-            }
+            kv_l_part(P, lsh, lane, warp);
+            float o[8][DL];
+            kv_pv<HD>(P, vs, nv, nvmin, nvmax, lane, warp, o);
+            kv_store_om<HD>(part, o, mx, nv, tz, qpk, kvh, n_head, max_chunks, c, lane, warp);
             __syncthreads();  // publishes lsh; everyone is done with V and P
             if (c + 1 < nc) issue_v(c + 1);
             else att_cp_commit();
-            if (tid < FC_ATT_KR) {
-                const int row = tid, t = tz + row / qpk;
-                if (row < G * qpk && t >= r0 && t < r1 && (int)tok[t].pos + 1 > k0) {
-                    float l = lsh[0][row];
-#pragma unroll
-                    for (int w = 1; w < FC_ATT_THREADS / 32; ++w) l = __fadd_rn(l, lsh[w][row]);
-                    part[(((unsigned long long)t * n_head + kvh * qpk + row % qpk) * max_chunks + c) * (HD + 2) + HD + 1] = l;
-                }
-            }
+            kv_store_l<HD>(part, lsh, tok, tz, qpk, G, r0, r1, k0, kvh, n_head, max_chunks, c, tid);
         }
         r0 = r1;
     }

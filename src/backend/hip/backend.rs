@@ -33,7 +33,7 @@ impl HipBackend {
         self
     }
 
-    /// Attention's chunk kernel spread this way (None: `AttGroup::choose`, by the number of tokens).
+    /// Attention's chunk kernel spread this way (None: `AttGroup::choose`, by the number of tokens and of KV-head CTAs).
     pub fn with_attention_groups(mut self, grouped: Option<AttGroup>) -> HipBackend {
         self.att_grouped = grouped;
         self

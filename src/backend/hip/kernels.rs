@@ -202,12 +202,16 @@ pub enum AttGroup {
 impl AttGroup {
     pub const ALL: [AttGroup; 4] = [AttGroup::PerToken, AttGroup::Tokens4, AttGroup::KvHead, AttGroup::KvFused];
 
-    /// The way for a launch of `n` tokens: per token below `ATT_GROUP_MIN`, else by KV head, fused.
-    pub fn choose(n: usize) -> AttGroup {
-        if n >= ATT_GROUP_MIN {
+    /// The way for a launch of `n` tokens whose KV-head kernels would run `kv_ctas` CTAs (0: the
+    /// heads do not fit them): per token below `ATT_GROUP_MIN`, else by KV head, fused from
+    /// `ATT_FUSED_MIN_CTAS` CTAs.
+    pub fn choose(n: usize, kv_ctas: usize) -> AttGroup {
+        if n < ATT_GROUP_MIN {
+            AttGroup::PerToken
+        } else if kv_ctas >= ATT_FUSED_MIN_CTAS {
             AttGroup::KvFused
         } else {
-            AttGroup::PerToken
+            AttGroup::KvHead
         }
     }
 }
@@ -512,28 +516,24 @@ impl Kernels {
             _ => None,
         };
         let grouped_args = || [&args[..7], &[Arg::I32(n as i32)], &args[7..]].concat();
-        let mut grouped = grouped.unwrap_or_else(|| match AttGroup::choose(n) {
-            AttGroup::KvFused if qpk > 0 && qpk <= ATT_KV_ROWS && n_kv * n.div_ceil(ATT_KV_ROWS / qpk) < ATT_FUSED_MIN_CTAS => AttGroup::KvHead,
-            g => g,
-        });
-        if grouped == AttGroup::KvFused {
-            let fused = match (self.attn_fused_kv, hd) {
-                (Some((f, _)), 32) | (Some((_, f)), 64) if (1..=ATT_KV_ROWS).contains(&qpk) => Some(f),
-                _ => None,
-            };
-            match fused {
-                Some(f) => {
-                    // 12 arguments: grouped_args without hd, then att and attq (0: no q8 blocks)
-                    let args = [&args[..4], &args[5..7], &[Arg::I32(n as i32)], &args[7..], &[Arg::Ptr(att), Arg::Ptr(attq.unwrap_or(0))]].concat();
-                    let grid = [n_kv as u32, grid1(n, ATT_KV_ROWS / qpk), 1];
-                    return launch(rt, f, grid, [128, 1, 1], att_fused_shared(hd), &args);
-                }
-                None => grouped = AttGroup::KvHead,
-            }
+        // the KV-head kernels take up to ATT_KV_ROWS query heads per KV head
+        let kv_fits = (1..=ATT_KV_ROWS).contains(&qpk);
+        let kv_ctas = if kv_fits { n_kv * n.div_ceil(ATT_KV_ROWS / qpk) } else { 0 };
+        let grouped = grouped.unwrap_or_else(|| AttGroup::choose(n, kv_ctas));
+        let fused = match (grouped, self.attn_fused_kv, hd) {
+            (AttGroup::KvFused, Some((f, _)), 32) | (AttGroup::KvFused, Some((_, f)), 64) if kv_fits => Some(f),
+            _ => None,
+        };
+        if let Some(f) = fused {
+            // 12 arguments: grouped_args without hd, then att and attq (0: no q8 blocks)
+            let args = [&args[..4], &args[5..7], &[Arg::I32(n as i32)], &args[7..], &[Arg::Ptr(att), Arg::Ptr(attq.unwrap_or(0))]].concat();
+            let grid = [n_kv as u32, grid1(n, ATT_KV_ROWS / qpk), 1];
+            return launch(rt, f, grid, [128, 1, 1], att_fused_shared(hd), &args);
         }
         match (grouped, kv_func) {
             (AttGroup::PerToken, _) => launch(rt, self.attn_partial, [max_chunks as u32, n_head as u32, n as u32], [128, 1, 1], 0, &args)?,
-            (AttGroup::KvHead, Some(f)) if (1..=ATT_KV_ROWS).contains(&qpk) => {
+            // KvFused where its kernel is missing (not NVIDIA sm_80+) runs as KvHead
+            (AttGroup::KvHead | AttGroup::KvFused, Some(f)) if kv_fits => {
                 let grid = [max_chunks as u32, n_kv as u32, grid1(n, ATT_KV_ROWS / qpk)];
                 launch(rt, f, grid, [128, 1, 1], 0, &grouped_args())?
             }
@@ -556,7 +556,6 @@ impl Kernels {
     }
 
     /// act = silu(gate) * up from gu [n, 2*ff] (`act` None: not written), and actq when given.
-    #[allow(clippy::too_many_arguments)]
     pub fn silu_mul_q8(&self, rt: &dyn Runtime, gu: DevPtr, ff: usize, act: Option<DevPtr>, actq: Option<DevPtr>, n: usize) -> Result<(), HipError> {
         let spc = if n >= NORM_ROW_MIN { SILU_SLICES } else { 1 };
         let args = [Arg::Ptr(gu), Arg::I32(ff as i32), Arg::Ptr(act.unwrap_or(0)), Arg::Ptr(actq.unwrap_or(0)), Arg::I32(actq.is_some() as i32), Arg::I32(spc as i32)];

@@ -156,15 +156,22 @@ fn hip_layers_decode_equals_prefill_and_match_the_cpu() {
     }
 }
 
-/// The default tile is one function of (rows, tokens): `Mma64` only where it fills the GPU.
+/// The default tile is one function of (rows, tokens): `Mma64` only where it fills the GPU; the
+/// default attention grouping one of (tokens, KV-head CTAs).
 #[test]
-fn tile_choice_is_a_function_of_rows_and_tokens() {
+fn tile_and_attention_choices_are_functions_of_the_shape() {
     assert_eq!(Tile::choose(2048, 1), Tile::T1);
     assert_eq!(Tile::choose(2048, 8), Tile::T8);
     assert_eq!(Tile::choose(2048, 32), Tile::Mma);
     assert_eq!(Tile::choose(2048, 512), Tile::Mma64); // 1.1B: 256 tiles of 64 x 64
     assert_eq!(Tile::choose(960, 512), Tile::Mma); // SmolLM2's q|k|v: 120
     assert_eq!(Tile::choose(1536, 512), Tile::Mma64); // 192
+    // attention: per token below 32 tokens; fused from 256 KV-head CTAs (the 1.1B at 512 tokens: 4
+    // KV heads x 128 groups of 4 tokens), else by KV head (SmolLM2: 3 x 52)
+    assert_eq!(AttGroup::choose(8, 512), AttGroup::PerToken);
+    assert_eq!(AttGroup::choose(512, 512), AttGroup::KvFused);
+    assert_eq!(AttGroup::choose(512, 156), AttGroup::KvHead);
+    assert_eq!(AttGroup::choose(512, 0), AttGroup::KvHead);
 }
 
 /// The grouped attention kernels (a CTA per group of 4 tokens; per KV head and 32 / (n_head /
