@@ -38,23 +38,42 @@ fn key_range(t: u32, li: u32) -> vec4<u32> {
     return vec4<u32>(n_keys, k0, k0 / C, (n_keys + C - 1u) / C);
 }
 
+// Index in O of element d of query head h's output of token row t (swizzled for the o projection
+// when p.swizzle).
+fn o_index(t: u32, h: u32, d: u32) -> u32 {
+    let hd = p.head_dim;
+    if (p.swizzle != 0u) {
+        let width = p.n_head * hd;
+        let e = h * hd + d;
+        return t * width + (((e >> 2u) & 7u) * (width >> 5u) + (e >> 5u)) * 4u + (e & 3u);
+    }
+    return (t * p.n_head + h) * hd + d;
+}
+
+// Stores q8_coop's result of the thread holding elements d .. d + 3 (d a multiple of 4) of query
+// head h's output of token row t into the Q8 rows.
+fn q8_put(t: u32, h: u32, d: u32, q: Q8Part) {
+    let nc = p.n_head * p.head_dim / 32u;
+    let b = (h * p.head_dim + d) / 32u;
+    let k = (d % 32u) / 4u;
+    let base = t * 3u * nc;
+    Q8O[base + 2u * b + k / 4u][k % 4u] = q.word;
+    if (k == 0u) {
+        Q8O[base + 2u * nc + b] = q.sums;
+    }
+}
+
 // The head's output: thread d < head_dim holds element d of the folded partial `r`; writes
-// O (swizzled for the o projection when p.swizzle) and, when p.q8_out, the Q8 row. Every thread
-// of the workgroup calls it (workgroup barrier inside).
+// O and, when p.q8_out, the Q8 row. Every thread of the workgroup calls it (workgroup barrier
+// inside).
 fn finish(h: u32, t: u32, li: u32, r: Part) {
     let hd = p.head_dim;
-    let width = p.n_head * hd;
     if (li < hd) {
         var v = 0.0;
         if (r.l > 0.0) {
             v = r.o / r.l;
         }
-        var o = (t * p.n_head + h) * hd + li;
-        if (p.swizzle != 0u) {
-            let e = h * hd + li;
-            o = t * width + (((e >> 2u) & 7u) * (width >> 5u) + (e >> 5u)) * 4u + (e & 3u);
-        }
-        O[o] = v;
+        O[o_index(t, h, li)] = v;
         sc[li] = v;
     }
     if (p.q8_out != 0u) {
@@ -68,14 +87,7 @@ fn finish(h: u32, t: u32, li: u32, r: Part) {
         }
         let q = q8_coop(li, v);
         if (live) {
-            let nc = width / 32u;
-            let b = h * hd / 32u + li / 8u;
-            let k = li % 8u;
-            let base = t * 3u * nc;
-            Q8O[base + 2u * b + k / 4u][k % 4u] = q.word;
-            if (k == 0u) {
-                Q8O[base + 2u * nc + b] = q.sums;
-            }
+            q8_put(t, h, 4u * li, q);
         }
     }
 }

@@ -11,7 +11,9 @@ use std::sync::{Arc, Mutex};
 use half::f16;
 use wgpu::util::DeviceExt;
 
-use super::context::{grid_1d, Kernel, WgpuContext, MAX_HEAD_DIM, WEIGHT_TYPES};
+use super::attention_kv;
+use super::context::{grid_1d, WgpuContext, MAX_HEAD_DIM, WEIGHT_TYPES};
+use super::pipeline::Kernel;
 use super::kv::window_param;
 use super::WgpuError;
 use crate::backend::cpu::ops;
@@ -211,7 +213,11 @@ impl WgpuBackend {
             // chunk partials, unused (one workgroup per (head, token) walks every chunk)
             Arg::Zeroed(16),
         ];
-        self.run(&self.ctx.kernels.attention, &params, &args, (a.n_head as u32, n as u32), 4, a.out)
+        let k = &self.ctx.kernels;
+        match k.attention_kv.as_ref().zip(attention_kv::grid(self.ctx.attention_kv, a.n_head, a.n_kv_head, hd, n)) {
+            Some((kv, grid)) => self.run(kv, &params, &args, grid, 4, a.out),
+            None => self.run(&k.attention, &params, &args, (a.n_head as u32, n as u32), 4, a.out),
+        }
     }
 
     /// quantize_q8.wgsl over `x` ([n_tok, cols], cols a multiple of 32; `swizzled`: each row in

@@ -11,6 +11,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use super::kernel_src::{wide_grid, wide_source, with_lanes};
+use super::pipeline::{kernel, Kernel, B};
+pub use super::pipeline::WG;
 use super::options::{DecodePlan, WgpuOptions};
 use super::WgpuError;
 use crate::gguf::GgmlType;
@@ -20,8 +22,6 @@ use crate::gguf::GgmlType;
 pub const WEIGHT_TYPES: [GgmlType; 10] =
     [GgmlType::F32, GgmlType::F16, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::Q4K, GgmlType::Q5K, GgmlType::Q6K, GgmlType::BF16];
 
-/// Threads per workgroup of the element-wise kernels (embed, rope, kv_store, silu_mul, add).
-pub const WG: u32 = 256;
 /// Tokens per matmul workgroup (see matmul.wgsl, and matmul_tile.wgsl's TT).
 pub const MM_TOKENS: u32 = 8;
 /// Largest head_dim the attention kernel takes.
@@ -71,17 +71,6 @@ pub(crate) enum XSrc {
     Q8Merge,
 }
 
-/// A compute pipeline and the layout of its one bind group.
-#[derive(Clone)]
-pub(crate) struct Kernel {
-    /// the compiled compute pipeline
-    pub pipeline: wgpu::ComputePipeline,
-    /// layout of its bind group 0
-    pub layout: wgpu::BindGroupLayout,
-    /// Binding 0 (the parameters) takes a dynamic offset in `set_bind_group`.
-    pub dynamic: bool,
-}
-
 /// Every pipeline, compiled once per context.
 pub(crate) struct Kernels {
     /// batch matmuls against f32 activations (matmul.wgsl), per weight type
@@ -123,6 +112,9 @@ pub(crate) struct Kernels {
     pub attention_one: Kernel,
     /// folds the chunk partials of a one-token attention split over chunks (attention_merge.wgsl)
     pub attention_merge: Kernel,
+    /// `attention` with one workgroup per KV head and block of tokens (attention_kv.wgsl, same
+    /// bits, `attention`'s bind groups); `None` where workgroup memory is too small
+    pub attention_kv: Option<Kernel>,
     /// SiLU(gate)·up (silu_mul.wgsl)
     pub silu_mul: Kernel,
     /// residual add in place (add.wgsl)
@@ -163,6 +155,8 @@ pub struct WgpuContext {
     pub(crate) attention_split: bool,
     /// [`WgpuOptions::o_merge`]
     pub(crate) o_merge: bool,
+    /// [`WgpuOptions::attention_kv`] where the kernel was built, else 0 (never)
+    pub(crate) attention_kv: usize,
     /// [`WgpuOptions::submit_layers`]
     pub(crate) submit_layers: usize,
     /// [`WgpuOptions::spin_us`]
@@ -179,16 +173,6 @@ impl std::fmt::Debug for WgpuContext {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("WgpuContext").field("adapter", &self.summary).finish()
     }
-}
-
-/// Binding kinds of a kernel's bind group, in binding order.
-#[derive(Clone, Copy)]
-pub(crate) enum B {
-    Uniform,
-    /// a uniform bound with a dynamic offset
-    UniformDyn,
-    Read,
-    Rw,
 }
 
 fn rank(t: wgpu::DeviceType) -> Option<u8> {
@@ -348,6 +332,7 @@ impl WgpuContext {
         }));
         let tile_wide = if opts.tile && lanes == 32 { opts.tile_wide } else { 0 };
         let kernels = build_kernels(&device, lanes, decode, subgroups, opts.tile.then_some(tile_wide > 0), opts.shader_checks)?;
+        let attention_kv = if kernels.attention_kv.is_some() { opts.attention_kv } else { 0 };
         let summary = AdapterSummary {
             name: info.name.clone(),
             device_type: format!("{:?}", info.device_type),
@@ -373,6 +358,7 @@ impl WgpuContext {
             attention_one: opts.attention_one,
             attention_split: opts.attention_split,
             o_merge: opts.o_merge,
+            attention_kv,
             submit_layers: opts.submit_layers,
             qkv_rope: opts.qkv_rope,
             spin: std::time::Duration::from_micros(opts.spin_us),
@@ -696,6 +682,12 @@ pub(super) fn build_kernels(device: &wgpu::Device, lanes: u32, decode: DecodePla
             }
         }
     }
+    let attention = k(
+        "attention",
+        format!("{Q8_ACT}\n{}\n{ATTENTION}", include_str!("../../../kernels/wgsl/attention_cached.wgsl")),
+        &[B::UniformDyn, B::Read, B::Read, B::Read, B::Read, B::Rw, B::Rw, B::Rw],
+    )?;
+    let attention_kv = super::attention_kv::build(device, &attention, &format!("{Q8_ACT}\n{ATTENTION_PART}"), checks)?;
     Ok(Kernels {
         matmul,
         matvec,
@@ -719,11 +711,8 @@ pub(super) fn build_kernels(device: &wgpu::Device, lanes: u32, decode: DecodePla
             include_str!("../../../kernels/wgsl/kv_store.wgsl").into(),
             &[B::Uniform, B::Read, B::Read, B::Rw, B::Rw, B::Read],
         )?,
-        attention: k(
-            "attention",
-            format!("{Q8_ACT}\n{}\n{ATTENTION}", include_str!("../../../kernels/wgsl/attention_cached.wgsl")),
-            &[B::UniformDyn, B::Read, B::Read, B::Read, B::Read, B::Rw, B::Rw, B::Rw],
-        )?,
+        attention,
+        attention_kv,
         attention_one: k(
             "attention_one",
             format!("{Q8_ACT}\n{ROPE_PAIR}\n{}\n{ATTENTION}", include_str!("../../../kernels/wgsl/attention_one.wgsl")),
@@ -742,58 +731,4 @@ pub(super) fn build_kernels(device: &wgpu::Device, lanes: u32, decode: DecodePla
         silu_mul: k("silu_mul", include_str!("../../../kernels/wgsl/silu_mul.wgsl").into(), &[B::Uniform, B::Read, B::Read, B::Rw])?,
         add: k("add", include_str!("../../../kernels/wgsl/add.wgsl").into(), &[B::Uniform, B::Rw, B::Read])?,
     })
-}
-
-/// Compiles kernel `name`; `checks`: keep naga's bounds checks ([`WgpuOptions::shader_checks`]).
-pub(crate) fn kernel(device: &wgpu::Device, name: &str, src: &str, binds: &[B], checks: bool) -> Result<Kernel, WgpuError> {
-    let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
-    let desc = wgpu::ShaderModuleDescriptor { label: Some(name), source: wgpu::ShaderSource::Wgsl(src.into()) };
-    let module = if checks {
-        device.create_shader_module(desc)
-    } else {
-        let mut checks = wgpu::ShaderRuntimeChecks::checked();
-        checks.bounds_checks = false;
-        // SAFETY: only naga's injected index clamps are dropped (the Vulkan / Metal / DX12 robust
-        // buffer access of the platform stays on, as does loop bounding). Every index in these
-        // kernels is derived from parameters the host validated against the buffer sizes, and
-        // every kernel is tested against the CPU reference on each adapter. The clamps cost ALU
-        // on every storage access of the matmul inner loops. `WgpuOptions::shader_checks` restores them.
-        unsafe { device.create_shader_module_trusted(desc, checks) }
-    };
-    let entries: Vec<wgpu::BindGroupLayoutEntry> = binds
-        .iter()
-        .enumerate()
-        .map(|(i, b)| wgpu::BindGroupLayoutEntry {
-            binding: i as u32,
-            visibility: wgpu::ShaderStages::COMPUTE,
-            ty: wgpu::BindingType::Buffer {
-                ty: match b {
-                    B::Uniform | B::UniformDyn => wgpu::BufferBindingType::Uniform,
-                    B::Read => wgpu::BufferBindingType::Storage { read_only: true },
-                    B::Rw => wgpu::BufferBindingType::Storage { read_only: false },
-                },
-                has_dynamic_offset: matches!(b, B::UniformDyn),
-                min_binding_size: None,
-            },
-            count: None,
-        })
-        .collect();
-    let layout = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor { label: Some(name), entries: &entries });
-    let pl = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
-        label: Some(name),
-        bind_group_layouts: &[Some(&layout)],
-        immediate_size: 0,
-    });
-    let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-        label: Some(name),
-        layout: Some(&pl),
-        module: &module,
-        entry_point: Some("main"),
-        compilation_options: Default::default(),
-        cache: None,
-    });
-    if let Some(e) = pollster::block_on(scope.pop()) {
-        return Err(WgpuError::Shader { kernel: name.to_string(), msg: e.to_string() });
-    }
-    Ok(Kernel { pipeline, layout, dynamic: matches!(binds.first(), Some(B::UniformDyn)) })
 }

@@ -1,7 +1,7 @@
 //! Assembly of WGSL sources for the pipelines of [`build_kernels`](super::context): the
 //! `LANES` / `ROWS` lines of the matmuls, and matmul_wide.wgsl's variants and grid.
 
-use super::context::WG;
+use super::pipeline::WG;
 use super::WgpuError;
 use crate::gguf::GgmlType;
 

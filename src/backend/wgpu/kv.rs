@@ -19,7 +19,9 @@
 
 use std::sync::Arc;
 
-use super::context::{grid_1d, next_id, Kernel, Kernels, WgpuContext, PARAM_WINDOW};
+use super::attention_kv;
+use super::context::{grid_1d, next_id, WgpuContext, PARAM_WINDOW};
+use super::pipeline::Kernel;
 use super::plan::Step;
 use super::WgpuError;
 use crate::backend::offload::{DeviceKv, LayerShape, OffloadError, OffloadKv, RopeStyle, SeqSpan};
@@ -299,12 +301,13 @@ pub(crate) fn record_seqs<'a>(
     split: bool,
     roped: bool,
     merged: bool,
-    k: &'a Kernels,
+    ctx: &'a WgpuContext,
     c: &LayerShape,
     seqs: &'a [SeqSpan<'_>],
     li: usize,
     mut emit: impl FnMut(&'static str, &'a wgpu::ComputePipeline, &'a wgpu::BindGroup, usize, (u32, u32)),
 ) {
+    let k = &ctx.kernels;
     let single = |s: &SeqSpan<'_>| one && s.n_tok == 1;
     for (i, s) in seqs.iter().enumerate().filter(|(_, s)| !roped && !single(s)) {
         let grid = grid_1d(s.n_tok * (c.n_head + 2 * c.n_head_kv) * c.head_dim / 2);
@@ -314,9 +317,11 @@ pub(crate) fn record_seqs<'a>(
         // attention.wgsl: a grid taller than the sequence's tokens is the split (one token)
         let chunks = split_chunks(split, s);
         let grid = (c.n_head as u32, (s.n_tok * chunks) as u32);
-        match single(s) {
-            true => emit("attention + rope + kv store", &k.attention_one.pipeline, gpu_kv(s).bind(li, 2), i, grid),
-            false => emit("attention", &k.attention.pipeline, gpu_kv(s).bind(li, 1), i, grid),
+        let grouped = k.attention_kv.as_ref().zip(attention_kv::grid(ctx.attention_kv, c.n_head, c.n_head_kv, c.head_dim, s.n_tok));
+        match (single(s), grouped) {
+            (true, _) => emit("attention + rope + kv store", &k.attention_one.pipeline, gpu_kv(s).bind(li, 2), i, grid),
+            (false, Some((kv, g))) if chunks == 1 => emit("attention by kv head", &kv.pipeline, gpu_kv(s).bind(li, 1), i, g),
+            (false, _) => emit("attention", &k.attention.pipeline, gpu_kv(s).bind(li, 1), i, grid),
         }
         if chunks > 1 && !merged {
             emit("attention merge", &k.attention_merge.pipeline, gpu_kv(s).bind(li, 3), i, (c.n_head as u32, 1));

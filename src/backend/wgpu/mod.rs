@@ -2,7 +2,9 @@
 //! DX12, with the CPU as the fallback whenever no adapter exists.
 //!
 //! * `context` — adapter choice ([`WgpuContext::detect`]: integrated, then discrete; software only
-//!   when asked), the compute pipelines (compiled once), buffer and read-back helpers.
+//!   when asked), the compute pipelines (compiled once), buffer and read-back helpers;
+//!   `pipeline` — compiling one kernel (bind group layout, shader module, pipeline);
+//!   `attention_kv` — when the prefill attention runs per KV head and block of tokens.
 //! * `backend` — [`WgpuBackend`]: the [`Backend`](super::Backend) trait op by op (upload, one
 //!   dispatch, read back). Slow by design; it is what the kernel tests compare with the CPU.
 //! * `options` — [`WgpuOptions`]: every knob (adapter, kernel variants, submission, read-back),
@@ -13,8 +15,8 @@
 //! * `segment` — `GpuLayers` as the engine's offloaded segment (`super::offload::LayerOffload`),
 //!   and [`WgpuLayers`]: a stack with one sequence's cache, for tests and speed runs.
 //!
-//! Imports run one way: `segment` → `layers` → `kv` → `plan` → `upload` → `context` → `pack`,
-//! `options` (each may also skip down).
+//! Imports run one way: `segment` → `layers` → `kv` → `plan` → `upload` → `context` →
+//! `attention_kv` → `pipeline`, `pack`, `options` (each may also skip down).
 //!
 //! Kernels live in `kernels/wgsl/*.wgsl`, each with a header describing its bindings and layout.
 //! Weights stay GGUF block bytes in storage buffers (Q4_0 / Q4_1 / Q8_0 repacked at upload into
@@ -24,6 +26,7 @@
 //! reduction has a fixed order that does not depend on the batch, so on this backend a token's
 //! outputs are bitwise the same in decode and prefill.
 
+mod attention_kv;
 mod backend;
 mod context;
 mod kernel_src;
@@ -31,6 +34,7 @@ mod kv;
 mod layers;
 mod options;
 mod pack;
+mod pipeline;
 mod plan;
 mod segment;
 mod upload;

@@ -22,6 +22,10 @@ pub const SUBMIT_LAYERS: usize = 3;
 pub const WIDE_FROM_TOKENS: usize = 256;
 /// Columns from which the wide tile is not used by default (see [`WIDE_FROM_TOKENS`]).
 pub const WIDE_MAX_COLS: usize = 1024;
+/// Tokens from which a sequence's prefill attention runs one workgroup per KV head and block of
+/// tokens (default of [`WgpuOptions::attention_kv`]). H200, SmolLM2-shaped (t/s, two rounds,
+/// docs/perf.md): pp512 45142-45329 against 43017-44056, pp128 27149-29192 against 28378-30446.
+pub const ATTN_KV_FROM_TOKENS: usize = 256;
 /// Microseconds a read-back polls before it sleeps (default of [`WgpuOptions::spin_us`]).
 pub const SPIN_US: u64 = 2000;
 
@@ -70,6 +74,13 @@ pub struct WgpuOptions {
     /// and quantizes the row in workgroup memory) and no attention_merge dispatch runs. Same
     /// bits. `$FORGE_WGPU_O_MERGE=0`.
     pub o_merge: bool,
+    /// Sequences of at least this many tokens run their attention as attention_kv.wgsl: one
+    /// workgroup per (KV head, block of tokens), every key and value it loads serving all the
+    /// block's query rows, instead of one workgroup per (query head, token); 0: never. Where
+    /// the device's workgroup memory is under 24 KiB, head_dim is over 128 or a KV head has
+    /// more than 16 query heads, never. Same bits. Default [`ATTN_KV_FROM_TOKENS`].
+    /// `$FORGE_WGPU_ATTN_KV` (tokens).
+    pub attention_kv: usize,
     /// The layer runner multiplies Q4_0 / Q4_1 / Q8_0 weights by activations quantized to 8 bits
     /// with integer dot products, as the CPU does (plan.rs); `false`: f32 activations and the
     /// dequantizing kernels, for comparisons (other bits). `$FORGE_WGPU_Q8=0`.
@@ -122,6 +133,7 @@ impl Default for WgpuOptions {
             attention_one: false,
             attention_split: true,
             o_merge: true,
+            attention_kv: ATTN_KV_FROM_TOKENS,
             q8: true,
             tile: true,
             tile_wide: WIDE_FROM_TOKENS,
@@ -178,6 +190,9 @@ impl WgpuOptions {
         o.attention_one = flag("FORGE_WGPU_ATTN_ONE")?.unwrap_or(o.attention_one);
         o.attention_split = flag("FORGE_WGPU_ATTN_SPLIT")?.unwrap_or(o.attention_split);
         o.o_merge = flag("FORGE_WGPU_O_MERGE")?.unwrap_or(o.o_merge);
+        if let Some(n) = num("FORGE_WGPU_ATTN_KV", "a number of tokens (0: never)")? {
+            o.attention_kv = usize::try_from(n).unwrap_or(usize::MAX);
+        }
         o.q8 = flag("FORGE_WGPU_Q8")?.unwrap_or(o.q8);
         o.tile = flag("FORGE_WGPU_TILE")?.unwrap_or(o.tile);
         if let Some(n) = num("FORGE_WGPU_TILE_WIDE", "a number of tokens (0: never)")? {
@@ -217,6 +232,8 @@ impl WgpuOptions {
             ("tile wide never", with(|o| o.tile_wide = 0)),
             ("attention split", with(|o| o.attention_split = !o.attention_split)),
             ("o merge", with(|o| o.o_merge = !o.o_merge)),
+            ("attention kv always", with(|o| o.attention_kv = 1)),
+            ("attention kv never", with(|o| o.attention_kv = 0)),
             ("stage", with(|o| o.stage = !o.stage)),
             ("qkv_rope", with(|o| o.qkv_rope = !o.qkv_rope)),
             ("subgroups", with(|o| o.subgroups = !o.subgroups)),

@@ -14,7 +14,8 @@
 //! only: RMSNorm folded into q|k|v and gate|up, SiLU·mul into the down projection) applies to
 //! layers without Q8 matrices.
 
-use super::context::{Kernel, Kernels, XSrc, STAGE_MAX_COLS};
+use super::context::{Kernels, XSrc, STAGE_MAX_COLS};
+use super::pipeline::Kernel;
 use super::options::DecodePlan;
 use super::pack::packed;
 use super::upload::{GpuLayer, GpuMatrix};

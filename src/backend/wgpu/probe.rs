@@ -5,7 +5,8 @@
 
 use std::sync::Arc;
 
-use super::context::{kernel, Kernel, WgpuContext, XSrc, B};
+use super::context::{WgpuContext, XSrc};
+use super::pipeline::{kernel, Kernel, B};
 use super::options::WgpuOptions;
 use super::pack::{pack_rows, row_param};
 use crate::gguf::synth::random_matrix;

@@ -502,6 +502,7 @@ fn options_from_the_environment() {
         ("FORGE_WGPU_ATTN_ONE", "1"),
         ("FORGE_WGPU_ATTN_SPLIT", "0"),
         ("FORGE_WGPU_O_MERGE", "0"),
+        ("FORGE_WGPU_ATTN_KV", "64"),
         ("FORGE_WGPU_Q8", "0"),
         ("FORGE_WGPU_TILE", "0"),
         ("FORGE_WGPU_TILE_WIDE", "1"),
@@ -520,6 +521,7 @@ fn options_from_the_environment() {
         attention_one: true,
         attention_split: false,
         o_merge: false,
+        attention_kv: 64,
         q8: false,
         tile: false,
         tile_wide: 1,
@@ -532,7 +534,7 @@ fn options_from_the_environment() {
         shader_checks: true,
     };
     assert_eq!(o, want);
-    for (k, v) in [("FORGE_WGPU_Q8", "no"), ("FORGE_WGPU_DECODE", "fast"), ("FORGE_WGPU_SPIN_US", "-1")] {
+    for (k, v) in [("FORGE_WGPU_Q8", "no"), ("FORGE_WGPU_DECODE", "fast"), ("FORGE_WGPU_SPIN_US", "-1"), ("FORGE_WGPU_ATTN_KV", "all")] {
         let e = WgpuOptions::from_vars(vars(&[(k, v)])).expect_err("bad value");
         assert!(e.to_string().contains(k), "{e}");
     }
@@ -569,4 +571,56 @@ fn subgroup_kernels_compile_where_offered() {
     assert!(!k.matmul_tile.is_empty() && !k.matvec.is_empty());
     let k = super::context::build_kernels(&device, 32, DecodePlan::Off, false, Some(true), false).expect("wide kernels");
     assert!(!k.matmul_wide.is_empty());
+}
+
+/// attention_kv.wgsl (one workgroup per KV head and block of tokens) gives `attention`'s bits
+/// (one workgroup per query head and token), and the CPU's values within `attention`'s
+/// tolerance (2e-5, backend/tests.rs): 3, 8, 1 and 16 query heads per KV head (blocks of 4, 2, 16
+/// and 1 tokens), head_dim 64, 128 and 40 (an 8-element tail, pairs past the head idle), with and
+/// without a sliding window, a prefill from 0, one across the chunk edge at 256, and positions
+/// out of order with the last key of the cache.
+#[test]
+fn wgpu_attention_kv_equals_attention() {
+    use crate::backend::Backend;
+    let _gpu = gpu_lock();
+    let ctx_of = |from: usize| WgpuContext::new(WgpuOptions { attention_kv: from, ..test_options() });
+    let (grouped, plain) = match (ctx_of(1), ctx_of(0)) {
+        (Ok(a), Ok(b)) => (a, b),
+        (Err(e), _) | (_, Err(e)) if e.is_unavailable() => return eprintln!("skipped: {e}"),
+        (Err(e), _) | (_, Err(e)) => panic!("wgpu context: {e}"),
+    };
+    if grouped.kernels.attention_kv.is_none() {
+        return eprintln!("skipped: less than 24 KiB of workgroup memory");
+    }
+    let (kv_gpu, gpu, cpu) = (WgpuBackend::new(grouped), WgpuBackend::new(plain), CpuBackend::new(1).expect("pool"));
+    let cap = 600;
+    let run = |b: &dyn Backend, q: &[f32], k: &[f16], v: &[f16], pos: &[u32], heads: (usize, usize, usize), window: Option<usize>| {
+        let (n_head, n_kv_head, head_dim) = heads;
+        let mut out = vec![f32::NAN; q.len()];
+        b.attention(crate::backend::AttentionArgs { q, k_cache: k, v_cache: v, capacity: cap, positions: pos, n_head, n_kv_head, head_dim, window, out: &mut out });
+        out
+    };
+    let scattered = vec![511u32, 3, 260, 259, 40, 599, 0, 255, 256, 100, 101, 102, 103, 104, 105, 106, 107];
+    for heads in [(9, 3, 64), (8, 1, 64), (4, 4, 128), (6, 2, 40), (16, 1, 64)] {
+        let (n_head, n_kv, hd) = heads;
+        let (k, v) = (f16s(41, n_kv * cap * hd), f16s(42, n_kv * cap * hd));
+        for window in [None, Some(100)] {
+            for positions in [(0..37).collect::<Vec<u32>>(), (230..290).collect(), scattered.clone()] {
+                let q = uniform(43, positions.len() * n_head * hd);
+                let a = run(&kv_gpu, &q, &k, &v, &positions, heads, window);
+                let b = run(&gpu, &q, &k, &v, &positions, heads, window);
+                let what = format!("heads {heads:?} window {window:?} positions {:?}..", &positions[..2]);
+                for g in [&kv_gpu, &gpu] {
+                    if let Some(e) = g.take_error() {
+                        panic!("{what}: GPU error {e}");
+                    }
+                }
+                assert!(a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()), "{what}: attention_kv differs from attention");
+                let r = run(&cpu, &q, &k, &v, &positions, heads, window);
+                for (i, (x, y)) in a.iter().zip(&r).enumerate() {
+                    assert!((x - y).abs() <= 2e-5, "{what} [{i}]: {x} vs the CPU's {y}");
+                }
+            }
+        }
+    }
 }

@@ -359,7 +359,7 @@ impl GpuLayers {
                 (1, Some(m)) => seqs.iter().enumerate().find(|(_, s)| s.n_tok == 1 && split_chunks(split, s) > 1).and_then(|(i, s)| gpu_kv(s).o_merge_bind(li).map(|b| (i, m, b))),
                 _ => None,
             };
-            record_seqs(self.attention_one(), split, rope.is_some(), merge.is_some(), &self.ctx.kernels, &self.config, seqs, li, |label, pipeline, bind, i, grid| emit(label, pipeline, bind, Some(seq_offset(i)), grid));
+            record_seqs(self.attention_one(), split, rope.is_some(), merge.is_some(), &self.ctx, &self.config, seqs, li, |label, pipeline, bind, i, grid| emit(label, pipeline, bind, Some(seq_offset(i)), grid));
             for (j, d) in post.iter().enumerate() {
                 match merge {
                     Some((i, m, bind)) if j == m.at => emit("matvec o + merge + add", &m.kernel.pipeline, bind, Some(seq_offset(i)), self.grid_of(m.step, 1)),
