@@ -180,14 +180,6 @@ fn acc16(o: vec2<f32>, r: u32, hd: u32, ea: vec4<f32>, eb: vec4<f32>, ec: vec4<f
     return acc4(acc4(acc4(acc4(o, r, hd, ea), r + 4u * hd, hd, eb), r + 8u * hd, hd, ec), r + 12u * hd, hd, ed);
 }
 
-// Values (e, e + 1) of VC, e even.
-fn v_pair(e: u32) -> vec2<f32> {
-    if (p.kv_f16 != 0u) {
-        return unpack2x16float(VC[e >> 1u]);
-    }
-    return vec2<f32>(bitcast<f32>(VC[e]), bitcast<f32>(VC[e + 1u]));
-}
-
 @compute @workgroup_size(256)
 fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let h = wg.x;

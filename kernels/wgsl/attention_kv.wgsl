@@ -89,14 +89,6 @@ fn dot8(acc: f32, qi: u32, k: K8) -> f32 {
     return fma(qb.w, k.b.w, s);
 }
 
-// Values (e, e + 1) of VC, e even (attention.wgsl's v_pair).
-fn vpair(e: u32) -> vec2<f32> {
-    if (p.kv_f16 != 0u) {
-        return unpack2x16float(VC[e >> 1u]);
-    }
-    return vec2<f32>(bitcast<f32>(VC[e]), bitcast<f32>(VC[e + 1u]));
-}
-
 // Keys row `row` takes in the tile starting at key `start` (0: none; attention.wgsl's nk).
 fn tile_keys(row: vec4<u32>, start: u32) -> u32 {
     if (start < row.z && start + KL > row.w) {
@@ -109,9 +101,9 @@ fn tile_keys(row: vec4<u32>, start: u32) -> u32 {
 // (e + 64, e + 65) of VC.
 fn slot(e: u32, two: bool) -> vec4<f32> {
     if (two) {
-        return vec4<f32>(vpair(e), vpair(e + 64u));
+        return vec4<f32>(v_pair(e), v_pair(e + 64u));
     }
-    return vec4<f32>(vpair(e), 0.0, 0.0);
+    return vec4<f32>(v_pair(e), 0.0, 0.0);
 }
 
 // Four keys' slots, keys hd elements apart from e on (loads only).
@@ -217,15 +209,15 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec
         }
         span = s;
     }
-    let q4 = hd / 4u;
     workgroupBarrier();
     let sp = workgroupUniformLoad(&span);
     let kv0 = kvh * p.capacity;
+    // scores phase: thread li is key lane of tile g; values phase: the same numbers are rows
+    // ra and ra + 8, value pairs pl and pl + 32
     let g = li / KL;
     let lane = li % KL;
-    // values phase: rows ra and ra + 8, value pairs pl and pl + 32
-    let ra = li / 32u;
-    let pl = li % 32u;
+    let ra = g;
+    let pl = lane;
     let two = pl + 32u < hd / 2u;
     var run = Row2(Part4(NEG, 0.0, vec4<f32>(0.0)), Part4(NEG, 0.0, vec4<f32>(0.0)));
     for (var c = sp.x; c < sp.y; c++) {
@@ -403,6 +395,7 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec
     }
     workgroupBarrier();
     // head_dim / 4 threads per row: 4 values each
+    let q4 = hd / 4u;
     for (var s0 = 0u; s0 < nr * q4; s0 += 256u) {
         let s = s0 + li;
         var row = vec4<u32>(0u);

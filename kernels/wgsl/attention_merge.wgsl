@@ -5,9 +5,10 @@
 // as attention.wgsl writes it.
 //
 // Bindings: 0 SeqP (dynamic offset), 1 S (read, attention_part.wgsl's layout), 4 POS, 5 O, 6 Q8O
-// (as attention.wgsl's header); 2 and 3 are not read.
+// (as attention.wgsl's header); 2 is not read, 3 (VC) only declared for attention_part.wgsl.
 
 @group(0) @binding(1) var<storage, read> S: array<f32>;
+@group(0) @binding(3) var<storage, read> VC: array<u32>;
 @group(0) @binding(6) var<storage, read_write> Q8O: array<vec4<u32>>;
 
 @compute @workgroup_size(256)

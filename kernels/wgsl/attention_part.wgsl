@@ -38,6 +38,14 @@ fn key_range(t: u32, li: u32) -> vec4<u32> {
     return vec4<u32>(n_keys, k0, k0 / C, (n_keys + C - 1u) / C);
 }
 
+// Values (e, e + 1) of VC (declared by each file's prefix), e even.
+fn v_pair(e: u32) -> vec2<f32> {
+    if (p.kv_f16 != 0u) {
+        return unpack2x16float(VC[e >> 1u]);
+    }
+    return vec2<f32>(bitcast<f32>(VC[e]), bitcast<f32>(VC[e + 1u]));
+}
+
 // Index in O of element d of query head h's output of token row t (swizzled for the o projection
 // when p.swizzle).
 fn o_index(t: u32, h: u32, d: u32) -> u32 {

@@ -35,9 +35,9 @@ fn tokens_per_group(group: usize) -> usize {
 }
 
 /// The grid of attention_kv.wgsl for a sequence of `n_tok` tokens (n_kv_head, blocks of tokens)
-/// when the sequence takes it: `from` (the context's
-/// [`WgpuOptions::attention_kv`](super::WgpuOptions::attention_kv), 0 where the kernel was not
-/// built) tokens or more, head_dim and the query heads per KV head within the kernel's limits.
+/// when the sequence takes it: `from` ([`WgpuOptions::attention_kv`](super::WgpuOptions::attention_kv),
+/// 0: never) tokens or more, head_dim and the query heads per KV head within the kernel's limits.
+/// Whether the kernel was built is the caller's (`WgpuContext::attention_kv`).
 pub(crate) fn grid(from: usize, n_head: usize, n_kv_head: usize, head_dim: usize, n_tok: usize) -> Option<(u32, u32)> {
     let group = n_head.checked_div(n_kv_head)?;
     let on = from > 0 && n_tok >= from;

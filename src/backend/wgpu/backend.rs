@@ -11,7 +11,6 @@ use std::sync::{Arc, Mutex};
 use half::f16;
 use wgpu::util::DeviceExt;
 
-use super::attention_kv;
 use super::context::{grid_1d, WgpuContext, MAX_HEAD_DIM, WEIGHT_TYPES};
 use super::pipeline::Kernel;
 use super::kv::window_param;
@@ -213,10 +212,9 @@ impl WgpuBackend {
             // chunk partials, unused (one workgroup per (head, token) walks every chunk)
             Arg::Zeroed(16),
         ];
-        let k = &self.ctx.kernels;
-        match k.attention_kv.as_ref().zip(attention_kv::grid(self.ctx.attention_kv, a.n_head, a.n_kv_head, hd, n)) {
+        match self.ctx.attention_kv(a.n_head, a.n_kv_head, hd, n) {
             Some((kv, grid)) => self.run(kv, &params, &args, grid, 4, a.out),
-            None => self.run(&k.attention, &params, &args, (a.n_head as u32, n as u32), 4, a.out),
+            None => self.run(&self.ctx.kernels.attention, &params, &args, (a.n_head as u32, n as u32), 4, a.out),
         }
     }
 

@@ -155,8 +155,6 @@ pub struct WgpuContext {
     pub(crate) attention_split: bool,
     /// [`WgpuOptions::o_merge`]
     pub(crate) o_merge: bool,
-    /// [`WgpuOptions::attention_kv`] where the kernel was built, else 0 (never)
-    pub(crate) attention_kv: usize,
     /// [`WgpuOptions::submit_layers`]
     pub(crate) submit_layers: usize,
     /// [`WgpuOptions::spin_us`]
@@ -332,7 +330,6 @@ impl WgpuContext {
         }));
         let tile_wide = if opts.tile && lanes == 32 { opts.tile_wide } else { 0 };
         let kernels = build_kernels(&device, lanes, decode, subgroups, opts.tile.then_some(tile_wide > 0), opts.shader_checks)?;
-        let attention_kv = if kernels.attention_kv.is_some() { opts.attention_kv } else { 0 };
         let summary = AdapterSummary {
             name: info.name.clone(),
             device_type: format!("{:?}", info.device_type),
@@ -358,7 +355,6 @@ impl WgpuContext {
             attention_one: opts.attention_one,
             attention_split: opts.attention_split,
             o_merge: opts.o_merge,
-            attention_kv,
             submit_layers: opts.submit_layers,
             qkv_rope: opts.qkv_rope,
             spin: std::time::Duration::from_micros(opts.spin_us),
@@ -374,6 +370,14 @@ impl WgpuContext {
     /// The options this context was made with.
     pub fn options(&self) -> &WgpuOptions {
         &self.options
+    }
+
+    /// attention_kv.wgsl and its grid for a sequence of `n_tok` tokens of this shape, where the
+    /// sequence takes it (the kernel was built; [`WgpuOptions::attention_kv`] and the kernel's
+    /// limits: `attention_kv::grid`); `None`: attention.wgsl.
+    pub(crate) fn attention_kv(&self, n_head: usize, n_kv_head: usize, head_dim: usize, n_tok: usize) -> Option<(&Kernel, (u32, u32))> {
+        let kernel = self.kernels.attention_kv.as_ref()?;
+        super::attention_kv::grid(self.options.attention_kv, n_head, n_kv_head, head_dim, n_tok).map(|g| (kernel, g))
     }
 
     /// Threads per matmul row (see [`WgpuOptions::matmul_lanes`]).

@@ -19,7 +19,6 @@
 
 use std::sync::Arc;
 
-use super::attention_kv;
 use super::context::{grid_1d, next_id, WgpuContext, PARAM_WINDOW};
 use super::pipeline::Kernel;
 use super::plan::Step;
@@ -317,7 +316,7 @@ pub(crate) fn record_seqs<'a>(
         // attention.wgsl: a grid taller than the sequence's tokens is the split (one token)
         let chunks = split_chunks(split, s);
         let grid = (c.n_head as u32, (s.n_tok * chunks) as u32);
-        let grouped = k.attention_kv.as_ref().zip(attention_kv::grid(ctx.attention_kv, c.n_head, c.n_head_kv, c.head_dim, s.n_tok));
+        let grouped = ctx.attention_kv(c.n_head, c.n_head_kv, c.head_dim, s.n_tok);
         match (single(s), grouped) {
             (true, _) => emit("attention + rope + kv store", &k.attention_one.pipeline, gpu_kv(s).bind(li, 2), i, grid),
             (false, Some((kv, g))) if chunks == 1 => emit("attention by kv head", &kv.pipeline, gpu_kv(s).bind(li, 1), i, g),

@@ -23,8 +23,9 @@ pub const WIDE_FROM_TOKENS: usize = 256;
 /// Columns from which the wide tile is not used by default (see [`WIDE_FROM_TOKENS`]).
 pub const WIDE_MAX_COLS: usize = 1024;
 /// Tokens from which a sequence's prefill attention runs one workgroup per KV head and block of
-/// tokens (default of [`WgpuOptions::attention_kv`]). H200, SmolLM2-shaped (t/s, two rounds,
-/// docs/perf.md): pp512 45142-45329 against 43017-44056, pp128 27149-29192 against 28378-30446.
+/// tokens (default of [`WgpuOptions::attention_kv`]). H200, SmolLM2-shaped, new kernel against
+/// the per-head one (t/s, two interleaved rounds, docs/perf.md): pp512 44136 / 47677 against
+/// 45533 / 44218, pp128 25141 / 27602 against 28599 / 30170; the 1.1B gains from pp128 on.
 pub const ATTN_KV_FROM_TOKENS: usize = 256;
 /// Microseconds a read-back polls before it sleeps (default of [`WgpuOptions::spin_us`]).
 pub const SPIN_US: u64 = 2000;
