@@ -241,4 +241,13 @@ pub trait Backend: Send + Sync {
 
     /// x += y, elementwise.
     fn add(&self, x: &mut [f32], y: &[f32]);
+
+    /// Rows `ids` of `table`, dequantized: `out[t, :]` = row `ids[t]` (the embedding lookup).
+    /// Exact: each row is `gguf::dequantize_row`'s, whoever computes it. Every id must be a row of
+    /// the table and `out` hold `ids.len() * table.cols` values (the caller checks both).
+    fn dequantize_rows(&self, table: WeightView<'_>, ids: &[u32], out: &mut [f32]) {
+        for (o, &id) in out.chunks_exact_mut(table.cols).zip(ids) {
+            crate::gguf::dequantize_row(table.ty, table.row(id as usize), o);
+        }
+    }
 }

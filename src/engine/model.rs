@@ -13,7 +13,7 @@ use std::sync::Arc;
 use crate::backend::cpu::ops;
 use crate::backend::offload::{LayerOffload, LogitRows, OffloadActs, OffloadError, SeqSpan};
 use crate::backend::{AttentionArgs, Backend, WeightView};
-use crate::gguf::{dequantize_row, GgufError, GgufFile};
+use crate::gguf::{GgufError, GgufFile};
 
 use super::config::{ModelConfig, RopeStyle};
 use super::kv::KvCache;
@@ -254,20 +254,18 @@ impl Model {
         let e = c.n_embd;
 
         // Token embeddings (scaled where the architecture says so) and positions.
-        let emb = self.weights.token_embd.view(g);
         let mut t = 0;
         for s in seqs.iter() {
-            for (i, &tok) in s.tokens.iter().enumerate() {
-                let x = &mut state.x[t * e..(t + 1) * e];
-                dequantize_row(emb.ty, emb.row(tok as usize), x);
-                if let Some(scale) = c.embed_scale {
-                    x.iter_mut().for_each(|v| *v *= scale);
-                }
-                state.pos[t] = (s.kv.len() + i) as u32;
-                t += 1;
+            self.embed(state, t, s.tokens);
+            for i in 0..s.tokens.len() {
+                state.pos[t + i] = (s.kv.len() + i) as u32;
             }
+            t += s.tokens.len();
         }
-        self.fill_rope(state, n);
+        // RoPE rows serve the host's layers only (512 rows cost a few tenths of a ms of sin / cos)
+        if self.host_layers() {
+            self.fill_rope(state, n);
+        }
         let offload_logits = self.offload_logits();
         let n_rows: usize = seqs.iter().map(|s| s.logits.rows(s.tokens.len()).len()).sum();
         if state.logits.len() < n_rows * c.vocab_size {
@@ -346,24 +344,31 @@ impl Model {
         }
     }
 
+    /// The embeddings of `tokens` (ids checked by the caller) in rows `t0..` of the residual
+    /// stream, scaled where the architecture says so: dequantized by the backend (the CPU's team
+    /// splits the rows), the same values as a row-by-row loop.
+    fn embed(&self, state: &mut RunState, t0: usize, tokens: &[u32]) {
+        let e = self.config.n_embd;
+        let x = &mut state.x[t0 * e..(t0 + tokens.len()) * e];
+        self.backend.dequantize_rows(self.weights.token_embd.view(&self.gguf), tokens, x);
+        if let Some(scale) = self.config.embed_scale {
+            x.iter_mut().for_each(|v| *v *= scale);
+        }
+    }
+
     /// BLEND's start: the embeddings of `tokens` in rows 0.. of the residual stream at positions
     /// 0.. (the whole prompt, one sequence), with their RoPE rows.
     pub(super) fn embed_all(&self, state: &mut RunState, tokens: &[u32]) -> Result<(), ModelError> {
-        let (c, e) = (&self.config, self.config.n_embd);
+        let c = &self.config;
         if tokens.len() > state.max_tokens {
             return Err(ModelError::BatchTooLarge { got: tokens.len(), max: state.max_tokens });
         }
-        let emb = self.weights.token_embd.view(&self.gguf);
-        for (t, &tok) in tokens.iter().enumerate() {
-            if tok as usize >= c.vocab_size {
-                return Err(ModelError::BadToken { id: tok, vocab: c.vocab_size });
-            }
-            let x = &mut state.x[t * e..(t + 1) * e];
-            dequantize_row(emb.ty, emb.row(tok as usize), x);
-            if let Some(scale) = c.embed_scale {
-                x.iter_mut().for_each(|v| *v *= scale);
-            }
-            state.pos[t] = t as u32;
+        if let Some(&id) = tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
+            return Err(ModelError::BadToken { id, vocab: c.vocab_size });
+        }
+        self.embed(state, 0, tokens);
+        for (t, p) in state.pos[..tokens.len()].iter_mut().enumerate() {
+            *p = t as u32;
         }
         self.fill_rope(state, tokens.len());
         Ok(())

@@ -123,6 +123,12 @@ impl Model {
         self.segments.iter().position(|s| s.layers().contains(&li))
     }
 
+    /// Whether some layer runs on the host backend (the only reader of the run state's RoPE rows:
+    /// an offloaded layer ropes on its device).
+    pub(super) fn host_layers(&self) -> bool {
+        (0..self.config.n_layer).any(|li| self.segment_of(li).is_none())
+    }
+
     /// Whether the output norm and logits run on the last segment's device (its layers end the
     /// model and it has the head).
     pub(super) fn offload_logits(&self) -> bool {

@@ -354,6 +354,26 @@ impl Backend for CpuBackend {
         });
     }
 
+    /// Split over the team in runs of [`EMBED_ROWS`] rows (a prefill's embedding was one
+    /// thread's serial loop: ~1 ms for 512 rows of 2048 Q4_0 values on one Zen 3 core).
+    fn dequantize_rows(&self, table: WeightView<'_>, ids: &[u32], out: &mut [f32]) {
+        let cols = table.cols;
+        let rows = |ids: &[u32], out: &mut [f32]| {
+            for (o, &id) in out.chunks_exact_mut(cols).zip(ids) {
+                crate::gguf::dequantize_row(table.ty, table.row(id as usize), o);
+            }
+        };
+        if self.team.threads() == 1 || ids.len() < 2 * EMBED_ROWS {
+            return rows(ids, out);
+        }
+        let shared = SharedSlice::new(out);
+        let shared = &shared;
+        self.team.for_chunks(ids.len(), EMBED_ROWS, &|r| {
+            // SAFETY: row runs are disjoint; each is handed to one thread.
+            rows(&ids[r.clone()], unsafe { shared.slice(r.start * cols, r.len() * cols) });
+        });
+    }
+
     fn add(&self, x: &mut [f32], y: &[f32]) {
         for (a, b) in x.iter_mut().zip(y) {
             *a += b;
@@ -363,6 +383,8 @@ impl Backend for CpuBackend {
 
 /// Elements per parallel GELU work item (a multiple of 4).
 const GELU_BLOCK: usize = 2048;
+/// Rows per parallel run of [`Backend::dequantize_rows`].
+const EMBED_ROWS: usize = 16;
 
 /// Rows per parallel RMSNorm work item.
 const NORM_ROWS: usize = 16;

@@ -457,3 +457,24 @@ fn norm_rows_and_parallel_rope_equal_one_row_at_a_time() {
         assert!(par.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "rope of {n} tokens");
     }
 }
+
+#[test]
+fn dequantize_rows_equals_the_row_loop_on_any_team() {
+    // 70 ids (runs of EMBED_ROWS and a short last run), repeats and the table's ends
+    let (rows, cols) = (90, 256);
+    let ids: Vec<u32> = (0..70u32).map(|i| (i * 37 + 5) % rows as u32).chain([0, rows as u32 - 1, 3, 3]).collect();
+    for ty in TYPES {
+        let data = matrix(ty, rows, cols);
+        let w = WeightView::new(ty, rows, cols, &data).expect("view");
+        let mut want = vec![0f32; ids.len() * cols];
+        for (o, &id) in want.chunks_exact_mut(cols).zip(&ids) {
+            crate::gguf::dequantize_row(ty, w.row(id as usize), o);
+        }
+        for threads in [1, 3] {
+            let b = CpuBackend::new(threads).expect("pool");
+            let mut got = vec![f32::NAN; ids.len() * cols];
+            b.dequantize_rows(w, &ids, &mut got);
+            assert!(got.iter().zip(&want).all(|(a, r)| a.to_bits() == r.to_bits()), "{ty:?}, {threads} threads: rows differ");
+        }
+    }
+}

@@ -242,3 +242,25 @@ fn q5k_hand_block() {
     assert_eq!(y[1], -1.5);
     assert_eq!(y[65], 0.0); // sub-block 2 has scale 0 and min 0
 }
+
+#[test]
+fn half_rows_convert_as_the_element_loop() {
+    // every f16 / bf16 bit pattern class: normals, subnormals, zeros, infinities, NaNs
+    let bits: Vec<u16> = (0..4096u32).map(|i| (i.wrapping_mul(40503) >> 4) as u16).chain([0, 0x8000, 0x0001, 0x7C00, 0xFC00, 0x7E00, 0x7F80]).collect();
+    let mut bytes = vec![0u8];
+    bytes.extend(bits.iter().flat_map(|b| b.to_le_bytes()));
+    // aligned (the slice path) and at an odd address (the element loop)
+    for src in [&bytes[1..], &bytes[..bytes.len() - 1]] {
+        for ty in [GgmlType::F16, GgmlType::BF16] {
+            let mut got = vec![0f32; bits.len()];
+            dequantize_row(ty, src, &mut got);
+            for (i, (g, c)) in got.iter().zip(src.chunks_exact(2)).enumerate() {
+                let want = match ty {
+                    GgmlType::F16 => f16::from_le_bytes([c[0], c[1]]).to_f32(),
+                    _ => bf16::from_le_bytes([c[0], c[1]]).to_f32(),
+                };
+                assert!(g.to_bits() == want.to_bits() || (g.is_nan() && want.is_nan()), "{ty:?} [{i}]: {g} vs {want}");
+            }
+        }
+    }
+}
