@@ -212,8 +212,9 @@ pub fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) {
                 *d = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
             }
         }
-        // half's slice conversion (F16C / NEON where the CPU has it: ~30x the element loop on
-        // 512 rows of 2048) where the bytes are 2-aligned little-endian halves, else the loop.
+        // half's slice conversion (F16C / NEON where the CPU has it; a lookup of 512 rows of 2048
+        // went from 3.7 to 1.1 ms on one Zen 3 core) where the bytes are 2-aligned little-endian
+        // halves, else the element loop.
         GgmlType::F16 => match halves(src) {
             Some(h) => h.reinterpret_cast::<f16>().convert_to_f32_slice(dst),
             None => {
