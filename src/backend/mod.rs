@@ -246,8 +246,14 @@ pub trait Backend: Send + Sync {
     /// Exact: each row is `gguf::dequantize_row`'s, whoever computes it. Every id must be a row of
     /// the table and `out` hold `ids.len() * table.cols` values (the caller checks both).
     fn dequantize_rows(&self, table: WeightView<'_>, ids: &[u32], out: &mut [f32]) {
-        for (o, &id) in out.chunks_exact_mut(table.cols).zip(ids) {
-            crate::gguf::dequantize_row(table.ty, table.row(id as usize), o);
-        }
+        dequantize_rows_in_order(table, ids, out);
+    }
+}
+
+/// [`Backend::dequantize_rows`] one row after another: the default, and each run of the CPU
+/// backend's parallel split.
+pub(crate) fn dequantize_rows_in_order(table: WeightView<'_>, ids: &[u32], out: &mut [f32]) {
+    for (o, &id) in out.chunks_exact_mut(table.cols).zip(ids) {
+        crate::gguf::dequantize_row(table.ty, table.row(id as usize), o);
     }
 }

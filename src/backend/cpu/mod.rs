@@ -48,7 +48,7 @@ use self::shared::{SharedOut, SharedSlice};
 use self::team::Team;
 pub use super::simd::SimdLevel;
 use super::offload::FfnActivation;
-use super::{attention_keys, AttentionArgs, Backend, Op, Prepared, WeightView};
+use super::{attention_keys, dequantize_rows_in_order, AttentionArgs, Backend, Op, Prepared, WeightView};
 use crate::gguf::GgmlType;
 
 /// Quantized activations of the current matmul, reused across calls (no allocation once warm).
@@ -357,20 +357,15 @@ impl Backend for CpuBackend {
     /// Split over the team in runs of [`EMBED_ROWS`] rows (a prefill's embedding was one
     /// thread's serial loop: ~1 ms for 512 rows of 2048 Q4_0 values on one Zen 3 core).
     fn dequantize_rows(&self, table: WeightView<'_>, ids: &[u32], out: &mut [f32]) {
-        let cols = table.cols;
-        let rows = |ids: &[u32], out: &mut [f32]| {
-            for (o, &id) in out.chunks_exact_mut(cols).zip(ids) {
-                crate::gguf::dequantize_row(table.ty, table.row(id as usize), o);
-            }
-        };
         if self.team.threads() == 1 || ids.len() < 2 * EMBED_ROWS {
-            return rows(ids, out);
+            return dequantize_rows_in_order(table, ids, out);
         }
+        let cols = table.cols;
         let shared = SharedSlice::new(out);
         let shared = &shared;
         self.team.for_chunks(ids.len(), EMBED_ROWS, &|r| {
             // SAFETY: row runs are disjoint; each is handed to one thread.
-            rows(&ids[r.clone()], unsafe { shared.slice(r.start * cols, r.len() * cols) });
+            dequantize_rows_in_order(table, &ids[r.clone()], unsafe { shared.slice(r.start * cols, r.len() * cols) });
         });
     }
 
