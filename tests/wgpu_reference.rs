@@ -203,30 +203,43 @@ fn wgpu_speed_of(tier: &mut Tier<'_>, prompt: &[u32], n_decode: usize) -> (Speed
 /// GPU milliseconds per kind of dispatch.
 type Profile = Vec<(&'static str, f64)>;
 
-/// The profiles of a prefill of `prompt` and of one decode step after it, and the decode step
-/// timed as a whole (medians of 16 steps).
-fn profile(tier: &mut Tier<'_>, prompt: &[u32]) -> Option<(Profile, Profile, Profile)> {
+/// The profiles of a prefill of `prompt` and of one decode step after it, and the prefill and
+/// the decode step timed as a whole (medians of 5 prefills and 16 steps).
+fn profile(tier: &mut Tier<'_>, prompt: &[u32]) -> Option<(Profile, Profile, Profile, Profile)> {
     let e = tier.model.config.n_embd;
-    tier.layers.truncate(0);
-    let mut h = vec![0.01f32; prompt.len() * e];
     let pos: Vec<u32> = (0..prompt.len() as u32).collect();
+    let mut h = vec![0.01f32; prompt.len() * e];
+    // the prefill as a whole: medians of 5
+    let mut spans: Vec<Profile> = Vec::new();
+    for _ in 0..5 {
+        tier.layers.truncate(0);
+        h.fill(0.01);
+        spans.push(tier.layers.forward_timed(&mut h, &pos).expect("timed")?);
+    }
+    let pre_whole = medians(&spans);
+    tier.layers.truncate(0);
+    h.fill(0.01);
     let pre = tier.layers.forward_profiled(&mut h, &pos).expect("profile")?;
     let mut one = vec![0.01f32; e];
     let dec = tier.layers.forward_profiled(&mut one, &[prompt.len() as u32]).expect("profile")?;
     // the decode step as a whole: medians of 16 steps
-    let mut spans: Vec<Vec<(&'static str, f64)>> = Vec::new();
+    let mut spans: Vec<Profile> = Vec::new();
     for i in 0..16 {
         spans.push(tier.layers.forward_timed(&mut one, &[(prompt.len() + 1 + i) as u32]).expect("timed")?);
         one.iter_mut().for_each(|v| *v = v.clamp(-1.0, 1.0));
     }
-    let whole = (0..spans[0].len())
+    Some((pre, dec, pre_whole, medians(&spans)))
+}
+
+/// Entry by entry, the median over `spans` (each with the same entries).
+fn medians(spans: &[Profile]) -> Profile {
+    (0..spans[0].len())
         .map(|k| {
             let mut v: Vec<f64> = spans.iter().map(|s| s[k].1).collect();
             v.sort_by(f64::total_cmp);
             (spans[0][k].0, v[v.len() / 2])
         })
-        .collect();
-    Some((pre, dec, whole))
+        .collect()
 }
 
 #[test]
@@ -264,7 +277,7 @@ fn wgpu_speed() {
         println!("| {name} | wgpu tier / CPU | {:.1}x | {:.1}x |", full.prefill / c.prefill, full.decode / c.decode);
         profiles.extend(profile(&mut tier, &prompt).map(|p| (name.clone(), p)));
     }
-    for (name, (pre, dec, whole)) in profiles {
+    for (name, (pre, dec, pre_whole, whole)) in profiles {
         println!();
         println!("GPU time per kind of dispatch, {name} (one compute pass per dispatch, timestamps):");
         println!();
@@ -278,10 +291,13 @@ fn wgpu_speed() {
             println!("| total | {:.3} |", prof.iter().map(|p| p.1).sum::<f64>());
             println!();
         }
-        println!("| decode step as a whole (recorded as it goes), median of 16 steps | ms |");
-        println!("|---|---|");
-        for (k, ms) in &whole {
-            println!("| {k} | {ms:.3} |");
+        for (what, prof) in [(format!("prefill of {n_prompt} tokens as a whole, median of 5"), &pre_whole), ("decode step as a whole (recorded as it goes), median of 16 steps".to_string(), &whole)] {
+            println!("| {what} | ms |");
+            println!("|---|---|");
+            for (k, ms) in prof.iter() {
+                println!("| {k} | {ms:.3} |");
+            }
+            println!();
         }
     }
 }
