@@ -24,9 +24,12 @@
 //   and head_dim are multiples of 4);
 // * tiles: thread (r, g), r < RMAX, g < 8, takes row r's tile g: its max m, e = exp(s - m) in
 //   place of the scores, and l;
-// * values: thread (row r0 = i / 32 and r0 + 8, value pairs i % 32 and i % 32 + 32) walks the 8
-//   tiles, each key's value pair loaded once for both rows, and folds the chunk into its rows'
-//   running partials;
+// * values, head_dim <= 64 (one value pair per lane): thread (g = i / 32, pair i % 32) walks tile
+//   g for every row, each key's value pair loaded once for all of them (walk_rows); the tiles' o
+//   go through `es` to thread (row r0 = i / 32 and r0 + 8, pair i % 32), which merges its rows'
+//   tiles in tile order and folds the chunk into their running partials. Head_dim over 64: that
+//   thread walks the 8 tiles itself (value pairs i % 32 and i % 32 + 32, each key's pair loaded
+//   once for both rows; tile_walk);
 // * after the last chunk the rows' outputs go through `es` to attention_part.wgsl's writers,
 //   head_dim / 4 threads per row (O, and the Q8 rows when p.q8_out).
 
@@ -40,8 +43,9 @@ const TS: u32 = 36u;      // `es` stride between a row's tiles: 32 scores + 4 (v
 const ES_ROW: u32 = 292u; // `es` stride between rows: 8 tiles + 4 (spreads rows over banks)
 const KL: u32 = 32u;      // keys per tile (attention.wgsl's L)
 
-// [RMAX][ES_ROW] f32, read 4 at a time: the chunk's scores, then their e = exp(s - m); at the
-// end the rows' outputs [RMAX][head_dim]
+// [RMAX][ES_ROW] f32, read 4 at a time: the chunk's scores, then their e = exp(s - m), then
+// (head_dim <= 64) the tiles' o on their way to the rows' owners (stage_at); at the end the rows'
+// outputs [RMAX][head_dim]
 var<workgroup> es: array<vec4<f32>, 1168>;
 // [RMAX][8] each row's tile maxima and sums of the current chunk
 var<workgroup> tm: array<f32, 128>;
@@ -167,6 +171,159 @@ fn tile_walk(ia: u32, ib: u32, vb: u32, hd: u32, nka: u32, nkb: u32, two: bool) 
     return O2(oa, ob);
 }
 
+// One tile's o of all 16 rows for one value pair (walk_rows), in registers: written out, not an
+// array, so that they stay there.
+struct W16 {
+    r0: vec2<f32>, r1: vec2<f32>, r2: vec2<f32>, r3: vec2<f32>,
+    r4: vec2<f32>, r5: vec2<f32>, r6: vec2<f32>, r7: vec2<f32>,
+    r8: vec2<f32>, r9: vec2<f32>, r10: vec2<f32>, r11: vec2<f32>,
+    r12: vec2<f32>, r13: vec2<f32>, r14: vec2<f32>, r15: vec2<f32>,
+}
+
+// Four keys' value pairs (loads only).
+struct P4 {
+    a: vec2<f32>,
+    b: vec2<f32>,
+    c: vec2<f32>,
+    d: vec2<f32>,
+}
+
+// Row r's o continued by keys 4i .. 4i + 3 of tile tg (e weights at es vec4 r * ES_ROW / 4 +
+// tg * TS / 4 + i): one fused multiply-add per key and element, in key order.
+fn row4(o: vec2<f32>, r: u32, tg: u32, i: u32, v: P4) -> vec2<f32> {
+    let e = es[r * (ES_ROW / 4u) + tg * (TS / 4u) + i];
+    return fma(vec2<f32>(e.w), v.d, fma(vec2<f32>(e.z), v.c, fma(vec2<f32>(e.y), v.b, fma(vec2<f32>(e.x), v.a, o))));
+}
+
+// Row r's o continued by key k of tile tg alone.
+fn row1(o: vec2<f32>, r: u32, tg: u32, k: u32, v: vec2<f32>) -> vec2<f32> {
+    return fma(vec2<f32>(es_get(r * ES_ROW + tg * TS + k)), v, o);
+}
+
+// Keys 4i .. 4i + 3 (P4 v) into rows 0 .. 15 where the block of four rows has a live row.
+fn walk4(w: W16, nr: u32, tg: u32, i: u32, v: P4) -> W16 {
+    var o = w;
+    o.r0 = row4(o.r0, 0u, tg, i, v);
+    o.r1 = row4(o.r1, 1u, tg, i, v);
+    o.r2 = row4(o.r2, 2u, tg, i, v);
+    o.r3 = row4(o.r3, 3u, tg, i, v);
+    if (nr > 4u) {
+        o.r4 = row4(o.r4, 4u, tg, i, v);
+        o.r5 = row4(o.r5, 5u, tg, i, v);
+        o.r6 = row4(o.r6, 6u, tg, i, v);
+        o.r7 = row4(o.r7, 7u, tg, i, v);
+    }
+    if (nr > 8u) {
+        o.r8 = row4(o.r8, 8u, tg, i, v);
+        o.r9 = row4(o.r9, 9u, tg, i, v);
+        o.r10 = row4(o.r10, 10u, tg, i, v);
+        o.r11 = row4(o.r11, 11u, tg, i, v);
+    }
+    if (nr > 12u) {
+        o.r12 = row4(o.r12, 12u, tg, i, v);
+        o.r13 = row4(o.r13, 13u, tg, i, v);
+        o.r14 = row4(o.r14, 14u, tg, i, v);
+        o.r15 = row4(o.r15, 15u, tg, i, v);
+    }
+    return o;
+}
+
+// Key k alone (v its value pair) into rows 0 .. 15 as walk4.
+fn walk1(w: W16, nr: u32, tg: u32, k: u32, v: vec2<f32>) -> W16 {
+    var o = w;
+    o.r0 = row1(o.r0, 0u, tg, k, v);
+    o.r1 = row1(o.r1, 1u, tg, k, v);
+    o.r2 = row1(o.r2, 2u, tg, k, v);
+    o.r3 = row1(o.r3, 3u, tg, k, v);
+    if (nr > 4u) {
+        o.r4 = row1(o.r4, 4u, tg, k, v);
+        o.r5 = row1(o.r5, 5u, tg, k, v);
+        o.r6 = row1(o.r6, 6u, tg, k, v);
+        o.r7 = row1(o.r7, 7u, tg, k, v);
+    }
+    if (nr > 8u) {
+        o.r8 = row1(o.r8, 8u, tg, k, v);
+        o.r9 = row1(o.r9, 9u, tg, k, v);
+        o.r10 = row1(o.r10, 10u, tg, k, v);
+        o.r11 = row1(o.r11, 11u, tg, k, v);
+    }
+    if (nr > 12u) {
+        o.r12 = row1(o.r12, 12u, tg, k, v);
+        o.r13 = row1(o.r13, 13u, tg, k, v);
+        o.r14 = row1(o.r14, 14u, tg, k, v);
+        o.r15 = row1(o.r15, 15u, tg, k, v);
+    }
+    return o;
+}
+
+// Tile tg (keys from `start` on) walked for every row, value pair pl (head_dim <= 64): the keys
+// up to the most any live row takes, every row's chain over all of them. A row's e is 0 past its
+// own keys (exp(NEG - m) underflows; a tile it does not take at all was zeroed), and a fused
+// multiply-add of 0 leaves the chain's bits as they are (the chain is never -0: it starts at
+// +0), so each row gets the bits of a walk over its own keys alone (tile_walk's).
+fn walk_rows(start: u32, nr: u32, kv0: u32, hd: u32, pl: u32, tg: u32) -> W16 {
+    let z = vec2<f32>(0.0);
+    var o = W16(z, z, z, z, z, z, z, z, z, z, z, z, z, z, z, z);
+    var nk = 0u;
+    for (var r = 0u; r < nr; r++) {
+        nk = max(nk, tile_keys(rows[r], start));
+    }
+    if (2u * pl >= hd) {
+        // no value pair of this lane (head_dim under 64)
+        return o;
+    }
+    let vb = (kv0 + start) * hd + 2u * pl;
+    var k = 0u;
+    for (; k + 4u <= nk; k += 4u) {
+        let e = vb + k * hd;
+        o = walk4(o, nr, tg, k / 4u, P4(v_pair(e), v_pair(e + hd), v_pair(e + 2u * hd), v_pair(e + 3u * hd)));
+    }
+    for (; k < nk; k++) {
+        o = walk1(o, nr, tg, k, v_pair(vb + k * hd));
+    }
+    return o;
+}
+
+// Staged tile o of row r0 + rr (rr < 8), tile tg, pair pl: [8 rows][8 tiles][32 pairs] vec2 in
+// `es` (4096 floats; the e weights are no longer needed).
+fn stage_at(rr: u32, tg: u32, pl: u32) -> u32 {
+    return 2u * ((rr * 8u + tg) * 32u + pl);
+}
+
+fn stage1(rr: u32, tg: u32, pl: u32, v: vec2<f32>) {
+    let i = stage_at(rr, tg, pl);
+    es_set(i, v.x);
+    es_set(i + 1u, v.y);
+}
+
+// Rows r0 .. r0 + 7 (r0 = 0 or 8) of walk_rows' o (tile tg, pair pl) into the stage.
+fn stage_rows(w: W16, r0: u32, tg: u32, pl: u32) {
+    if (r0 == 0u) {
+        stage1(0u, tg, pl, w.r0);
+        stage1(1u, tg, pl, w.r1);
+        stage1(2u, tg, pl, w.r2);
+        stage1(3u, tg, pl, w.r3);
+        stage1(4u, tg, pl, w.r4);
+        stage1(5u, tg, pl, w.r5);
+        stage1(6u, tg, pl, w.r6);
+        stage1(7u, tg, pl, w.r7);
+    } else {
+        stage1(0u, tg, pl, w.r8);
+        stage1(1u, tg, pl, w.r9);
+        stage1(2u, tg, pl, w.r10);
+        stage1(3u, tg, pl, w.r11);
+        stage1(4u, tg, pl, w.r12);
+        stage1(5u, tg, pl, w.r13);
+        stage1(6u, tg, pl, w.r14);
+        stage1(7u, tg, pl, w.r15);
+    }
+}
+
+fn staged(rr: u32, tg: u32, pl: u32) -> vec2<f32> {
+    let i = stage_at(rr, tg, pl);
+    return vec2<f32>(es_get(i), es_get(i + 1u));
+}
+
 // A thread's two rows' running partials (Part4: its 4 elements, attention_fold.wgsl).
 struct Row2 {
     a: Part4,
@@ -284,8 +441,13 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec
             let nk = tile_keys(rows[tr], c * C + tg * KL);
             var m = NEG;
             var l = 0.0;
-            if (nk > 0u) {
-                let b = (tr * ES_ROW + tg * TS) / 4u;
+            let b = (tr * ES_ROW + tg * TS) / 4u;
+            if (nk == 0u) {
+                // no key of this tile: e = 0 for the tile walk (walk_rows reads every row)
+                for (var k = 0u; k < 8u; k++) {
+                    es[b + k] = vec4<f32>(0.0);
+                }
+            } else {
                 // the max is exact in any order; keys past nk hold NEG
                 var t4 = vec4<f32>(NEG);
                 for (var k = 0u; k < 8u; k++) {
@@ -329,39 +491,61 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec
         var sumb = 0.0;
         var acca = vec4<f32>(0.0);
         var accb = vec4<f32>(0.0);
-        for (var tg = 0u; tg < 8u; tg++) {
-            let start = c * C + tg * KL;
-            var nka = 0u;
-            var nkb = 0u;
-            if (ra < nr) {
-                nka = tile_keys(rowa, start);
+        if (hd <= 64u) {
+            // one value pair per lane: group g walks tile g for every row (each value loaded once
+            // for all of them), the tiles' o pass through `es` (8 rows at a time) to the threads
+            // that own the rows, which merge them in tile order
+            let w = walk_rows(c * C + g * KL, nr, kv0, hd, pl, g);
+            workgroupBarrier();
+            stage_rows(w, 0u, g, pl);
+            workgroupBarrier();
+            for (var tg = 0u; tg < 8u; tg++) {
+                let oa = staged(ra, tg, pl);
+                let fa = exp(tm[ra * 8u + tg] - mxa);
+                suma = fma(tl[ra * 8u + tg], fa, suma);
+                acca = vec4<f32>(fma(oa, vec2<f32>(fa), acca.xy), 0.0, 0.0);
             }
-            if (rb < nr) {
-                nkb = tile_keys(rowb, start);
+            if (nr > 8u) {
+                workgroupBarrier();
+                stage_rows(w, 8u, g, pl);
+                workgroupBarrier();
+                for (var tg = 0u; tg < 8u; tg++) {
+                    let ob = staged(ra, tg, pl);
+                    let fb = exp(tm[rb * 8u + tg] - mxb);
+                    sumb = fma(tl[rb * 8u + tg], fb, sumb);
+                    accb = vec4<f32>(fma(ob, vec2<f32>(fb), accb.xy), 0.0, 0.0);
+                }
             }
-            if (2u * pl >= hd) {
-                // no value pair of this lane (head_dim under 64)
-                nka = 0u;
-                nkb = 0u;
+        } else {
+            for (var tg = 0u; tg < 8u; tg++) {
+                let start = c * C + tg * KL;
+                var nka = 0u;
+                var nkb = 0u;
+                if (ra < nr) {
+                    nka = tile_keys(rowa, start);
+                }
+                if (rb < nr) {
+                    nkb = tile_keys(rowb, start);
+                }
+                let ia = (ra * ES_ROW + tg * TS) / 4u;
+                let ib = (rb * ES_ROW + tg * TS) / 4u;
+                let vb = (kv0 + start) * hd + 2u * pl;
+                // literal `two`: each call specialized
+                var o: O2;
+                if (two) {
+                    o = tile_walk(ia, ib, vb, hd, nka, nkb, true);
+                } else {
+                    o = tile_walk(ia, ib, vb, hd, nka, nkb, false);
+                }
+                let oa = o.a;
+                let ob = o.b;
+                let fa = exp(tm[ra * 8u + tg] - mxa);
+                suma = fma(tl[ra * 8u + tg], fa, suma);
+                acca = fma(oa, vec4<f32>(fa), acca);
+                let fb = exp(tm[rb * 8u + tg] - mxb);
+                sumb = fma(tl[rb * 8u + tg], fb, sumb);
+                accb = fma(ob, vec4<f32>(fb), accb);
             }
-            let ia = (ra * ES_ROW + tg * TS) / 4u;
-            let ib = (rb * ES_ROW + tg * TS) / 4u;
-            let vb = (kv0 + start) * hd + 2u * pl;
-            // literal `two`: each call specialized
-            var o: O2;
-            if (two) {
-                o = tile_walk(ia, ib, vb, hd, nka, nkb, true);
-            } else {
-                o = tile_walk(ia, ib, vb, hd, nka, nkb, false);
-            }
-            let oa = o.a;
-            let ob = o.b;
-            let fa = exp(tm[ra * 8u + tg] - mxa);
-            suma = fma(tl[ra * 8u + tg], fa, suma);
-            acca = fma(oa, vec4<f32>(fa), acca);
-            let fb = exp(tm[rb * 8u + tg] - mxb);
-            sumb = fma(tl[rb * 8u + tg], fb, sumb);
-            accb = fma(ob, vec4<f32>(fb), accb);
         }
         // the chunk folds into a row whose keys it holds (attention.wgsl walks only those)
         if (ra < nr && c >= rowa.w / C && c * C < rowa.z) {
