@@ -117,6 +117,8 @@ pub(crate) struct Kernels {
     pub attention_kv: Option<Kernel>,
     /// SiLU(gate)·up (silu_mul.wgsl)
     pub silu_mul: Kernel,
+    /// SiLU(gate)·up written as Q8 rows (silu_mul_q8.wgsl: silu_mul's values, quantize_q8's rows)
+    pub silu_mul_q8: Kernel,
     /// residual add in place (add.wgsl)
     pub add: Kernel,
 }
@@ -206,6 +208,7 @@ const BYTES: &str = include_str!("../../../kernels/wgsl/bytes.wgsl");
 /// Q4_K / Q5_K's 6-bit (scale, min) unpacking, shared by their dequantizers.
 const K_SCALE_MIN: &str = include_str!("../../../kernels/wgsl/k_scale_min.wgsl");
 const Q8_ACT: &str = include_str!("../../../kernels/wgsl/q8_act.wgsl");
+const GATED: &str = include_str!("../../../kernels/wgsl/gated.wgsl");
 const RMS_SCALE: &str = include_str!("../../../kernels/wgsl/rms_scale.wgsl");
 const RMS_BIND: &str = include_str!("../../../kernels/wgsl/rms_bind.wgsl");
 /// Widest input (columns) mvq_x_stage.wgsl and mvq_x_merge.wgsl build in workgroup memory (mvq_x_put.wgsl: XS_WORDS / 3 * 32).
@@ -732,7 +735,12 @@ pub(super) fn build_kernels(device: &wgpu::Device, lanes: u32, decode: DecodePla
             format!("{ROPE_PAIR}\n{SEQ_KV_PUT}\n{}", include_str!("../../../kernels/wgsl/rope_store.wgsl")),
             &[B::UniformDyn, B::Rw, B::Read, B::Read, B::Rw, B::Rw],
         )?,
-        silu_mul: k("silu_mul", include_str!("../../../kernels/wgsl/silu_mul.wgsl").into(), &[B::Uniform, B::Read, B::Read, B::Rw])?,
+        silu_mul: k("silu_mul", format!("{GATED}\n{}", include_str!("../../../kernels/wgsl/silu_mul.wgsl")), &[B::Uniform, B::Read, B::Read, B::Rw])?,
+        silu_mul_q8: k(
+            "silu_mul_q8",
+            format!("{Q8_ACT}\n{GATED}\n{}", include_str!("../../../kernels/wgsl/silu_mul_q8.wgsl")),
+            &[B::Uniform, B::Read, B::Read, B::Rw],
+        )?,
         add: k("add", include_str!("../../../kernels/wgsl/add.wgsl").into(), &[B::Uniform, B::Rw, B::Read])?,
     })
 }

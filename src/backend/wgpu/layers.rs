@@ -508,7 +508,7 @@ impl GpuLayers {
             Step::PostNorm { dim, eps } => [dim as u32, n32, eps.to_bits(), 0, 1, 0, 0, 0],
             Step::Quantize { cols, swizzle } => [cols as u32, n32, swizzle as u32, 0, 0, 0, 0, 0],
             Step::HeadNorm { head_dim, n_q, row, eps, .. } => [head_dim as u32, n32, eps.to_bits(), (row / 4) as u32, n_q as u32, 0, 0, 0],
-            Step::SiluMul { pairs } => {
+            Step::SiluMul { pairs, .. } => {
                 let ff = self.config.n_ff as u32;
                 let gelu = (self.config.ffn_activation == FfnActivation::GeluTanh) as u32;
                 [n32, ff, 2 * ff, if pairs { 1 } else { ff }, 1, pairs as u32, gelu, 0]
@@ -539,6 +539,8 @@ impl GpuLayers {
             // a workgroup per 256 vec4s of a token (rmsnorm.wgsl, rmsnorm_q8.wgsl)
             Step::RmsNorm { dim, .. } | Step::PostNorm { dim, .. } => (n as u32, dim.div_ceil(1024) as u32),
             Step::Quantize { cols, .. } => grid_1d(n * cols / 4),
+            // a thread per vec4 (silu_mul_q8.wgsl) or per value (silu_mul.wgsl)
+            Step::SiluMul { q8: true, .. } => grid_1d(n * self.config.n_ff / 4),
             Step::SiluMul { .. } => grid_1d(n * self.config.n_ff),
             // a workgroup per head of a token (rmsnorm_heads.wgsl)
             Step::HeadNorm { heads, .. } => (n as u32, heads as u32),

@@ -3,7 +3,7 @@
 //!
 //! Matrices of the repacked types (Q4_0, Q4_1, Q8_0; pack.rs) multiply activations quantized to 8
 //! bits (q8_act.wgsl, the CPU engine's BlockQ8) by integer dot products: their input is written as
-//! Q8 rows by rmsnorm_q8.wgsl or quantize_q8.wgsl, and matmul.wgsl after mm_x_q8.wgsl (batch) or matvec_q8.wgsl
+//! Q8 rows by rmsnorm_q8.wgsl, silu_mul_q8.wgsl (the down projection's) or quantize_q8.wgsl, and matmul.wgsl after mm_x_q8.wgsl (batch) or matvec_q8.wgsl
 //! (one token) multiply. Other types read f32 activations (matmul.wgsl, matmul_vec.wgsl). A group
 //! of mixed types gets both inputs.
 //!
@@ -38,8 +38,9 @@ pub(super) enum Step {
     PostNorm { dim: usize, eps: f32 },
     /// quantize_q8.wgsl: rows of `cols` (swizzled or plain) to Q8 rows
     Quantize { cols: usize, swizzle: bool },
-    /// `pairs`: gate and up interleaved (upload.rs)
-    SiluMul { pairs: bool },
+    /// silu_mul.wgsl, or silu_mul_q8.wgsl when `q8` (Q8 rows out); `pairs`: gate and up
+    /// interleaved (upload.rs)
+    SiluMul { pairs: bool, q8: bool },
     /// rmsnorm_heads.wgsl: q/k norms in place in the q|k|v rows (`row` values wide), `n_q` query
     /// heads then `heads - n_q` key heads of `head_dim`
     HeadNorm { head_dim: usize, heads: usize, n_q: usize, row: usize, eps: f32 },
@@ -208,8 +209,12 @@ pub(super) fn batch_plan<'a>(pc: &PlanCtx<'a>, g: &'a GpuLayer, a: &Acts<'a>) ->
         p.push((false, k, s, "matmul gate_up", b));
     }
     let pairs = g.gate_up.iter().any(|w| w.pairs);
-    p.push((false, &pc.kern.silu_mul, Step::SiluMul { pairs }, "silu_mul", vec![a.gu, a.gu, a.act]));
-    pc.quantize(&mut p, &g.w_down, a.act, a);
+    if pc.uses_q8(&g.w_down) {
+        // the down projection's Q8 rows straight from the activation (no f32 rows, no quantize_q8)
+        p.push((false, &pc.kern.silu_mul_q8, Step::SiluMul { pairs, q8: true }, "silu_mul q8", vec![a.gu, a.gu, a.xq]));
+    } else {
+        p.push((false, &pc.kern.silu_mul, Step::SiluMul { pairs, q8: false }, "silu_mul", vec![a.gu, a.gu, a.act]));
+    }
     pc.residual(&mut p, pc.matmul(&g.w_down, a.act, a, pc.n_embd, true)?, "matmul down + add", g.post_ffn_norm.as_ref(), a);
     Ok(p)
 }
@@ -324,7 +329,7 @@ pub(super) fn one_token_plan<'a>(pc: &PlanCtx<'a>, plan: DecodePlan, g: &'a GpuL
                     let (k, s, b) = mv(w, XSrc::Plain, a.xn, false, false)?;
                     p.push((false, k, s, "matvec gate_up", with(b, &[a.gu])));
                 }
-                p.push((false, &kern.silu_mul, Step::SiluMul { pairs: false }, "silu_mul", vec![a.gu, a.gu, a.act]));
+                p.push((false, &kern.silu_mul, Step::SiluMul { pairs: false, q8: false }, "silu_mul", vec![a.gu, a.gu, a.act]));
             }
             pc.quantize(&mut p, &g.w_down, a.act, a);
             pc.residual(&mut p, mv(&g.w_down, XSrc::Plain, a.act, true, false)?, "matvec down + add", g.post_ffn_norm.as_ref(), a);
