@@ -171,22 +171,24 @@ fn tile_walk(ia: u32, ib: u32, vb: u32, hd: u32, nka: u32, nkb: u32, two: bool) 
     return O2(oa, ob);
 }
 
-// One tile's o of all 16 rows for one value pair (walk_rows), in registers: written out, not an
-// array, so that they stay there.
-struct W16 {
-    r0: vec2<f32>, r1: vec2<f32>, r2: vec2<f32>, r3: vec2<f32>,
-    r4: vec2<f32>, r5: vec2<f32>, r6: vec2<f32>, r7: vec2<f32>,
-    r8: vec2<f32>, r9: vec2<f32>, r10: vec2<f32>, r11: vec2<f32>,
-    r12: vec2<f32>, r13: vec2<f32>, r14: vec2<f32>, r15: vec2<f32>,
-}
-
-// Four keys' value pairs (loads only).
-struct P4 {
+// Four rows' o for one value pair (rows r .. r + 3 of walk_rows), and all 16 rows' in registers:
+// written out, not an array, so that they stay there.
+struct Q4 {
     a: vec2<f32>,
     b: vec2<f32>,
     c: vec2<f32>,
     d: vec2<f32>,
 }
+
+struct W16 {
+    q0: Q4,
+    q1: Q4,
+    q2: Q4,
+    q3: Q4,
+}
+
+// Four keys' value pairs (loads only), in the same shape.
+alias P4 = Q4;
 
 // Row r's o continued by keys 4i .. 4i + 3 of tile tg (e weights at es vec4 r * ES_ROW / 4 +
 // tg * TS / 4 + i): one fused multiply-add per key and element, in key order.
@@ -195,63 +197,23 @@ fn row4(o: vec2<f32>, r: u32, tg: u32, i: u32, v: P4) -> vec2<f32> {
     return fma(vec2<f32>(e.w), v.d, fma(vec2<f32>(e.z), v.c, fma(vec2<f32>(e.y), v.b, fma(vec2<f32>(e.x), v.a, o))));
 }
 
-// Row r's o continued by key k of tile tg alone.
-fn row1(o: vec2<f32>, r: u32, tg: u32, k: u32, v: vec2<f32>) -> vec2<f32> {
-    return fma(vec2<f32>(es_get(r * ES_ROW + tg * TS + k)), v, o);
+// Rows r .. r + 3 continued by keys 4i .. 4i + 3 (row4).
+fn quad4(q: Q4, r: u32, tg: u32, i: u32, v: P4) -> Q4 {
+    return Q4(row4(q.a, r, tg, i, v), row4(q.b, r + 1u, tg, i, v), row4(q.c, r + 2u, tg, i, v), row4(q.d, r + 3u, tg, i, v));
 }
 
 // Keys 4i .. 4i + 3 (P4 v) into rows 0 .. 15 where the block of four rows has a live row.
 fn walk4(w: W16, nr: u32, tg: u32, i: u32, v: P4) -> W16 {
     var o = w;
-    o.r0 = row4(o.r0, 0u, tg, i, v);
-    o.r1 = row4(o.r1, 1u, tg, i, v);
-    o.r2 = row4(o.r2, 2u, tg, i, v);
-    o.r3 = row4(o.r3, 3u, tg, i, v);
+    o.q0 = quad4(o.q0, 0u, tg, i, v);
     if (nr > 4u) {
-        o.r4 = row4(o.r4, 4u, tg, i, v);
-        o.r5 = row4(o.r5, 5u, tg, i, v);
-        o.r6 = row4(o.r6, 6u, tg, i, v);
-        o.r7 = row4(o.r7, 7u, tg, i, v);
+        o.q1 = quad4(o.q1, 4u, tg, i, v);
     }
     if (nr > 8u) {
-        o.r8 = row4(o.r8, 8u, tg, i, v);
-        o.r9 = row4(o.r9, 9u, tg, i, v);
-        o.r10 = row4(o.r10, 10u, tg, i, v);
-        o.r11 = row4(o.r11, 11u, tg, i, v);
+        o.q2 = quad4(o.q2, 8u, tg, i, v);
     }
     if (nr > 12u) {
-        o.r12 = row4(o.r12, 12u, tg, i, v);
-        o.r13 = row4(o.r13, 13u, tg, i, v);
-        o.r14 = row4(o.r14, 14u, tg, i, v);
-        o.r15 = row4(o.r15, 15u, tg, i, v);
-    }
-    return o;
-}
-
-// Key k alone (v its value pair) into rows 0 .. 15 as walk4.
-fn walk1(w: W16, nr: u32, tg: u32, k: u32, v: vec2<f32>) -> W16 {
-    var o = w;
-    o.r0 = row1(o.r0, 0u, tg, k, v);
-    o.r1 = row1(o.r1, 1u, tg, k, v);
-    o.r2 = row1(o.r2, 2u, tg, k, v);
-    o.r3 = row1(o.r3, 3u, tg, k, v);
-    if (nr > 4u) {
-        o.r4 = row1(o.r4, 4u, tg, k, v);
-        o.r5 = row1(o.r5, 5u, tg, k, v);
-        o.r6 = row1(o.r6, 6u, tg, k, v);
-        o.r7 = row1(o.r7, 7u, tg, k, v);
-    }
-    if (nr > 8u) {
-        o.r8 = row1(o.r8, 8u, tg, k, v);
-        o.r9 = row1(o.r9, 9u, tg, k, v);
-        o.r10 = row1(o.r10, 10u, tg, k, v);
-        o.r11 = row1(o.r11, 11u, tg, k, v);
-    }
-    if (nr > 12u) {
-        o.r12 = row1(o.r12, 12u, tg, k, v);
-        o.r13 = row1(o.r13, 13u, tg, k, v);
-        o.r14 = row1(o.r14, 14u, tg, k, v);
-        o.r15 = row1(o.r15, 15u, tg, k, v);
+        o.q3 = quad4(o.q3, 12u, tg, i, v);
     }
     return o;
 }
@@ -263,7 +225,8 @@ fn walk1(w: W16, nr: u32, tg: u32, k: u32, v: vec2<f32>) -> W16 {
 // +0), so each row gets the bits of a walk over its own keys alone (tile_walk's).
 fn walk_rows(start: u32, nr: u32, kv0: u32, hd: u32, pl: u32, tg: u32) -> W16 {
     let z = vec2<f32>(0.0);
-    var o = W16(z, z, z, z, z, z, z, z, z, z, z, z, z, z, z, z);
+    let zq = Q4(z, z, z, z);
+    var o = W16(zq, zq, zq, zq);
     var nk = 0u;
     for (var r = 0u; r < nr; r++) {
         nk = max(nk, tile_keys(rows[r], start));
@@ -278,8 +241,19 @@ fn walk_rows(start: u32, nr: u32, kv0: u32, hd: u32, pl: u32, tg: u32) -> W16 {
         let e = vb + k * hd;
         o = walk4(o, nr, tg, k / 4u, P4(v_pair(e), v_pair(e + hd), v_pair(e + 2u * hd), v_pair(e + 3u * hd)));
     }
-    for (; k < nk; k++) {
-        o = walk1(o, nr, tg, k, v_pair(vb + k * hd));
+    if (k < nk) {
+        // the last 1-3 keys; the rest of the four get value 0 (not loaded) and, past every row's
+        // keys, weight 0: fma(0, 0, o) is o
+        let e = vb + k * hd;
+        let n = nk - k;
+        var v = P4(v_pair(e), z, z, z);
+        if (n > 1u) {
+            v.b = v_pair(e + hd);
+        }
+        if (n > 2u) {
+            v.c = v_pair(e + 2u * hd);
+        }
+        o = walk4(o, nr, tg, k / 4u, v);
     }
     return o;
 }
@@ -296,32 +270,41 @@ fn stage1(rr: u32, tg: u32, pl: u32, v: vec2<f32>) {
     es_set(i + 1u, v.y);
 }
 
+// Rows rr .. rr + 3 of the stage from q.
+fn stage4(q: Q4, rr: u32, tg: u32, pl: u32) {
+    stage1(rr, tg, pl, q.a);
+    stage1(rr + 1u, tg, pl, q.b);
+    stage1(rr + 2u, tg, pl, q.c);
+    stage1(rr + 3u, tg, pl, q.d);
+}
+
 // Rows r0 .. r0 + 7 (r0 = 0 or 8) of walk_rows' o (tile tg, pair pl) into the stage.
 fn stage_rows(w: W16, r0: u32, tg: u32, pl: u32) {
     if (r0 == 0u) {
-        stage1(0u, tg, pl, w.r0);
-        stage1(1u, tg, pl, w.r1);
-        stage1(2u, tg, pl, w.r2);
-        stage1(3u, tg, pl, w.r3);
-        stage1(4u, tg, pl, w.r4);
-        stage1(5u, tg, pl, w.r5);
-        stage1(6u, tg, pl, w.r6);
-        stage1(7u, tg, pl, w.r7);
+        stage4(w.q0, 0u, tg, pl);
+        stage4(w.q1, 4u, tg, pl);
     } else {
-        stage1(0u, tg, pl, w.r8);
-        stage1(1u, tg, pl, w.r9);
-        stage1(2u, tg, pl, w.r10);
-        stage1(3u, tg, pl, w.r11);
-        stage1(4u, tg, pl, w.r12);
-        stage1(5u, tg, pl, w.r13);
-        stage1(6u, tg, pl, w.r14);
-        stage1(7u, tg, pl, w.r15);
+        stage4(w.q2, 0u, tg, pl);
+        stage4(w.q3, 4u, tg, pl);
     }
 }
 
 fn staged(rr: u32, tg: u32, pl: u32) -> vec2<f32> {
     let i = stage_at(rr, tg, pl);
     return vec2<f32>(es_get(i), es_get(i + 1u));
+}
+
+// Row r's 8 tiles (staged at stage row rr, pair pl) merged in tile order with the tiles' maxima
+// and sums, as the head_dim > 64 walk merges its own: (l, o of the pair).
+fn merge_staged(r: u32, rr: u32, pl: u32, mx: f32) -> vec3<f32> {
+    var l = 0.0;
+    var o = vec2<f32>(0.0);
+    for (var tg = 0u; tg < 8u; tg++) {
+        let f = exp(tm[r * 8u + tg] - mx);
+        l = fma(tl[r * 8u + tg], f, l);
+        o = fma(staged(rr, tg, pl), vec2<f32>(f), o);
+    }
+    return vec3<f32>(l, o);
 }
 
 // A thread's two rows' running partials (Part4: its 4 elements, attention_fold.wgsl).
@@ -499,22 +482,16 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec
             workgroupBarrier();
             stage_rows(w, 0u, g, pl);
             workgroupBarrier();
-            for (var tg = 0u; tg < 8u; tg++) {
-                let oa = staged(ra, tg, pl);
-                let fa = exp(tm[ra * 8u + tg] - mxa);
-                suma = fma(tl[ra * 8u + tg], fa, suma);
-                acca = vec4<f32>(fma(oa, vec2<f32>(fa), acca.xy), 0.0, 0.0);
-            }
+            let a = merge_staged(ra, ra, pl, mxa);
+            suma = a.x;
+            acca = vec4<f32>(a.yz, 0.0, 0.0);
             if (nr > 8u) {
                 workgroupBarrier();
                 stage_rows(w, 8u, g, pl);
                 workgroupBarrier();
-                for (var tg = 0u; tg < 8u; tg++) {
-                    let ob = staged(ra, tg, pl);
-                    let fb = exp(tm[rb * 8u + tg] - mxb);
-                    sumb = fma(tl[rb * 8u + tg], fb, sumb);
-                    accb = vec4<f32>(fma(ob, vec2<f32>(fb), accb.xy), 0.0, 0.0);
-                }
+                let b = merge_staged(rb, ra, pl, mxb);
+                sumb = b.x;
+                accb = vec4<f32>(b.yz, 0.0, 0.0);
             }
         } else {
             for (var tg = 0u; tg < 8u; tg++) {

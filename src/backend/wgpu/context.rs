@@ -209,6 +209,7 @@ const BYTES: &str = include_str!("../../../kernels/wgsl/bytes.wgsl");
 const K_SCALE_MIN: &str = include_str!("../../../kernels/wgsl/k_scale_min.wgsl");
 const Q8_ACT: &str = include_str!("../../../kernels/wgsl/q8_act.wgsl");
 const GATED: &str = include_str!("../../../kernels/wgsl/gated.wgsl");
+const Q8_ROWS: &str = include_str!("../../../kernels/wgsl/q8_rows.wgsl");
 const RMS_SCALE: &str = include_str!("../../../kernels/wgsl/rms_scale.wgsl");
 const RMS_BIND: &str = include_str!("../../../kernels/wgsl/rms_bind.wgsl");
 /// Widest input (columns) mvq_x_stage.wgsl and mvq_x_merge.wgsl build in workgroup memory (mvq_x_put.wgsl: XS_WORDS / 3 * 32).
@@ -711,7 +712,7 @@ pub(super) fn build_kernels(device: &wgpu::Device, lanes: u32, decode: DecodePla
             &[B::Uniform, B::Read, B::Read, B::Rw],
         )?,
         rmsnorm_heads: k("rmsnorm_heads", format!("{RMS_SCALE}\n{}", include_str!("../../../kernels/wgsl/rmsnorm_heads.wgsl")), &[B::Uniform, B::Rw, B::Read])?,
-        quantize_q8: k("quantize_q8", format!("{Q8_ACT}\n{}", include_str!("../../../kernels/wgsl/quantize_q8.wgsl")), &[B::Uniform, B::Read, B::Rw])?,
+        quantize_q8: k("quantize_q8", format!("{Q8_ACT}\n{}\n{Q8_ROWS}", include_str!("../../../kernels/wgsl/quantize_q8.wgsl")), &[B::Uniform, B::Read, B::Rw])?,
         rope: k("rope", format!("{ROPE_PAIR}\n{}", include_str!("../../../kernels/wgsl/rope.wgsl")), &[B::Uniform, B::Rw, B::Read, B::Read])?,
         kv_store: k(
             "kv_store",
@@ -738,7 +739,7 @@ pub(super) fn build_kernels(device: &wgpu::Device, lanes: u32, decode: DecodePla
         silu_mul: k("silu_mul", format!("{GATED}\n{}", include_str!("../../../kernels/wgsl/silu_mul.wgsl")), &[B::Uniform, B::Read, B::Read, B::Rw])?,
         silu_mul_q8: k(
             "silu_mul_q8",
-            format!("{Q8_ACT}\n{GATED}\n{}", include_str!("../../../kernels/wgsl/silu_mul_q8.wgsl")),
+            format!("{Q8_ACT}\n{GATED}\n{}\n{Q8_ROWS}", include_str!("../../../kernels/wgsl/silu_mul_q8.wgsl")),
             &[B::Uniform, B::Read, B::Read, B::Rw],
         )?,
         add: k("add", include_str!("../../../kernels/wgsl/add.wgsl").into(), &[B::Uniform, B::Rw, B::Read])?,
