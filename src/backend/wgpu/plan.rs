@@ -168,6 +168,16 @@ impl<'a> PlanCtx<'a> {
         }
     }
 
+    /// SiLU·mul of `a.gu` as the down projection `w_down` reads it: Q8 rows straight into `a.xq`
+    /// (silu_mul_q8.wgsl) when it multiplies by integer dots, f32 rows into `a.act` otherwise.
+    fn silu_mul(&self, p: &mut Vec<PlanItem<'a>>, pairs: bool, w_down: &GpuMatrix, a: &Acts<'a>) {
+        if self.uses_q8(w_down) {
+            p.push((false, &self.kern.silu_mul_q8, Step::SiluMul { pairs, q8: true }, "silu_mul q8", vec![a.gu, a.gu, a.xq]));
+        } else {
+            p.push((false, &self.kern.silu_mul, Step::SiluMul { pairs, q8: false }, "silu_mul", vec![a.gu, a.gu, a.act]));
+        }
+    }
+
     /// The o projection's Q8 input, unless attention wrote it (`att_q8`).
     fn quantize_att(&self, p: &mut Vec<PlanItem<'a>>, wo: &GpuMatrix, a: &Acts<'a>) {
         if !self.att_q8 {
@@ -209,12 +219,7 @@ pub(super) fn batch_plan<'a>(pc: &PlanCtx<'a>, g: &'a GpuLayer, a: &Acts<'a>) ->
         p.push((false, k, s, "matmul gate_up", b));
     }
     let pairs = g.gate_up.iter().any(|w| w.pairs);
-    if pc.uses_q8(&g.w_down) {
-        // the down projection's Q8 rows straight from the activation (no f32 rows, no quantize_q8)
-        p.push((false, &pc.kern.silu_mul_q8, Step::SiluMul { pairs, q8: true }, "silu_mul q8", vec![a.gu, a.gu, a.xq]));
-    } else {
-        p.push((false, &pc.kern.silu_mul, Step::SiluMul { pairs, q8: false }, "silu_mul", vec![a.gu, a.gu, a.act]));
-    }
+    pc.silu_mul(&mut p, pairs, &g.w_down, a);
     pc.residual(&mut p, pc.matmul(&g.w_down, a.act, a, pc.n_embd, true)?, "matmul down + add", g.post_ffn_norm.as_ref(), a);
     Ok(p)
 }
@@ -324,14 +329,14 @@ pub(super) fn one_token_plan<'a>(pc: &PlanCtx<'a>, plan: DecodePlan, g: &'a GpuL
             pc.norm(&mut p, false, &g.gate_up, a.x, &g.ffn_norm, a);
             if let Some((k, s, b)) = gu_silu(XSrc::Plain, a.xn)? {
                 p.push((false, k, s, "matvec gate_up + silu_mul", with(b, &[a.act])));
+                pc.quantize(&mut p, &g.w_down, a.act, a);
             } else {
                 for w in &g.gate_up {
                     let (k, s, b) = mv(w, XSrc::Plain, a.xn, false, false)?;
                     p.push((false, k, s, "matvec gate_up", with(b, &[a.gu])));
                 }
-                p.push((false, &kern.silu_mul, Step::SiluMul { pairs: false, q8: false }, "silu_mul", vec![a.gu, a.gu, a.act]));
+                pc.silu_mul(&mut p, false, &g.w_down, a);
             }
-            pc.quantize(&mut p, &g.w_down, a.act, a);
             pc.residual(&mut p, mv(&g.w_down, XSrc::Plain, a.act, true, false)?, "matvec down + add", g.post_ffn_norm.as_ref(), a);
         }
         DecodePlan::Fused => {
