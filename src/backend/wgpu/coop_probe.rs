@@ -21,16 +21,10 @@
 //! loads per 4 products): 158-160 tera-ops/s, against ~41 tera-int-ops/s for the dot4I8Packed
 //! tiles on the 1.1B's gate|up (docs/perf.md), so ~3.9x on the integer part at best.
 //!
-//! Not built yet: the matmul itself. Its frame would be matmul_wide.wgsl (64 rows x 32 tokens,
-//! 8 subgroups): per staged chunk the weights' integers (nibbles for Q4_0 / Q4_1: Q4_0's `- 8 *
-//! isum` stays as in chunk_q8) and the tokens' Q8 values converted to f16 in workgroup memory
-//! ([64][32] and [32][32] halves), one 16x16 (rows x tokens) tile per subgroup and chunk, two
-//! products each, the f32 block dots stored to workgroup memory ([64][32] f32, 8 KiB) and read
-//! back by the thread that owns (row, token), which applies chunk_q8's float formula with that
-//! integer in the leaf order it walks today: the decode's bits. Behind an option that is off
-//! where the adapter lacks the feature or the 16x16x16 f16 -> f32 configuration. The 1.1B's
-//! 512-token prefill spends ~25 of ~37 GPU ms in the matmuls and ~10 in attention, so 0.8x
-//! llama.cpp (~16 ms) also needs attention to shrink, not only the matmuls.
+//! Built since: branch s103's exact-integer tile (each block's dot through workgroup memory,
+//! measured 2.3x slower than the dot4I8Packed tiles) and coop_tile_probe.rs's full-K f16 tiles
+//! (no per-block round trip; at best ~55 tera-ops/s on the 1.1B's gate|up, slower than the
+//! integer tiles on its other matmuls). docs/perf.md has the figures.
 
 use super::instance;
 
@@ -92,7 +86,7 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec
 const ITERS: f64 = 256.0;
 
 /// A device with cooperative matrices and f16 (and timestamps where offered), or why not.
-fn coop_device() -> Result<(wgpu::Device, wgpu::Queue, String), String> {
+pub(super) fn coop_device() -> Result<(wgpu::Device, wgpu::Queue, String), String> {
     let want = wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX | wgpu::Features::SHADER_F16;
     for a in pollster::block_on(instance().enumerate_adapters(wgpu::Backends::all())) {
         if !a.features().contains(want) {
@@ -116,14 +110,14 @@ fn coop_device() -> Result<(wgpu::Device, wgpu::Queue, String), String> {
     Err("no adapter with EXPERIMENTAL_COOPERATIVE_MATRIX and SHADER_F16".into())
 }
 
-fn storage(device: &wgpu::Device, queue: &wgpu::Queue, bytes: &[u8], rw: bool) -> wgpu::Buffer {
+pub(super) fn storage(device: &wgpu::Device, queue: &wgpu::Queue, bytes: &[u8], rw: bool) -> wgpu::Buffer {
     let usage = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST | if rw { wgpu::BufferUsages::COPY_SRC } else { wgpu::BufferUsages::empty() };
     let b = device.create_buffer(&wgpu::BufferDescriptor { label: None, size: bytes.len() as u64, usage, mapped_at_creation: false });
     queue.write_buffer(&b, 0, bytes);
     b
 }
 
-fn pipeline(device: &wgpu::Device, src: &str) -> wgpu::ComputePipeline {
+pub(super) fn pipeline(device: &wgpu::Device, src: &str) -> wgpu::ComputePipeline {
     let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
     let module = device.create_shader_module(wgpu::ShaderModuleDescriptor { label: None, source: wgpu::ShaderSource::Wgsl(src.into()) });
     let p = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
@@ -140,12 +134,12 @@ fn pipeline(device: &wgpu::Device, src: &str) -> wgpu::ComputePipeline {
     p
 }
 
-fn bind(device: &wgpu::Device, p: &wgpu::ComputePipeline, bufs: &[&wgpu::Buffer]) -> wgpu::BindGroup {
+pub(super) fn bind(device: &wgpu::Device, p: &wgpu::ComputePipeline, bufs: &[&wgpu::Buffer]) -> wgpu::BindGroup {
     let entries: Vec<wgpu::BindGroupEntry> = bufs.iter().enumerate().map(|(i, b)| wgpu::BindGroupEntry { binding: i as u32, resource: b.as_entire_binding() }).collect();
     device.create_bind_group(&wgpu::BindGroupDescriptor { label: None, layout: &p.get_bind_group_layout(0), entries: &entries })
 }
 
-fn read_f32(device: &wgpu::Device, queue: &wgpu::Queue, src: &wgpu::Buffer) -> Vec<f32> {
+pub(super) fn read_f32(device: &wgpu::Device, queue: &wgpu::Queue, src: &wgpu::Buffer) -> Vec<f32> {
     let st = device.create_buffer(&wgpu::BufferDescriptor { label: None, size: src.size(), usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST, mapped_at_creation: false });
     let mut enc = device.create_command_encoder(&Default::default());
     enc.copy_buffer_to_buffer(src, 0, &st, 0, src.size());
@@ -209,19 +203,27 @@ fn coop_matrix_exact_integer_products() {
     let wa = storage(&device, &queue, &f16s(&(0..4096).map(|i| i % 7 - 3).collect::<Vec<_>>()), false);
     let y = storage(&device, &queue, &vec![0u8; groups as usize * 4 * 256 * 4], true);
     let bg = bind(&device, &speed, &[&wa, &y]);
+    let best = time_passes(&device, &queue, &speed, &bg, [groups, 1, 1], 10, 8).into_iter().fold(f64::MAX, f64::min);
+    let ops = f64::from(groups) * 4.0 * ITERS * 4.0 * 2.0 * 16.0 * 16.0 * 16.0;
+    println!("f16 x f16 -> f32 products from workgroup memory: {:.1} tera-ops/s ({:.3} ms per dispatch)", ops / best / 1e12, best * 1e3);
+}
+
+/// Seconds per dispatch of `p` over `groups`, one figure per pass of `per_pass` dispatches
+/// (GPU timestamps around the pass), `passes` passes. Needs `Features::TIMESTAMP_QUERY`.
+pub(super) fn time_passes(device: &wgpu::Device, queue: &wgpu::Queue, p: &wgpu::ComputePipeline, bg: &wgpu::BindGroup, groups: [u32; 3], per_pass: u32, passes: u32) -> Vec<f64> {
     let qs = device.create_query_set(&wgpu::QuerySetDescriptor { label: None, ty: wgpu::QueryType::Timestamp, count: 2 });
     let resolved = device.create_buffer(&wgpu::BufferDescriptor { label: None, size: 16, usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC, mapped_at_creation: false });
     let st = device.create_buffer(&wgpu::BufferDescriptor { label: None, size: 16, usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST, mapped_at_creation: false });
-    let mut best = f64::MAX;
-    for _ in 0..8 {
+    let mut out = Vec::new();
+    for _ in 0..passes {
         let mut enc = device.create_command_encoder(&Default::default());
         {
             let writes = wgpu::ComputePassTimestampWrites { query_set: &qs, beginning_of_pass_write_index: Some(0), end_of_pass_write_index: Some(1) };
             let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: None, timestamp_writes: Some(writes) });
-            pass.set_pipeline(&speed);
-            pass.set_bind_group(0, &bg, &[]);
-            for _ in 0..10 {
-                pass.dispatch_workgroups(groups, 1, 1);
+            pass.set_pipeline(p);
+            pass.set_bind_group(0, bg, &[]);
+            for _ in 0..per_pass {
+                pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
             }
         }
         enc.resolve_query_set(&qs, 0..2, &resolved, 0);
@@ -231,9 +233,7 @@ fn coop_matrix_exact_integer_products() {
         device.poll(wgpu::PollType::wait_indefinitely()).expect("poll");
         let t: Vec<u64> = bytemuck::cast_slice::<u8, u64>(&st.slice(..).get_mapped_range().expect("mapped")[..]).to_vec();
         st.unmap();
-        let s = t[1].saturating_sub(t[0]) as f64 * f64::from(queue.get_timestamp_period()) / 1e9 / 10.0;
-        best = best.min(s);
+        out.push(t[1].saturating_sub(t[0]) as f64 * f64::from(queue.get_timestamp_period()) / 1e9 / f64::from(per_pass));
     }
-    let ops = f64::from(groups) * 4.0 * ITERS * 4.0 * 2.0 * 16.0 * 16.0 * 16.0;
-    println!("f16 x f16 -> f32 products from workgroup memory: {:.1} tera-ops/s ({:.3} ms per dispatch)", ops / best / 1e12, best * 1e3);
+    out
 }

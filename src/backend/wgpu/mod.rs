@@ -42,6 +42,8 @@ mod upload;
 #[cfg(test)]
 mod coop_probe;
 #[cfg(test)]
+mod coop_tile_probe;
+#[cfg(test)]
 mod probe;
 #[cfg(test)]
 mod stress;

@@ -1,0 +1,306 @@
+//! Probe: how fast can a tensor-core matmul written in WGSL run at the 1.1B's prefill shapes,
+//! when each (row, token) output is one f32 accumulation over the whole of K (no per-block
+//! round trip through workgroup memory, unlike branch s103's exact-integer tile)? Measurement
+//! only, nothing here is used by the runner. Ignored test (`cargo test --release --lib
+//! coop_tile_full -- --ignored --nocapture`); it skips where no adapter offers cooperative matrices
+//! with f16 (lavapipe, and so CI).
+//!
+//! The question behind it (docs/perf.md, "Where the 1.1B's wgpu prefill stands"): the 1.1B's
+//! wgpu pp512 needs its step at <= 14.7 GPU ms for 0.8x llama.cpp; the matmuls take 25.7 of
+//! 31.2 ms with dot4I8Packed at ~30% of that instruction's peak. A full-K f16 tile is the fastest
+//! order WGSL can reach; it would change the tier's numerics (weights d * (q - 8) rounded to f16,
+//! activations in f16, the tensor core's own summation order, which decode would then have to
+//! share), so it is worth building only if it is fast enough. Variants, each checked exactly
+//! against integer arithmetic on sampled outputs before it is timed:
+//! - `direct`: A (weights, f16, row-major) and B (tokens, f16) loaded straight from storage.
+//! - `f16`: both staged through workgroup memory, the next stage's loads in flight during the
+//!   products (register prefetch), `ks` values of K per stage.
+//! - `q4`: as `f16`, but the weights are Q4_0 (16 nibble bytes per block of 32, one f16 scale)
+//!   and dequantized to f16 while staged: f32(2^23 + n) from the bits, minus 2^23 + 8, times d,
+//!   rounded to f16 (naga 30 types a `bitcast<vec2<f16>>` of a u32 as f32, so no f16 bit tricks).
+//!
+//! A workgroup is `wgm` x `wgn` subgroups of 32 (NVIDIA) along the rows and the tokens; each
+//! subgroup holds `sgm` x `sgn` 16x16 f32 accumulators (llama.cpp's Vulkan mul_mm with
+//! cooperative matrices: 2 x 2 subgroups of 4 x 4, a 128 x 128 tile).
+
+use super::coop_probe::{bind, coop_device, pipeline, read_f32, storage, time_passes};
+use std::fmt::Write;
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Load {
+    Direct,
+    F16,
+    Q4,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Tile {
+    load: Load,
+    /// Subgroups along the rows and along the tokens (32 invocations each).
+    wgm: u32,
+    wgn: u32,
+    /// 16x16 accumulators per subgroup along the rows and along the tokens.
+    sgm: u32,
+    sgn: u32,
+    /// Values of K per stage (staged loads).
+    ks: u32,
+}
+
+impl Tile {
+    fn rows(&self) -> u32 {
+        16 * self.sgm * self.wgm
+    }
+    fn tokens(&self) -> u32 {
+        16 * self.sgn * self.wgn
+    }
+    fn threads(&self) -> u32 {
+        32 * self.wgm * self.wgn
+    }
+}
+
+/// The WGSL of `t` for an m x k weight matrix and n tokens (Y is [n][m] f32).
+fn kernel(t: Tile, m: u32, k: u32) -> String {
+    let (tm, tn, ks) = (t.rows(), t.tokens(), t.ks);
+    let sa = ks + 8; // workgroup row stride in f16s (16 bytes of padding)
+    let mut s = String::from("enable f16;\nenable wgpu_cooperative_matrix;\n");
+    match t.load {
+        Load::Direct => s += "@group(0) @binding(0) var<storage, read> W: array<f16>;\n@group(0) @binding(1) var<storage, read> X: array<f16>;\n",
+        Load::F16 => s += "@group(0) @binding(0) var<storage, read> W: array<vec4<f16>>;\n@group(0) @binding(1) var<storage, read> X: array<vec4<f16>>;\n",
+        Load::Q4 => s += "@group(0) @binding(0) var<storage, read> W: array<vec2<u32>>;\n@group(0) @binding(1) var<storage, read> X: array<vec4<f16>>;\n@group(0) @binding(3) var<storage, read> S: array<u32>;\n",
+    }
+    s += "@group(0) @binding(2) var<storage, read_write> Y: array<f32>;\n";
+    if t.load != Load::Direct {
+        let _ = writeln!(s, "var<workgroup> sa: array<f16, {}>;\nvar<workgroup> sb: array<f16, {}>;", tm * sa, tn * sa);
+        // Eight f16 (two vec4s) into workgroup memory at `at`. (naga 30 types a
+        // `bitcast<vec2<f16>>` of a u32 as f32, so f16 data is read as f16 vectors.)
+        let _ = writeln!(s, "fn put_a(at: u32, w0: vec4<f16>, w1: vec4<f16>) {{ for (var i = 0u; i < 4u; i++) {{ sa[at + i] = w0[i]; sa[at + 4u + i] = w1[i]; }} }}");
+        let _ = writeln!(s, "fn put_b(at: u32, w0: vec4<f16>, w1: vec4<f16>) {{ for (var i = 0u; i < 4u; i++) {{ sb[at + i] = w0[i]; sb[at + 4u + i] = w1[i]; }} }}");
+        // Half a Q4_0 block (8 bytes: elements 8h .. 8h + 7 low nibbles, + 16 high) to f16:
+        // f32(2^23 + n) from the bits, minus 2^23 + 8, times d (exact in f32), rounded to f16.
+        let _ = writeln!(s, "fn put_q4(at: u32, w: vec2<u32>, d: f32) {{
+    for (var i = 0u; i < 2u; i++) {{
+        let v = vec4<u32>(w[i]) >> vec4<u32>(0u, 8u, 16u, 24u);
+        let lo = (bitcast<vec4<f32>>((v & vec4<u32>(15u)) | vec4<u32>(0x4B000000u)) - vec4<f32>(8388616.0)) * d;
+        let hi = (bitcast<vec4<f32>>(((v >> vec4<u32>(4u)) & vec4<u32>(15u)) | vec4<u32>(0x4B000000u)) - vec4<f32>(8388616.0)) * d;
+        let e = at + 4u * i;
+        let l = vec4<f16>(lo);
+        let h = vec4<f16>(hi);
+        for (var j = 0u; j < 4u; j++) {{
+            sa[e + j] = l[j];
+            sa[e + 16u + j] = h[j];
+        }}
+    }}
+}}");
+    }
+    let nt = t.threads();
+    let _ = writeln!(s, "@compute @workgroup_size({nt})\nfn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec3<u32>) {{");
+    let _ = writeln!(s, "    let sg = li / 32u;\n    let rs = (sg % {}u) * {}u;\n    let ts = (sg / {}u) * {}u;\n    let r0 = wg.x * {tm}u;\n    let t0 = wg.y * {tn}u;", t.wgm, 16 * t.sgm, t.wgm, 16 * t.sgn);
+    for i in 0..t.sgm {
+        for j in 0..t.sgn {
+            let _ = writeln!(s, "    var c{i}{j} = coop_mat16x16<f32, C>();");
+        }
+    }
+    let products = |s: &mut String, a: &dyn Fn(u32) -> String, b: &dyn Fn(u32) -> String| {
+        for i in 0..t.sgm {
+            let _ = writeln!(s, "        let a{i} = {};", a(i));
+        }
+        for j in 0..t.sgn {
+            let _ = writeln!(s, "        let b{j} = {};", b(j));
+        }
+        for i in 0..t.sgm {
+            for j in 0..t.sgn {
+                let _ = writeln!(s, "        c{i}{j} = coopMultiplyAdd(a{i}, b{j}, c{i}{j});");
+            }
+        }
+    };
+    match t.load {
+        Load::Direct => {
+            let _ = writeln!(s, "    for (var k = 0u; k < {k}u; k += 16u) {{");
+            products(&mut s, &|i| format!("coopLoadT<coop_mat16x16<f16, A>>(&W[(r0 + rs + {}u) * {k}u + k], {k}u)", 16 * i), &|j| format!("coopLoad<coop_mat16x16<f16, B>>(&X[(t0 + ts + {}u) * {k}u + k], {k}u)", 16 * j));
+            s += "    }\n";
+        }
+        Load::F16 | Load::Q4 => {
+            // Staging tasks: A as vec4s of 8 f16 (f16) or half blocks (q4), B as vec4s of 8 f16;
+            // thread li takes tasks li, li + nt, ... (the last round guarded where short).
+            let (ta, tb) = if t.load == Load::F16 { (tm * ks / 8, tn * ks / 8) } else { (tm * ks / 16, tn * ks / 8) };
+            let (na, nb) = (ta.div_ceil(nt), tb.div_ceil(nt));
+            let (av, bv) = (ks / 8, ks / 8);
+            let (aty, dty) = if t.load == Load::F16 { ("array<vec4<f16>, 2>", "") } else { ("vec2<u32>", "u32") };
+            for x in 0..na {
+                let _ = writeln!(s, "    var ra{x}: {aty};");
+                if !dty.is_empty() {
+                    let _ = writeln!(s, "    var rd{x}: {dty};");
+                }
+            }
+            for y in 0..nb {
+                let _ = writeln!(s, "    var rb{y}: array<vec4<f16>, 2>;");
+            }
+            let guard = |count: u32, x: u32| if nt * (x + 1) > count { format!("if (li + {}u < {count}u) ", nt * x) } else { String::new() };
+            let fetch = |s: &mut String, kexpr: &str| {
+                for x in 0..na {
+                    let task = format!("(li + {}u)", nt * x);
+                    let g = guard(ta, x);
+                    match t.load {
+                        Load::F16 => {
+                            let _ = writeln!(s, "        {g}{{ let at = 2u * ((r0 + {task} / {av}u) * {}u + ({kexpr}) / 8u + {task} % {av}u); ra{x}[0] = W[at]; ra{x}[1] = W[at + 1u]; }}", k / 8);
+                        }
+                        _ => {
+                            // task: row = task / (2 * ks / 32), block-half within the stage.
+                            let hb = 2 * ks / 32;
+                            let _ = writeln!(s, "        {g}{{ ra{x} = W[(r0 + {task} / {hb}u) * {}u + ({kexpr}) / 16u + {task} % {hb}u];", 2 * k / 32);
+                            let _ = writeln!(s, "            rd{x} = S[(r0 + {task} / {hb}u) * {}u + ({kexpr}) / 32u + ({task} % {hb}u) / 2u]; }}", k / 32);
+                        }
+                    }
+                }
+                for y in 0..nb {
+                    let task = format!("(li + {}u)", nt * y);
+                    let g = guard(tb, y);
+                    let _ = writeln!(s, "        {g}{{ let at = 2u * ((t0 + {task} / {bv}u) * {}u + ({kexpr}) / 8u + {task} % {bv}u); rb{y}[0] = X[at]; rb{y}[1] = X[at + 1u]; }}", k / 8);
+                }
+            };
+            fetch(&mut s, "0u");
+            let _ = writeln!(s, "    for (var k = 0u; k < {k}u; k += {ks}u) {{\n        workgroupBarrier();");
+            for x in 0..na {
+                let task = format!("(li + {}u)", nt * x);
+                match t.load {
+                    Load::F16 => {
+                        let _ = writeln!(s, "        {}{{ put_a(({task} / {av}u) * {sa}u + ({task} % {av}u) * 8u, ra{x}[0], ra{x}[1]); }}", guard(ta, x));
+                    }
+                    _ => {
+                        let hb = 2 * ks / 32;
+                        let _ = writeln!(s, "        {}{{ put_q4(({task} / {hb}u) * {sa}u + (({task} % {hb}u) / 2u) * 32u + ({task} % 2u) * 8u, ra{x}, unpack2x16float(rd{x}).x); }}", guard(ta, x));
+                    }
+                }
+            }
+            for y in 0..nb {
+                let task = format!("(li + {}u)", nt * y);
+                let _ = writeln!(s, "        {}{{ put_b(({task} / {bv}u) * {sa}u + ({task} % {bv}u) * 8u, rb{y}[0], rb{y}[1]); }}", guard(tb, y));
+            }
+            let _ = writeln!(s, "        workgroupBarrier();\n        if (k + {ks}u < {k}u) {{");
+            fetch(&mut s, &format!("k + {ks}u"));
+            s += "        }\n";
+            for kk in (0..ks).step_by(16) {
+                s += "        {\n";
+                products(&mut s, &|i| format!("coopLoadT<coop_mat16x16<f16, A>>(&sa[(rs + {}u) * {sa}u + {kk}u], {sa}u)", 16 * i), &|j| format!("coopLoad<coop_mat16x16<f16, B>>(&sb[(ts + {}u) * {sa}u + {kk}u], {sa}u)", 16 * j));
+                s += "        }\n";
+            }
+            s += "    }\n";
+        }
+    }
+    for i in 0..t.sgm {
+        for j in 0..t.sgn {
+            let _ = writeln!(s, "    coopStore(c{i}{j}, &Y[(t0 + ts + {}u) * {m}u + r0 + rs + {}u], {m}u);", 16 * j, 16 * i);
+        }
+    }
+    s += "}\n";
+    s
+}
+
+fn rng(seed: &mut u64, lo: i32, hi: i32) -> i32 {
+    *seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    lo + ((*seed >> 33) % (hi - lo + 1) as u64) as i32
+}
+
+fn f16_bytes(v: &[i32]) -> Vec<u8> {
+    v.iter().flat_map(|&x| half::f16::from_f32(x as f32).to_bits().to_le_bytes()).collect()
+}
+
+/// Q4_0 blocks of nibbles `n` (0..=15, row-major [m][k]): 16 bytes per block (byte j: element j
+/// low, j + 16 high) and the scale 1.0 as f16 bits, one u32 per block.
+fn q4_bytes(n: &[i32], k: usize) -> (Vec<u8>, Vec<u8>) {
+    let mut q = Vec::with_capacity(n.len() / 2);
+    for b in n.chunks(32) {
+        for j in 0..16 {
+            q.push((b[j] | (b[j + 16] << 4)) as u8);
+        }
+    }
+    let blocks = n.len() / 32;
+    let s = (0..blocks).flat_map(|_| u32::from(half::f16::ONE.to_bits()).to_le_bytes()).collect();
+    assert_eq!(n.len() % k, 0);
+    (q, s)
+}
+
+/// The 1.1B's prefill matmuls at 512 tokens, per layer: (name, rows, columns).
+const SHAPES: [(&str, u32, u32); 4] = [("gate|up", 11264, 2048), ("down", 2048, 5632), ("q|k|v", 2560, 2048), ("o", 2048, 2048)];
+const TOKENS: u32 = 512;
+const LAYERS: f64 = 22.0;
+
+#[test]
+#[ignore]
+fn coop_tile_full_k_speed_at_the_1_1b_shapes() {
+    let (device, queue, name) = match coop_device() {
+        Ok(d) => d,
+        Err(e) => return eprintln!("skipped: {e}"),
+    };
+    if !device.features().contains(wgpu::Features::TIMESTAMP_QUERY) {
+        return eprintln!("skipped: no timestamps");
+    }
+    println!("{name}");
+    let tiles: Vec<Tile> = [
+        (Load::Direct, 4, 2, 4, 2, 16),
+        (Load::Direct, 2, 2, 4, 4, 16),
+        (Load::F16, 4, 2, 1, 2, 32),
+        (Load::F16, 4, 2, 2, 2, 32),
+        (Load::F16, 2, 2, 4, 4, 32),
+        (Load::F16, 2, 2, 4, 2, 32),
+        (Load::F16, 2, 2, 2, 4, 32),
+        (Load::F16, 2, 2, 2, 2, 32),
+        (Load::Q4, 4, 2, 2, 2, 32),
+        (Load::Q4, 2, 2, 4, 4, 32),
+        (Load::Q4, 2, 2, 4, 2, 32),
+        (Load::Q4, 2, 2, 2, 4, 32),
+        (Load::Q4, 2, 2, 4, 4, 64),
+    ]
+    .into_iter()
+    .map(|(load, wgm, wgn, sgm, sgn, ks)| Tile { load, wgm, wgn, sgm, sgn, ks })
+    .collect();
+    let mut best_total = std::collections::BTreeMap::<&str, f64>::new();
+    for (shape, m, k) in SHAPES {
+        let mut seed = 7u64 + u64::from(m) * 31 + u64::from(k);
+        // Weights as nibbles 0..=15 (q4: value n - 8 at d = 1) or as the values n - 8 (f16).
+        let nib: Vec<i32> = (0..(m * k) as usize).map(|_| rng(&mut seed, 0, 15)).collect();
+        let xs: Vec<i32> = (0..(TOKENS * k) as usize).map(|_| rng(&mut seed, -8, 8)).collect();
+        let wf16 = storage(&device, &queue, &f16_bytes(&nib.iter().map(|n| n - 8).collect::<Vec<_>>()), false);
+        let (q, sc) = q4_bytes(&nib, k as usize);
+        let (wq4, sq4) = (storage(&device, &queue, &q, false), storage(&device, &queue, &sc, false));
+        let x = storage(&device, &queue, &f16_bytes(&xs), false);
+        let y = storage(&device, &queue, &vec![0u8; (m * TOKENS * 4) as usize], true);
+        let mut best = f64::MAX;
+        for &t in &tiles {
+            if m % t.rows() != 0 || TOKENS % t.tokens() != 0 || k % t.ks != 0 {
+                continue;
+            }
+            let p = pipeline(&device, &kernel(t, m, k));
+            let bg = match t.load {
+                Load::Q4 => bind(&device, &p, &[&wq4, &x, &y, &sq4]),
+                _ => bind(&device, &p, &[&wf16, &x, &y]),
+            };
+            let groups = [m / t.rows(), TOKENS / t.tokens(), 1];
+            // Clear Y, run once, check sampled outputs exactly (integers, |sum| < 2^24).
+            queue.write_buffer(&y, 0, &vec![0u8; (m * TOKENS * 4) as usize]);
+            time_passes(&device, &queue, &p, &bg, groups, 1, 1);
+            let got = read_f32(&device, &queue, &y);
+            for _ in 0..2000 {
+                let (r, tok) = (rng(&mut seed, 0, m as i32 - 1) as usize, rng(&mut seed, 0, TOKENS as i32 - 1) as usize);
+                let want: i32 = (0..k as usize).map(|c| (nib[r * k as usize + c] - 8) * xs[tok * k as usize + c]).sum();
+                assert_eq!(got[tok * m as usize + r], want as f32, "{shape} {t:?}: row {r}, token {tok}");
+            }
+            // Warm up (clocks drop while the CPU makes the next shape's data or checks): ~50
+            // dispatches, untimed, then 7 timed passes of 10.
+            time_passes(&device, &queue, &p, &bg, groups, 50, 1);
+            let mut sec = time_passes(&device, &queue, &p, &bg, groups, 10, 7);
+            sec.sort_by(f64::total_cmp);
+            let med = sec[sec.len() / 2];
+            let ops = 2.0 * f64::from(m) * f64::from(k) * f64::from(TOKENS);
+            println!("{shape:8} {m:5} x {k:4} x {TOKENS}  {:6?} {}x{} ({}x{} subgroups) ks {:2}: median {:.3} ms (min {:.3}) {:6.1} tera-ops/s, x22 layers {:.2} ms", t.load, t.rows(), t.tokens(), t.wgm, t.wgn, t.ks, med * 1e3, sec[0] * 1e3, ops / med / 1e12, med * LAYERS * 1e3);
+            if t.load == Load::Q4 {
+                best = best.min(med);
+            }
+        }
+        best_total.insert(shape, best * LAYERS * 1e3);
+    }
+    let total: f64 = best_total.values().sum();
+    println!("best q4 tile per shape, x22 layers: {best_total:?}, total {total:.2} ms (today's dot4I8Packed tiles: 25.7 ms; 0.8x llama.cpp needs the whole step <= 14.7 ms)");
+}
+
+
