@@ -150,7 +150,7 @@ pub(super) fn read_f32(device: &wgpu::Device, queue: &wgpu::Queue, src: &wgpu::B
     v
 }
 
-fn f16s(v: &[i32]) -> Vec<u8> {
+pub(super) fn f16s(v: &[i32]) -> Vec<u8> {
     v.iter().flat_map(|&x| half::f16::from_f32(x as f32).to_bits().to_le_bytes()).collect()
 }
 

@@ -23,7 +23,7 @@
 //! subgroup holds `sgm` x `sgn` 16x16 f32 accumulators (llama.cpp's Vulkan mul_mm with
 //! cooperative matrices: 2 x 2 subgroups of 4 x 4, a 128 x 128 tile).
 
-use super::coop_probe::{bind, coop_device, pipeline, read_f32, storage, time_passes};
+use super::coop_probe::{bind, coop_device, f16s, pipeline, read_f32, storage, time_passes};
 use std::fmt::Write;
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -201,10 +201,6 @@ fn rng(seed: &mut u64, lo: i32, hi: i32) -> i32 {
     lo + ((*seed >> 33) % (hi - lo + 1) as u64) as i32
 }
 
-fn f16_bytes(v: &[i32]) -> Vec<u8> {
-    v.iter().flat_map(|&x| half::f16::from_f32(x as f32).to_bits().to_le_bytes()).collect()
-}
-
 /// Q4_0 blocks of nibbles `n` (0..=15, row-major [m][k]): 16 bytes per block (byte j: element j
 /// low, j + 16 high) and the scale 1.0 as f16 bits, one u32 per block.
 fn q4_bytes(n: &[i32], k: usize) -> (Vec<u8>, Vec<u8>) {
@@ -260,10 +256,10 @@ fn coop_tile_full_k_speed_at_the_1_1b_shapes() {
         // Weights as nibbles 0..=15 (q4: value n - 8 at d = 1) or as the values n - 8 (f16).
         let nib: Vec<i32> = (0..(m * k) as usize).map(|_| rng(&mut seed, 0, 15)).collect();
         let xs: Vec<i32> = (0..(TOKENS * k) as usize).map(|_| rng(&mut seed, -8, 8)).collect();
-        let wf16 = storage(&device, &queue, &f16_bytes(&nib.iter().map(|n| n - 8).collect::<Vec<_>>()), false);
+        let wf16 = storage(&device, &queue, &f16s(&nib.iter().map(|n| n - 8).collect::<Vec<_>>()), false);
         let (q, sc) = q4_bytes(&nib, k as usize);
         let (wq4, sq4) = (storage(&device, &queue, &q, false), storage(&device, &queue, &sc, false));
-        let x = storage(&device, &queue, &f16_bytes(&xs), false);
+        let x = storage(&device, &queue, &f16s(&xs), false);
         let y = storage(&device, &queue, &vec![0u8; (m * TOKENS * 4) as usize], true);
         let mut best = f64::MAX;
         for &t in &tiles {
