@@ -15,6 +15,11 @@
 //! - `direct`: A (weights, f16, row-major) and B (tokens, f16) loaded straight from storage.
 //! - `f16`: both staged through workgroup memory, the next stage's loads in flight during the
 //!   products (register prefetch), `ks` values of K per stage.
+//! - `direct2`: as `direct`, two steps of K per loop turn, all fragments loaded first.
+//! - `raw` / `raw_loads`: products from workgroup memory only, the fragments kept in registers
+//!   or loaded every step (not checked): the ceiling of a tile shape, without and with the
+//!   fragment loads. Found (H200): raw_loads 280-500 tera-ops/s, every real feed 30-65, so the
+//!   feed is what is slow (docs/perf.md).
 //! - `q4`: as `f16`, but the weights are Q4_0 (16 nibble bytes per block of 32, one f16 scale)
 //!   and dequantized to f16 while staged: f32(2^23 + n) from the bits, minus 2^23 + 8, times d,
 //!   rounded to f16 (naga 30 types a `bitcast<vec2<f16>>` of a u32 as f32, so no f16 bit tricks).
@@ -29,8 +34,17 @@ use std::fmt::Write;
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Load {
     Direct,
+    /// As `Direct`, two steps of K per loop turn, every fragment loaded before the products.
+    Direct2,
     F16,
     Q4,
+    /// Products from workgroup memory alone (no loads from storage, no barriers in the loop,
+    /// results not checked): the fragments do not depend on the loop, so they stay in
+    /// registers: the products' ceiling for a tile shape.
+    Raw,
+    /// As `Raw`, the fragments' addresses moving with the loop (loaded every step): the
+    /// products and the fragment loads from workgroup memory, without staging.
+    RawLoads,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -64,12 +78,12 @@ fn kernel(t: Tile, m: u32, k: u32) -> String {
     let sa = ks + 8; // workgroup row stride in f16s (16 bytes of padding)
     let mut s = String::from("enable f16;\nenable wgpu_cooperative_matrix;\n");
     match t.load {
-        Load::Direct => s += "@group(0) @binding(0) var<storage, read> W: array<f16>;\n@group(0) @binding(1) var<storage, read> X: array<f16>;\n",
+        Load::Direct | Load::Direct2 | Load::Raw | Load::RawLoads => s += "@group(0) @binding(0) var<storage, read> W: array<f16>;\n@group(0) @binding(1) var<storage, read> X: array<f16>;\n",
         Load::F16 => s += "@group(0) @binding(0) var<storage, read> W: array<vec4<f16>>;\n@group(0) @binding(1) var<storage, read> X: array<vec4<f16>>;\n",
         Load::Q4 => s += "@group(0) @binding(0) var<storage, read> W: array<vec2<u32>>;\n@group(0) @binding(1) var<storage, read> X: array<vec4<f16>>;\n@group(0) @binding(3) var<storage, read> S: array<u32>;\n",
     }
     s += "@group(0) @binding(2) var<storage, read_write> Y: array<f32>;\n";
-    if t.load != Load::Direct {
+    if !matches!(t.load, Load::Direct | Load::Direct2) {
         let _ = writeln!(s, "var<workgroup> sa: array<f16, {}>;\nvar<workgroup> sb: array<f16, {}>;", tm * sa, tn * sa);
         // Eight f16 (two vec4s) into workgroup memory at `at`. (naga 30 types a
         // `bitcast<vec2<f16>>` of a u32 as f32, so f16 data is read as f16 vectors.)
@@ -117,6 +131,38 @@ fn kernel(t: Tile, m: u32, k: u32) -> String {
         Load::Direct => {
             let _ = writeln!(s, "    for (var k = 0u; k < {k}u; k += 16u) {{");
             products(&mut s, &|i| format!("coopLoadT<coop_mat16x16<f16, A>>(&W[(r0 + rs + {}u) * {k}u + k], {k}u)", 16 * i), &|j| format!("coopLoad<coop_mat16x16<f16, B>>(&X[(t0 + ts + {}u) * {k}u + k], {k}u)", 16 * j));
+            s += "    }\n";
+        }
+        Load::Direct2 => {
+            let _ = writeln!(s, "    for (var k = 0u; k < {k}u; k += 32u) {{");
+            for h in 0..2 {
+                for i in 0..t.sgm {
+                    let _ = writeln!(s, "        let a{i}{h} = coopLoadT<coop_mat16x16<f16, A>>(&W[(r0 + rs + {}u) * {k}u + k + {}u], {k}u);", 16 * i, 16 * h);
+                }
+                for j in 0..t.sgn {
+                    let _ = writeln!(s, "        let b{j}{h} = coopLoad<coop_mat16x16<f16, B>>(&X[(t0 + ts + {}u) * {k}u + k + {}u], {k}u);", 16 * j, 16 * h);
+                }
+            }
+            for h in 0..2 {
+                for i in 0..t.sgm {
+                    for j in 0..t.sgn {
+                        let _ = writeln!(s, "        c{i}{j} = coopMultiplyAdd(a{i}{h}, b{j}{h}, c{i}{j});");
+                    }
+                }
+            }
+            s += "    }\n";
+        }
+        Load::Raw | Load::RawLoads => {
+            s += "    if (li == 0u) { sa[0] = W[0]; sb[0] = X[0]; }\n    workgroupBarrier();\n";
+            let _ = writeln!(s, "    for (var k = 0u; k < {k}u; k += {ks}u) {{");
+            // RawLoads: an offset of 0 or 8 values that alternates with the step (stays in the row).
+            let o = if t.load == Load::RawLoads { "((k / 32u) & 1u) * 8u + " } else { "" };
+            assert!(t.load == Load::Raw || ks == 32, "RawLoads is written for 32 values per step");
+            for kk in (0..ks).step_by(16) {
+                s += "        {\n";
+                products(&mut s, &|i| format!("coopLoadT<coop_mat16x16<f16, A>>(&sa[(rs + {}u) * {sa}u + {o}{kk}u], {sa}u)", 16 * i), &|j| format!("coopLoad<coop_mat16x16<f16, B>>(&sb[(ts + {}u) * {sa}u + {o}{kk}u], {sa}u)", 16 * j));
+                s += "        }\n";
+            }
             s += "    }\n";
         }
         Load::F16 | Load::Q4 => {
@@ -233,19 +279,20 @@ fn coop_tile_full_k_speed_at_the_1_1b_shapes() {
     }
     println!("{name}");
     let tiles: Vec<Tile> = [
-        (Load::Direct, 4, 2, 4, 2, 16),
+        (Load::Raw, 2, 2, 4, 4, 32),
+        (Load::Raw, 4, 2, 2, 2, 32),
+        (Load::RawLoads, 2, 2, 4, 4, 32),
+        (Load::RawLoads, 2, 2, 4, 2, 32),
+        (Load::RawLoads, 4, 2, 2, 2, 32),
+        (Load::RawLoads, 2, 2, 2, 2, 32),
         (Load::Direct, 2, 2, 4, 4, 16),
+        (Load::Direct, 4, 2, 4, 2, 16),
+        (Load::Direct2, 2, 2, 4, 4, 32),
         (Load::F16, 4, 2, 1, 2, 32),
         (Load::F16, 4, 2, 2, 2, 32),
         (Load::F16, 2, 2, 4, 4, 32),
-        (Load::F16, 2, 2, 4, 2, 32),
-        (Load::F16, 2, 2, 2, 4, 32),
-        (Load::F16, 2, 2, 2, 2, 32),
         (Load::Q4, 4, 2, 2, 2, 32),
-        (Load::Q4, 2, 2, 4, 4, 32),
         (Load::Q4, 2, 2, 4, 2, 32),
-        (Load::Q4, 2, 2, 2, 4, 32),
-        (Load::Q4, 2, 2, 4, 4, 64),
     ]
     .into_iter()
     .map(|(load, wgm, wgn, sgm, sgn, ks)| Tile { load, wgm, wgn, sgm, sgn, ks })
@@ -276,7 +323,7 @@ fn coop_tile_full_k_speed_at_the_1_1b_shapes() {
             queue.write_buffer(&y, 0, &vec![0u8; (m * TOKENS * 4) as usize]);
             time_passes(&device, &queue, &p, &bg, groups, 1, 1);
             let got = read_f32(&device, &queue, &y);
-            for _ in 0..2000 {
+            for _ in 0..if matches!(t.load, Load::Raw | Load::RawLoads) { 0 } else { 2000 } {
                 let (r, tok) = (rng(&mut seed, 0, m as i32 - 1) as usize, rng(&mut seed, 0, TOKENS as i32 - 1) as usize);
                 let want: i32 = (0..k as usize).map(|c| (nib[r * k as usize + c] - 8) * xs[tok * k as usize + c]).sum();
                 assert_eq!(got[tok * m as usize + r], want as f32, "{shape} {t:?}: row {r}, token {tok}");
@@ -289,14 +336,15 @@ fn coop_tile_full_k_speed_at_the_1_1b_shapes() {
             let med = sec[sec.len() / 2];
             let ops = 2.0 * f64::from(m) * f64::from(k) * f64::from(TOKENS);
             println!("{shape:8} {m:5} x {k:4} x {TOKENS}  {:6?} {}x{} ({}x{} subgroups) ks {:2}: median {:.3} ms (min {:.3}) {:6.1} tera-ops/s, x22 layers {:.2} ms", t.load, t.rows(), t.tokens(), t.wgm, t.wgn, t.ks, med * 1e3, sec[0] * 1e3, ops / med / 1e12, med * LAYERS * 1e3);
-            if t.load == Load::Q4 {
+            if !matches!(t.load, Load::Raw | Load::RawLoads) {
                 best = best.min(med);
             }
         }
         best_total.insert(shape, best * LAYERS * 1e3);
     }
     let total: f64 = best_total.values().sum();
-    println!("best q4 tile per shape, x22 layers: {best_total:?}, total {total:.2} ms (today's dot4I8Packed tiles: 25.7 ms; 0.8x llama.cpp needs the whole step <= 14.7 ms)");
+    println!("best tile per shape (any feed but Raw), x22 layers: {best_total:?}, total {total:.2} ms (today's dot4I8Packed tiles: 25.7 ms; 0.8x llama.cpp needs the whole step <= 14.7 ms)");
 }
+
 
 
