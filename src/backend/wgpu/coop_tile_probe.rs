@@ -20,6 +20,8 @@
 //!   or loaded every step (not checked): the ceiling of a tile shape, without and with the
 //!   fragment loads. Found (H200): raw_loads 280-500 tera-ops/s, every real feed 30-65, so the
 //!   feed is what is slow (docs/perf.md).
+//! - `stage_only` / `store_only`: `f16`'s staging without the products, and its stores into
+//!   workgroup memory and barriers alone (not checked): where a staged tile's time goes.
 //! - `q4`: as `f16`, but the weights are Q4_0 (16 nibble bytes per block of 32, one f16 scale)
 //!   and dequantized to f16 while staged: f32(2^23 + n) from the bits, minus 2^23 + 8, times d,
 //!   rounded to f16 (naga 30 types a `bitcast<vec2<f16>>` of a u32 as f32, so no f16 bit tricks).
@@ -45,6 +47,21 @@ enum Load {
     /// As `Raw`, the fragments' addresses moving with the loop (loaded every step): the
     /// products and the fragment loads from workgroup memory, without staging.
     RawLoads,
+    /// As `F16` without the products (results not checked): the feed alone.
+    StageOnly,
+    /// As `StageOnly` without the loads from storage (constants stored): stores and barriers.
+    StoreOnly,
+}
+
+impl Load {
+    /// Staged as f16 values (`F16` and its parts).
+    fn f16_staged(self) -> bool {
+        matches!(self, Load::F16 | Load::StageOnly | Load::StoreOnly)
+    }
+    /// Runs the products and so gives checkable results.
+    fn checked(self) -> bool {
+        !matches!(self, Load::Raw | Load::RawLoads | Load::StageOnly | Load::StoreOnly)
+    }
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -79,7 +96,7 @@ fn kernel(t: Tile, m: u32, k: u32) -> String {
     let mut s = String::from("enable f16;\nenable wgpu_cooperative_matrix;\n");
     match t.load {
         Load::Direct | Load::Direct2 | Load::Raw | Load::RawLoads => s += "@group(0) @binding(0) var<storage, read> W: array<f16>;\n@group(0) @binding(1) var<storage, read> X: array<f16>;\n",
-        Load::F16 => s += "@group(0) @binding(0) var<storage, read> W: array<vec4<f16>>;\n@group(0) @binding(1) var<storage, read> X: array<vec4<f16>>;\n",
+        Load::F16 | Load::StageOnly | Load::StoreOnly => s += "@group(0) @binding(0) var<storage, read> W: array<vec4<f16>>;\n@group(0) @binding(1) var<storage, read> X: array<vec4<f16>>;\n",
         Load::Q4 => s += "@group(0) @binding(0) var<storage, read> W: array<vec2<u32>>;\n@group(0) @binding(1) var<storage, read> X: array<vec4<f16>>;\n@group(0) @binding(3) var<storage, read> S: array<u32>;\n",
     }
     s += "@group(0) @binding(2) var<storage, read_write> Y: array<f32>;\n";
@@ -165,13 +182,13 @@ fn kernel(t: Tile, m: u32, k: u32) -> String {
             }
             s += "    }\n";
         }
-        Load::F16 | Load::Q4 => {
+        Load::F16 | Load::Q4 | Load::StageOnly | Load::StoreOnly => {
             // Staging tasks: A as vec4s of 8 f16 (f16) or half blocks (q4), B as vec4s of 8 f16;
             // thread li takes tasks li, li + nt, ... (the last round guarded where short).
-            let (ta, tb) = if t.load == Load::F16 { (tm * ks / 8, tn * ks / 8) } else { (tm * ks / 16, tn * ks / 8) };
+            let (ta, tb) = if t.load.f16_staged() { (tm * ks / 8, tn * ks / 8) } else { (tm * ks / 16, tn * ks / 8) };
             let (na, nb) = (ta.div_ceil(nt), tb.div_ceil(nt));
             let (av, bv) = (ks / 8, ks / 8);
-            let (aty, dty) = if t.load == Load::F16 { ("array<vec4<f16>, 2>", "") } else { ("vec2<u32>", "u32") };
+            let (aty, dty) = if t.load.f16_staged() { ("array<vec4<f16>, 2>", "") } else { ("vec2<u32>", "u32") };
             for x in 0..na {
                 let _ = writeln!(s, "    var ra{x}: {aty};");
                 if !dty.is_empty() {
@@ -187,7 +204,10 @@ fn kernel(t: Tile, m: u32, k: u32) -> String {
                     let task = format!("(li + {}u)", nt * x);
                     let g = guard(ta, x);
                     match t.load {
-                        Load::F16 => {
+                        Load::StoreOnly => {
+                            let _ = writeln!(s, "        {g}{{ ra{x}[0] = vec4<f16>(f16({kexpr})); ra{x}[1] = ra{x}[0]; }}");
+                        }
+                        Load::F16 | Load::StageOnly => {
                             let _ = writeln!(s, "        {g}{{ let at = 2u * ((r0 + {task} / {av}u) * {}u + ({kexpr}) / 8u + {task} % {av}u); ra{x}[0] = W[at]; ra{x}[1] = W[at + 1u]; }}", k / 8);
                         }
                         _ => {
@@ -201,7 +221,11 @@ fn kernel(t: Tile, m: u32, k: u32) -> String {
                 for y in 0..nb {
                     let task = format!("(li + {}u)", nt * y);
                     let g = guard(tb, y);
-                    let _ = writeln!(s, "        {g}{{ let at = 2u * ((t0 + {task} / {bv}u) * {}u + ({kexpr}) / 8u + {task} % {bv}u); rb{y}[0] = X[at]; rb{y}[1] = X[at + 1u]; }}", k / 8);
+                    if t.load == Load::StoreOnly {
+                        let _ = writeln!(s, "        {g}{{ rb{y}[0] = vec4<f16>(f16({kexpr})); rb{y}[1] = rb{y}[0]; }}");
+                    } else {
+                        let _ = writeln!(s, "        {g}{{ let at = 2u * ((t0 + {task} / {bv}u) * {}u + ({kexpr}) / 8u + {task} % {bv}u); rb{y}[0] = X[at]; rb{y}[1] = X[at + 1u]; }}", k / 8);
+                    }
                 }
             };
             fetch(&mut s, "0u");
@@ -209,7 +233,7 @@ fn kernel(t: Tile, m: u32, k: u32) -> String {
             for x in 0..na {
                 let task = format!("(li + {}u)", nt * x);
                 match t.load {
-                    Load::F16 => {
+                    Load::F16 | Load::StageOnly | Load::StoreOnly => {
                         let _ = writeln!(s, "        {}{{ put_a(({task} / {av}u) * {sa}u + ({task} % {av}u) * 8u, ra{x}[0], ra{x}[1]); }}", guard(ta, x));
                     }
                     _ => {
@@ -226,11 +250,19 @@ fn kernel(t: Tile, m: u32, k: u32) -> String {
             fetch(&mut s, &format!("k + {ks}u"));
             s += "        }\n";
             for kk in (0..ks).step_by(16) {
+                if !t.load.checked() {
+                    break;
+                }
                 s += "        {\n";
                 products(&mut s, &|i| format!("coopLoadT<coop_mat16x16<f16, A>>(&sa[(rs + {}u) * {sa}u + {kk}u], {sa}u)", 16 * i), &|j| format!("coopLoad<coop_mat16x16<f16, B>>(&sb[(ts + {}u) * {sa}u + {kk}u], {sa}u)", 16 * j));
                 s += "        }\n";
             }
             s += "    }\n";
+            if matches!(t.load, Load::StageOnly | Load::StoreOnly) {
+                // Keep the staged values (and the bindings) live.
+                let _ = writeln!(s, "    Y[((wg.y * {}u) + wg.x) * {nt}u + li] = f32(sa[li]) + f32(sb[li]) + f32(W[0].x) + f32(X[0].x);\n}}", m / tm);
+                return s;
+            }
         }
     }
     for i in 0..t.sgm {
@@ -279,20 +311,21 @@ fn coop_tile_full_k_speed_at_the_1_1b_shapes() {
     }
     println!("{name}");
     let tiles: Vec<Tile> = [
-        (Load::Raw, 2, 2, 4, 4, 32),
-        (Load::Raw, 4, 2, 2, 2, 32),
-        (Load::RawLoads, 2, 2, 4, 4, 32),
-        (Load::RawLoads, 2, 2, 4, 2, 32),
         (Load::RawLoads, 4, 2, 2, 2, 32),
-        (Load::RawLoads, 2, 2, 2, 2, 32),
         (Load::Direct, 2, 2, 4, 4, 16),
-        (Load::Direct, 4, 2, 4, 2, 16),
         (Load::Direct2, 2, 2, 4, 4, 32),
         (Load::F16, 4, 2, 1, 2, 32),
+        (Load::StageOnly, 4, 2, 1, 2, 32),
+        (Load::StoreOnly, 4, 2, 1, 2, 32),
         (Load::F16, 4, 2, 2, 2, 32),
+        (Load::StageOnly, 4, 2, 2, 2, 32),
+        (Load::StoreOnly, 4, 2, 2, 2, 32),
         (Load::F16, 2, 2, 4, 4, 32),
+        (Load::StageOnly, 2, 2, 4, 4, 32),
+        (Load::StoreOnly, 2, 2, 4, 4, 32),
+        (Load::F16, 4, 2, 2, 2, 64),
+        (Load::StageOnly, 4, 2, 2, 2, 64),
         (Load::Q4, 4, 2, 2, 2, 32),
-        (Load::Q4, 2, 2, 4, 2, 32),
     ]
     .into_iter()
     .map(|(load, wgm, wgn, sgm, sgn, ks)| Tile { load, wgm, wgn, sgm, sgn, ks })
@@ -323,7 +356,7 @@ fn coop_tile_full_k_speed_at_the_1_1b_shapes() {
             queue.write_buffer(&y, 0, &vec![0u8; (m * TOKENS * 4) as usize]);
             time_passes(&device, &queue, &p, &bg, groups, 1, 1);
             let got = read_f32(&device, &queue, &y);
-            for _ in 0..if matches!(t.load, Load::Raw | Load::RawLoads) { 0 } else { 2000 } {
+            for _ in 0..if t.load.checked() { 2000 } else { 0 } {
                 let (r, tok) = (rng(&mut seed, 0, m as i32 - 1) as usize, rng(&mut seed, 0, TOKENS as i32 - 1) as usize);
                 let want: i32 = (0..k as usize).map(|c| (nib[r * k as usize + c] - 8) * xs[tok * k as usize + c]).sum();
                 assert_eq!(got[tok * m as usize + r], want as f32, "{shape} {t:?}: row {r}, token {tok}");
@@ -336,7 +369,7 @@ fn coop_tile_full_k_speed_at_the_1_1b_shapes() {
             let med = sec[sec.len() / 2];
             let ops = 2.0 * f64::from(m) * f64::from(k) * f64::from(TOKENS);
             println!("{shape:8} {m:5} x {k:4} x {TOKENS}  {:6?} {}x{} ({}x{} subgroups) ks {:2}: median {:.3} ms (min {:.3}) {:6.1} tera-ops/s, x22 layers {:.2} ms", t.load, t.rows(), t.tokens(), t.wgm, t.wgn, t.ks, med * 1e3, sec[0] * 1e3, ops / med / 1e12, med * LAYERS * 1e3);
-            if !matches!(t.load, Load::Raw | Load::RawLoads) {
+            if t.load.checked() {
                 best = best.min(med);
             }
         }
@@ -345,6 +378,7 @@ fn coop_tile_full_k_speed_at_the_1_1b_shapes() {
     let total: f64 = best_total.values().sum();
     println!("best tile per shape (any feed but Raw), x22 layers: {best_total:?}, total {total:.2} ms (today's dot4I8Packed tiles: 25.7 ms; 0.8x llama.cpp needs the whole step <= 14.7 ms)");
 }
+
 
 
 
