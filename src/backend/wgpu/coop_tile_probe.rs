@@ -18,8 +18,9 @@
 //! - `direct2`: as `direct`, two steps of K per loop turn, all fragments loaded first.
 //! - `raw` / `raw_loads`: products from workgroup memory only, the fragments kept in registers
 //!   or loaded every step (not checked): the ceiling of a tile shape, without and with the
-//!   fragment loads. Found (H200): raw_loads 280-500 tera-ops/s, every real feed 30-65, so the
-//!   feed is what is slow (docs/perf.md).
+//!   fragment loads. Found (H200): raw_loads 280-490 tera-ops/s, the fed tiles 49-75 (Q4:
+//!   14.9 ms for the 1.1B's 22 layers against 25.7 for today's integer tiles), the staging and
+//!   the products not overlapping (docs/perf.md).
 //! - `stage_only` / `store_only`: `f16`'s staging without the products, and its stores into
 //!   workgroup memory and barriers alone (not checked): where a staged tile's time goes.
 //! - `q4`: as `f16`, but the weights are Q4_0 (16 nibble bytes per block of 32, one f16 scale)
@@ -75,6 +76,12 @@ struct Tile {
     sgn: u32,
     /// Values of K per stage (staged loads).
     ks: u32,
+    /// Padding of a workgroup-memory row, f16s (8: rows 16-byte aligned; 2: an odd number of
+    /// 4-byte words per row, so 32 rows start in 32 different banks).
+    pad: u32,
+    /// Staging tasks by rows (lane i takes row i of a chunk column: stores to 32 rows at once)
+    /// instead of by chunks (consecutive lanes take consecutive 8-value chunks of a row).
+    by_rows: bool,
 }
 
 impl Tile {
@@ -92,7 +99,7 @@ impl Tile {
 /// The WGSL of `t` for an m x k weight matrix and n tokens (Y is [n][m] f32).
 fn kernel(t: Tile, m: u32, k: u32) -> String {
     let (tm, tn, ks) = (t.rows(), t.tokens(), t.ks);
-    let sa = ks + 8; // workgroup row stride in f16s (16 bytes of padding)
+    let sa = ks + t.pad; // workgroup row stride in f16s
     let mut s = String::from("enable f16;\nenable wgpu_cooperative_matrix;\n");
     match t.load {
         Load::Direct | Load::Direct2 | Load::Raw | Load::RawLoads => s += "@group(0) @binding(0) var<storage, read> W: array<f16>;\n@group(0) @binding(1) var<storage, read> X: array<f16>;\n",
@@ -104,22 +111,22 @@ fn kernel(t: Tile, m: u32, k: u32) -> String {
         let _ = writeln!(s, "var<workgroup> sa: array<f16, {}>;\nvar<workgroup> sb: array<f16, {}>;", tm * sa, tn * sa);
         // Eight f16 (two vec4s) into workgroup memory at `at`. (naga 30 types a
         // `bitcast<vec2<f16>>` of a u32 as f32, so f16 data is read as f16 vectors.)
-        let _ = writeln!(s, "fn put_a(at: u32, w0: vec4<f16>, w1: vec4<f16>) {{ for (var i = 0u; i < 4u; i++) {{ sa[at + i] = w0[i]; sa[at + 4u + i] = w1[i]; }} }}");
-        let _ = writeln!(s, "fn put_b(at: u32, w0: vec4<f16>, w1: vec4<f16>) {{ for (var i = 0u; i < 4u; i++) {{ sb[at + i] = w0[i]; sb[at + 4u + i] = w1[i]; }} }}");
+        // Components written out: a loop indexing the vectors ran as slow as local memory.
+        for arr in ["a", "b"] {
+            let _ = writeln!(s, "fn put_{arr}(at: u32, w0: vec4<f16>, w1: vec4<f16>) {{ s{arr}[at] = w0.x; s{arr}[at + 1u] = w0.y; s{arr}[at + 2u] = w0.z; s{arr}[at + 3u] = w0.w; s{arr}[at + 4u] = w1.x; s{arr}[at + 5u] = w1.y; s{arr}[at + 6u] = w1.z; s{arr}[at + 7u] = w1.w; }}");
+        }
         // Half a Q4_0 block (8 bytes: elements 8h .. 8h + 7 low nibbles, + 16 high) to f16:
         // f32(2^23 + n) from the bits, minus 2^23 + 8, times d (exact in f32), rounded to f16.
         let _ = writeln!(s, "fn put_q4(at: u32, w: vec2<u32>, d: f32) {{
     for (var i = 0u; i < 2u; i++) {{
-        let v = vec4<u32>(w[i]) >> vec4<u32>(0u, 8u, 16u, 24u);
+        let v = vec4<u32>(select(w.x, w.y, i == 1u)) >> vec4<u32>(0u, 8u, 16u, 24u);
         let lo = (bitcast<vec4<f32>>((v & vec4<u32>(15u)) | vec4<u32>(0x4B000000u)) - vec4<f32>(8388616.0)) * d;
         let hi = (bitcast<vec4<f32>>(((v >> vec4<u32>(4u)) & vec4<u32>(15u)) | vec4<u32>(0x4B000000u)) - vec4<f32>(8388616.0)) * d;
         let e = at + 4u * i;
         let l = vec4<f16>(lo);
         let h = vec4<f16>(hi);
-        for (var j = 0u; j < 4u; j++) {{
-            sa[e + j] = l[j];
-            sa[e + 16u + j] = h[j];
-        }}
+        sa[e] = l.x; sa[e + 1u] = l.y; sa[e + 2u] = l.z; sa[e + 3u] = l.w;
+        sa[e + 16u] = h.x; sa[e + 17u] = h.y; sa[e + 18u] = h.z; sa[e + 19u] = h.w;
     }}
 }}");
     }
@@ -172,8 +179,8 @@ fn kernel(t: Tile, m: u32, k: u32) -> String {
         Load::Raw | Load::RawLoads => {
             s += "    if (li == 0u) { sa[0] = W[0]; sb[0] = X[0]; }\n    workgroupBarrier();\n";
             let _ = writeln!(s, "    for (var k = 0u; k < {k}u; k += {ks}u) {{");
-            // RawLoads: an offset of 0 or 8 values that alternates with the step (stays in the row).
-            let o = if t.load == Load::RawLoads { "((k / 32u) & 1u) * 8u + " } else { "" };
+            // RawLoads: an offset of 0 or `pad` values that alternates with the step (stays in the row).
+            let o = if t.load == Load::RawLoads { format!("((k / 32u) & 1u) * {}u + ", t.pad) } else { String::new() };
             assert!(t.load == Load::Raw || ks == 32, "RawLoads is written for 32 values per step");
             for kk in (0..ks).step_by(16) {
                 s += "        {\n";
@@ -199,6 +206,15 @@ fn kernel(t: Tile, m: u32, k: u32) -> String {
                 let _ = writeln!(s, "    var rb{y}: array<vec4<f16>, 2>;");
             }
             let guard = |count: u32, x: u32| if nt * (x + 1) > count { format!("if (li + {}u < {count}u) ", nt * x) } else { String::new() };
+            // Task -> (row, 8-value chunk) of the A and B stages.
+            let (rows_a, rows_b) = (tm, tn);
+            let split = |task: &str, rows: u32, per_row: u32| -> (String, String) {
+                if t.by_rows {
+                    (format!("{task} % {rows}u"), format!("{task} / {rows}u"))
+                } else {
+                    (format!("{task} / {per_row}u"), format!("{task} % {per_row}u"))
+                }
+            };
             let fetch = |s: &mut String, kexpr: &str| {
                 for x in 0..na {
                     let task = format!("(li + {}u)", nt * x);
@@ -208,7 +224,8 @@ fn kernel(t: Tile, m: u32, k: u32) -> String {
                             let _ = writeln!(s, "        {g}{{ ra{x}[0] = vec4<f16>(f16({kexpr})); ra{x}[1] = ra{x}[0]; }}");
                         }
                         Load::F16 | Load::StageOnly => {
-                            let _ = writeln!(s, "        {g}{{ let at = 2u * ((r0 + {task} / {av}u) * {}u + ({kexpr}) / 8u + {task} % {av}u); ra{x}[0] = W[at]; ra{x}[1] = W[at + 1u]; }}", k / 8);
+                            let (row, ch) = split(&task, rows_a, av);
+                            let _ = writeln!(s, "        {g}{{ let at = 2u * ((r0 + {row}) * {}u + ({kexpr}) / 8u + {ch}); ra{x}[0] = W[at]; ra{x}[1] = W[at + 1u]; }}", k / 8);
                         }
                         _ => {
                             // task: row = task / (2 * ks / 32), block-half within the stage.
@@ -224,7 +241,8 @@ fn kernel(t: Tile, m: u32, k: u32) -> String {
                     if t.load == Load::StoreOnly {
                         let _ = writeln!(s, "        {g}{{ rb{y}[0] = vec4<f16>(f16({kexpr})); rb{y}[1] = rb{y}[0]; }}");
                     } else {
-                        let _ = writeln!(s, "        {g}{{ let at = 2u * ((t0 + {task} / {bv}u) * {}u + ({kexpr}) / 8u + {task} % {bv}u); rb{y}[0] = X[at]; rb{y}[1] = X[at + 1u]; }}", k / 8);
+                        let (row, ch) = split(&task, rows_b, bv);
+                        let _ = writeln!(s, "        {g}{{ let at = 2u * ((t0 + {row}) * {}u + ({kexpr}) / 8u + {ch}); rb{y}[0] = X[at]; rb{y}[1] = X[at + 1u]; }}", k / 8);
                     }
                 }
             };
@@ -234,7 +252,8 @@ fn kernel(t: Tile, m: u32, k: u32) -> String {
                 let task = format!("(li + {}u)", nt * x);
                 match t.load {
                     Load::F16 | Load::StageOnly | Load::StoreOnly => {
-                        let _ = writeln!(s, "        {}{{ put_a(({task} / {av}u) * {sa}u + ({task} % {av}u) * 8u, ra{x}[0], ra{x}[1]); }}", guard(ta, x));
+                        let (row, ch) = split(&task, rows_a, av);
+                        let _ = writeln!(s, "        {}{{ put_a(({row}) * {sa}u + ({ch}) * 8u, ra{x}[0], ra{x}[1]); }}", guard(ta, x));
                     }
                     _ => {
                         let hb = 2 * ks / 32;
@@ -244,7 +263,8 @@ fn kernel(t: Tile, m: u32, k: u32) -> String {
             }
             for y in 0..nb {
                 let task = format!("(li + {}u)", nt * y);
-                let _ = writeln!(s, "        {}{{ put_b(({task} / {bv}u) * {sa}u + ({task} % {bv}u) * 8u, rb{y}[0], rb{y}[1]); }}", guard(tb, y));
+                let (row, ch) = split(&task, rows_b, bv);
+                let _ = writeln!(s, "        {}{{ put_b(({row}) * {sa}u + ({ch}) * 8u, rb{y}[0], rb{y}[1]); }}", guard(tb, y));
             }
             let _ = writeln!(s, "        workgroupBarrier();\n        if (k + {ks}u < {k}u) {{");
             fetch(&mut s, &format!("k + {ks}u"));
@@ -310,26 +330,32 @@ fn coop_tile_full_k_speed_at_the_1_1b_shapes() {
         return eprintln!("skipped: no timestamps");
     }
     println!("{name}");
-    let tiles: Vec<Tile> = [
-        (Load::RawLoads, 4, 2, 2, 2, 32),
-        (Load::Direct, 2, 2, 4, 4, 16),
-        (Load::Direct2, 2, 2, 4, 4, 32),
-        (Load::F16, 4, 2, 1, 2, 32),
-        (Load::StageOnly, 4, 2, 1, 2, 32),
-        (Load::StoreOnly, 4, 2, 1, 2, 32),
-        (Load::F16, 4, 2, 2, 2, 32),
-        (Load::StageOnly, 4, 2, 2, 2, 32),
-        (Load::StoreOnly, 4, 2, 2, 2, 32),
-        (Load::F16, 2, 2, 4, 4, 32),
-        (Load::StageOnly, 2, 2, 4, 4, 32),
-        (Load::StoreOnly, 2, 2, 4, 4, 32),
-        (Load::F16, 4, 2, 2, 2, 64),
-        (Load::StageOnly, 4, 2, 2, 2, 64),
-        (Load::Q4, 4, 2, 2, 2, 32),
-    ]
-    .into_iter()
-    .map(|(load, wgm, wgn, sgm, sgn, ks)| Tile { load, wgm, wgn, sgm, sgn, ks })
-    .collect();
+    let plain = |load, wgm, wgn, sgm, sgn, ks| Tile { load, wgm, wgn, sgm, sgn, ks, pad: 8, by_rows: false };
+    let mut tiles: Vec<Tile> = vec![
+        plain(Load::Raw, 4, 2, 2, 2, 32),
+        plain(Load::RawLoads, 4, 2, 2, 2, 32),
+        plain(Load::Direct, 2, 2, 4, 4, 16),
+        plain(Load::Direct2, 2, 2, 4, 4, 32),
+        plain(Load::F16, 4, 2, 1, 2, 32),
+        plain(Load::F16, 4, 2, 2, 2, 32),
+        plain(Load::F16, 2, 2, 4, 4, 32),
+        plain(Load::F16, 4, 2, 2, 2, 64),
+        plain(Load::Q4, 4, 2, 2, 2, 32),
+        plain(Load::Q4, 2, 2, 4, 2, 32),
+    ];
+    // Where a staged tile's time goes. (Rows of an odd number of words and stores by rows, to
+    // avoid bank conflicts, changed nothing in the stores' time: H200, docs/perf.md.)
+    for load in [Load::StageOnly, Load::StoreOnly] {
+        tiles.push(plain(load, 4, 2, 2, 2, 32));
+        tiles.push(plain(load, 4, 2, 1, 2, 32));
+        tiles.push(Tile { pad: 2, by_rows: true, ..plain(load, 4, 2, 2, 2, 32) });
+    }
+    // Rows of an odd number of words with the coalesced (by chunks) loads: fewer bank conflicts.
+    for load in [Load::StoreOnly, Load::StageOnly, Load::F16, Load::Q4] {
+        tiles.push(Tile { pad: 2, ..plain(load, 4, 2, 2, 2, 32) });
+    }
+    tiles.push(Tile { pad: 2, ..plain(Load::Q4, 2, 2, 4, 2, 32) });
+    tiles.push(Tile { pad: 2, ..plain(Load::F16, 2, 2, 4, 4, 32) });
     let mut best_total = std::collections::BTreeMap::<&str, f64>::new();
     for (shape, m, k) in SHAPES {
         let mut seed = 7u64 + u64::from(m) * 31 + u64::from(k);
@@ -368,7 +394,7 @@ fn coop_tile_full_k_speed_at_the_1_1b_shapes() {
             sec.sort_by(f64::total_cmp);
             let med = sec[sec.len() / 2];
             let ops = 2.0 * f64::from(m) * f64::from(k) * f64::from(TOKENS);
-            println!("{shape:8} {m:5} x {k:4} x {TOKENS}  {:6?} {}x{} ({}x{} subgroups) ks {:2}: median {:.3} ms (min {:.3}) {:6.1} tera-ops/s, x22 layers {:.2} ms", t.load, t.rows(), t.tokens(), t.wgm, t.wgn, t.ks, med * 1e3, sec[0] * 1e3, ops / med / 1e12, med * LAYERS * 1e3);
+            println!("{shape:8} {m:5} x {k:4} x {TOKENS}  {:9?} {}x{} ({}x{} subgroups) ks {:2} pad {} {}: median {:.3} ms (min {:.3}) {:6.1} tera-ops/s, x22 layers {:.2} ms", t.load, t.rows(), t.tokens(), t.wgm, t.wgn, t.ks, t.pad, if t.by_rows { "by rows" } else { "by chunks" }, med * 1e3, sec[0] * 1e3, ops / med / 1e12, med * LAYERS * 1e3);
             if t.load.checked() {
                 best = best.min(med);
             }
@@ -378,6 +404,7 @@ fn coop_tile_full_k_speed_at_the_1_1b_shapes() {
     let total: f64 = best_total.values().sum();
     println!("best tile per shape (any feed but Raw), x22 layers: {best_total:?}, total {total:.2} ms (today's dot4I8Packed tiles: 25.7 ms; 0.8x llama.cpp needs the whole step <= 14.7 ms)");
 }
+
 
 
 
