@@ -334,7 +334,8 @@ fn host_matmul(w: WeightView<'_>, x: &[f32], n_tok: usize, out: &mut [f32]) {
 impl Backend for WgpuBackend {
     fn name(&self) -> String {
         let a = self.ctx.adapter();
-        format!("wgpu ({}, {}, {}, {} matmul lanes, decode: {})", a.name, a.device_type, a.backend, self.ctx.matmul_lanes(), self.ctx.decode_kernels())
+        let coop = if self.ctx.coop() { ", Q4_0 on tensor cores" } else { "" };
+        format!("wgpu ({}, {}, {}, {} matmul lanes, decode: {}{coop})", a.name, a.device_type, a.backend, self.ctx.matmul_lanes(), self.ctx.decode_kernels())
     }
 
     fn supports(&self, op: Op, ty: GgmlType) -> bool {

@@ -90,6 +90,9 @@ pub(crate) struct Kernels {
     pub matmul_tile: HashMap<GgmlType, Kernel>,
     /// the same, wide tiles (matmul_wide.wgsl, same bits): empty unless `tile_wide` applies
     pub matmul_wide: HashMap<GgmlType, Kernel>,
+    /// tensor-core matmuls against f32 activations (matmul_coop.wgsl), 64 x 32 and 128 x 64
+    /// tiles (the same bits): empty unless [`WgpuOptions::coop`] applies on the adapter
+    pub matmul_coop: HashMap<GgmlType, [Kernel; 2]>,
     /// embedding lookup (embed.wgsl), per weight type
     pub embed: HashMap<GgmlType, Kernel>,
     /// RMSNorm (rmsnorm.wgsl)
@@ -163,6 +166,10 @@ pub struct WgpuContext {
     pub(crate) spin: std::time::Duration,
     /// [`WgpuOptions::qkv_rope`]
     pub(crate) qkv_rope: bool,
+    /// [`WgpuOptions::coop_wide`] (0: never)
+    pub(crate) coop_wide: usize,
+    /// Whether the adapter offers what matmul_coop.wgsl needs (whether or not it is used).
+    coop_offered: bool,
     /// The options the context was made with.
     options: WgpuOptions,
     /// The first error wgpu reported outside an error scope (validation, device loss).
@@ -313,12 +320,21 @@ impl WgpuContext {
         if subgroups {
             features |= wgpu::Features::SUBGROUP;
         }
+        let coop_offered = super::coop::capable(&adapter);
+        let coop = opts.coop && coop_offered;
+        if coop {
+            features |= super::coop::FEATURES;
+        }
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
             label: Some("forge-cache"),
             // Timestamps only serve WgpuLayers::forward_profiled; asked for when offered.
             required_features: features,
             required_limits: limits.clone(),
-            experimental_features: wgpu::ExperimentalFeatures::default(),
+            // SAFETY: wgpu's experimental features are enabled only for the cooperative
+            // matrices (tensor cores), where the adapter reports the 16 x 16 x 16 f16 / f32
+            // configuration matmul_coop.wgsl uses; every result of that kernel is tested against
+            // the CPU reference on such an adapter (`WgpuOptions::coop` turns it off).
+            experimental_features: if coop { unsafe { wgpu::ExperimentalFeatures::enabled() } } else { wgpu::ExperimentalFeatures::default() },
             memory_hints: wgpu::MemoryHints::Performance,
             trace: wgpu::Trace::Off,
         }))
@@ -333,7 +349,15 @@ impl WgpuContext {
             }
         }));
         let tile_wide = if opts.tile && lanes == 32 { opts.tile_wide } else { 0 };
-        let kernels = build_kernels(&device, lanes, decode, subgroups, opts.tile.then_some(tile_wide > 0), opts.shader_checks)?;
+        let mut kernels = build_kernels(&device, lanes, decode, subgroups, opts.tile.then_some(tile_wide > 0), opts.shader_checks)?;
+        if coop {
+            match super::coop::kernels(&device, opts.shader_checks) {
+                Ok(k) => kernels.matmul_coop = k,
+                // An experimental feature: a driver that reports it and then fails to compile the
+                // kernel leaves the integer path in place, said once.
+                Err(e) => tracing::warn!("cooperative-matrix matmuls unavailable on {}: {e}", info.name),
+            }
+        }
         let summary = AdapterSummary {
             name: info.name.clone(),
             device_type: format!("{:?}", info.device_type),
@@ -361,6 +385,8 @@ impl WgpuContext {
             o_merge: opts.o_merge,
             submit_layers: opts.submit_layers,
             qkv_rope: opts.qkv_rope,
+            coop_wide: opts.coop_wide,
+            coop_offered,
             spin: std::time::Duration::from_micros(opts.spin_us),
             options: opts,
             uncaptured,
@@ -398,6 +424,17 @@ impl WgpuContext {
             DecodePlan::Fused => "matvec + folded norm / silu",
         };
         format!("{plan}{}", if self.subgroups { " (subgroup shuffles)" } else { "" })
+    }
+
+    /// Whether Q4_0 matrices multiply on tensor cores ([`WgpuOptions::coop`], where the adapter
+    /// has them and the kernel compiled).
+    pub fn coop(&self) -> bool {
+        !self.kernels.matmul_coop.is_empty()
+    }
+
+    /// Whether the adapter offers the cooperative matrices [`WgpuOptions::coop`] needs.
+    pub fn coop_offered(&self) -> bool {
+        self.coop_offered
     }
 
     /// Matmul workgroups for `rows` outputs of `n_tok` tokens.
@@ -704,6 +741,7 @@ pub(super) fn build_kernels(device: &wgpu::Device, lanes: u32, decode: DecodePla
         matmul_q8,
         matmul_tile,
         matmul_wide,
+        matmul_coop: HashMap::new(),
         embed,
         rmsnorm: k("rmsnorm", format!("{RMS_BIND}\n{RMS_SCALE}\n{}", include_str!("../../../kernels/wgsl/rmsnorm.wgsl")), &[B::Uniform, B::Read, B::Read, B::Rw])?,
         rmsnorm_q8: k(

@@ -25,7 +25,7 @@ use std::sync::Arc;
 
 use super::context::{grid_1d, next_id, WgpuContext, MAX_HEAD_DIM, PARAM_WINDOW};
 use super::kv::{attention_q8, gpu_kv, record_seqs, seq_dispatches, seq_params, split_chunks, window_param, GpuKv, KvPrecision, OMerge, QkvRope, SeqBuffers};
-use super::plan::{batch_plan, one_token_plan, q8_bytes, Acts, PlanCtx, PlanItem, Step};
+use super::plan::{batch_plan, one_token_plan, q8_bytes, takes_coop, Acts, PlanCtx, PlanItem, Step};
 use super::DecodePlan;
 use super::upload::{upload_rows, GpuLayer, GpuMatrix};
 use super::WgpuError;
@@ -288,11 +288,15 @@ impl GpuLayers {
         let (e, qd, kvd, ff) = (c.n_embd, c.n_head * c.head_dim, c.kv_dim(), c.n_ff);
         let f32s = |n: usize| (n * 4) as u64;
         let qkvd = qd + 2 * kvd;
-        let x = ctx.storage("x", f32s(max_tokens * e))?;
+        // The tensor-core matmuls write whole tiles of tokens (matmul_coop.wgsl): the rows past
+        // a step's tokens, up to the large tile's end, take values nobody reads.
+        let coop = self.gpu.iter().any(|g| g.qkv.iter().chain(&g.gate_up).chain([&g.wo, &g.w_down]).any(|w| takes_coop(&ctx.kernels, w)));
+        let rows = if coop { max_tokens.next_multiple_of(super::coop::TOKENS) } else { max_tokens };
+        let x = ctx.storage("x", f32s(rows * e))?;
         // `proj` only holds rows where the model has post-norms
         let post = self.gpu.iter().any(|g| g.post_attn_norm.is_some() || g.post_ffn_norm.is_some());
         let proj_w = if post { e } else { 1 };
-        let [xn, qkv, att, gu, act, proj] = [e, qkvd, qd, 2 * ff, ff, proj_w].map(|w| ctx.storage("activation", f32s(max_tokens * w)));
+        let [xn, qkv, att, gu, act, proj] = [e, qkvd, qd, 2 * ff, ff, proj_w].map(|w| ctx.storage("activation", f32s(rows * w)));
         let (xn, qkv, att, gu, act, proj) = (xn?, qkv?, att?, gu?, act?, proj?);
         // Q8 rows of the widest matmul input
         let xq = ctx.storage("q8 activations", q8_bytes(max_tokens, e.max(qd).max(ff)))?;
@@ -309,7 +313,8 @@ impl GpuLayers {
             q8: ctx.q8,
             tile: ctx.tile,
             wide_cols: if ctx.tile_wide > 0 { ctx.options().tile_wide_cols } else { 0 },
-            att_q8: attention_q8(ctx.q8, c),
+            // (an o projection on the tensor cores reads attention's f32 rows)
+            att_q8: attention_q8(ctx.q8, c) && !self.gpu.iter().all(|g| takes_coop(kern, &g.wo)),
             stage: ctx.stage,
             qkv_rope: ctx.qkv_rope && !ctx.attention_one && c.rope_style == RopeStyle::Adjacent && !qk_norms && !self.any_windowed(),
             o_merge: ctx.o_merge && ctx.attention_split,
@@ -357,6 +362,7 @@ impl GpuLayers {
             let mut binds = vec![(&params, slot * slot_stride, Some(PARAM_WINDOW))];
             binds.extend(bufs.iter().map(|b| (*b, 0, None)));
             let wide = match step {
+                Step::MatMul { wide: Some(ty), coop: true, .. } => kern.matmul_coop.get(ty).map(|[_, k]| (k.pipeline.clone(), ctx.bind(k, &binds))),
                 Step::MatMul { wide: Some(ty), .. } => kern.matmul_wide.get(ty).map(|k| (k.pipeline.clone(), ctx.bind(k, &binds))),
                 _ => None,
             };
@@ -408,7 +414,7 @@ impl GpuLayers {
                 let norm_bind = ctx.bind(norm_k, &[win(head_slots[0]), (&hx, 0, None), (&h.norm, 0, None), (&hn, 0, None)]);
                 let mmk = mm_map.get(&h.out.ty).ok_or_else(|| WgpuError::Unsupported(h.out.ty.name().into()))?;
                 let out_bind = ctx.bind(mmk, &[win(head_slots[1]), (&h.out.buf, 0, None), (&hn, 0, None), (&logits, 0, None)]);
-                let step = |rows: usize| Step::MatMul { rows, cols: h.out.cols, row_bytes: h.out.row_bytes, y_stride: h.out.rows, y_off: 0, accumulate: false, tile: false, wide: None };
+                let step = |rows: usize| Step::MatMul { rows, cols: h.out.cols, row_bytes: h.out.row_bytes, y_stride: h.out.rows, y_off: 0, accumulate: false, tile: false, wide: None, coop: false };
                 Some(HeadActs {
                     norm: Dispatch { pipeline: norm_k.pipeline.clone(), bind: norm_bind, wide: None, step: Step::RmsNorm { dim: e, eps: c.rms_eps }, label: "output norm" },
                     out: Dispatch { pipeline: mmk.pipeline.clone(), bind: out_bind, wide: None, step: step(h.out.rows), label: "output" },
@@ -520,7 +526,11 @@ impl GpuLayers {
     /// one place the choice is made, for the pipeline and the grid alike. Either tile gives the
     /// decode kernels' bits, so the choice by batch size leaves a token's bits alone.
     fn wide(&self, step: Step, n: usize) -> bool {
-        matches!(step, Step::MatMul { wide: Some(_), .. }) && self.ctx.tile_wide > 0 && n >= self.ctx.tile_wide
+        match step {
+            Step::MatMul { wide: Some(_), coop: true, .. } => self.ctx.coop_wide > 0 && n >= self.ctx.coop_wide,
+            Step::MatMul { wide: Some(_), .. } => self.ctx.tile_wide > 0 && n >= self.ctx.tile_wide,
+            _ => false,
+        }
     }
 
     /// The pipeline and bind group of `d` for a step of `n` tokens.
@@ -533,6 +543,7 @@ impl GpuLayers {
 
     fn grid_of(&self, step: Step, n: usize) -> (u32, u32) {
         match step {
+            Step::MatMul { rows, coop: true, .. } => super::coop::grid(rows, n, self.wide(step, n)),
             Step::MatMul { rows, tile: true, .. } => self.ctx.tile_grid(rows, n, self.wide(step, n)),
             Step::MatMul { rows, .. } => self.ctx.matmul_grid(rows, n),
             Step::MatVec { rows, .. } => self.ctx.matmul_grid(rows, 1),

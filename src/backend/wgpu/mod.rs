@@ -4,7 +4,9 @@
 //! * `context` — adapter choice ([`WgpuContext::detect`]: integrated, then discrete; software only
 //!   when asked), the compute pipelines (compiled once), buffer and read-back helpers;
 //!   `pipeline` — compiling one kernel (bind group layout, shader module, pipeline);
-//!   `attention_kv` — when the prefill attention runs per KV head and block of tokens.
+//!   `attention_kv` — when the prefill attention runs per KV head and block of tokens;
+//!   `coop` — the tensor-core matmul (cooperative matrices): which adapters take it, its
+//!   pipelines and grid.
 //! * `backend` — [`WgpuBackend`]: the [`Backend`](super::Backend) trait op by op (upload, one
 //!   dispatch, read back). Slow by design; it is what the kernel tests compare with the CPU.
 //! * `options` — [`WgpuOptions`]: every knob (adapter, kernel variants, submission, read-back),
@@ -16,19 +18,22 @@
 //!   and [`WgpuLayers`]: a stack with one sequence's cache, for tests and speed runs.
 //!
 //! Imports run one way: `segment` → `layers` → `kv` → `plan` → `upload` → `context` →
-//! `attention_kv` → `pipeline`, `pack`, `options` (each may also skip down).
+//! `attention_kv`, `coop` → `pipeline`, `pack`, `options` (each may also skip down).
 //!
 //! Kernels live in `kernels/wgsl/*.wgsl`, each with a header describing its bindings and layout.
 //! Weights stay GGUF block bytes in storage buffers (Q4_0 / Q4_1 / Q8_0 repacked at upload into
-//! aligned quant words and scales, `pack`) and are decoded in the shader; activations
-//! are f32 throughout (WGSL has no 8-bit dot product), so results differ from the CPU backend's
-//! 8-bit-activation matmuls by that rounding: the tolerances are stated in the tests. Every
+//! aligned quant words and scales, `pack`) and are decoded in the shader; the repacked types
+//! multiply activations quantized to 8 bits by integer dot products as the CPU does, other types
+//! f32 activations, and on adapters with tensor cores Q4_0 multiplies f16 operands on them
+//! (`coop`): results differ from the CPU backend's by that rounding, with the tolerances stated
+//! in the tests. Every
 //! reduction has a fixed order that does not depend on the batch, so on this backend a token's
 //! outputs are bitwise the same in decode and prefill.
 
 mod attention_kv;
 mod backend;
 mod context;
+mod coop;
 mod kernel_src;
 mod kv;
 mod layers;

@@ -27,6 +27,9 @@ pub const WIDE_MAX_COLS: usize = 1024;
 /// the per-head one (t/s, two interleaved rounds, docs/perf.md): pp512 44136 / 47677 against
 /// 45533 / 44218, pp128 25141 / 27602 against 28599 / 30170; the 1.1B gains from pp128 on.
 pub const ATTN_KV_FROM_TOKENS: usize = 256;
+/// Tokens from which the cooperative matmuls take the large tile (default of
+/// [`WgpuOptions::coop_wide`]).
+pub const COOP_WIDE_FROM_TOKENS: usize = 64;
 /// Microseconds a read-back polls before it sleeps (default of [`WgpuOptions::spin_us`]).
 pub const SPIN_US: u64 = 2000;
 
@@ -123,6 +126,18 @@ pub struct WgpuOptions {
     /// Keep naga's bounds checks in the kernels (off: the platform's robust buffer access stays,
     /// see `kernel`). Same bits on valid inputs. `$FORGE_WGPU_SHADER_CHECKS=1`.
     pub shader_checks: bool,
+    /// Where the adapter has cooperative matrices (tensor cores) with f16, Q4_0 matrices whose
+    /// rows are a multiple of 128 multiply on them (matmul_coop.wgsl: f16 operands, f32 sums),
+    /// in steps of every size, one-token steps included (their layers take the batch plan), so
+    /// a token's bits stay the same at any batch size; other bits than the integer path (so not
+    /// "same bits"). Off by default: one-token steps through it are latency-bound (H200, 1.1B
+    /// Q4_0: pp512 23.2k against 15.1k t/s, tg128 132 against 880; docs/perf.md).
+    /// `$FORGE_WGPU_COOP=1`.
+    pub coop: bool,
+    /// Steps of at least this many tokens run the cooperative matmuls as 128 x 64 tiles, smaller
+    /// ones as 64 x 32 (0: never the large one). Same bits (the tile does not enter a token's
+    /// arithmetic). Default [`COOP_WIDE_FROM_TOKENS`]. `$FORGE_WGPU_COOP_WIDE` (tokens).
+    pub coop_wide: usize,
 }
 
 impl Default for WgpuOptions {
@@ -145,6 +160,8 @@ impl Default for WgpuOptions {
             submit_layers: SUBMIT_LAYERS,
             spin_us: SPIN_US,
             shader_checks: false,
+            coop: false,
+            coop_wide: COOP_WIDE_FROM_TOKENS,
         }
     }
 }
@@ -209,6 +226,10 @@ impl WgpuOptions {
             o.submit_layers = n as usize;
         }
         o.spin_us = num("FORGE_WGPU_SPIN_US", "microseconds")?.unwrap_or(o.spin_us);
+        o.coop = flag("FORGE_WGPU_COOP")?.unwrap_or(o.coop);
+        if let Some(n) = num("FORGE_WGPU_COOP_WIDE", "a number of tokens (0: never)")? {
+            o.coop_wide = usize::try_from(n).unwrap_or(usize::MAX);
+        }
         Ok(o)
     }
 
@@ -242,6 +263,8 @@ impl WgpuOptions {
             ("submit whole", with(|o| o.submit_layers = 0)),
             ("spin 0", with(|o| o.spin_us = 0)),
             ("shader checks", with(|o| o.shader_checks = !o.shader_checks)),
+            ("coop wide always", with(|o| o.coop_wide = 1)),
+            ("coop wide never", with(|o| o.coop_wide = 0)),
         ]
     }
 }

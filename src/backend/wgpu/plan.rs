@@ -7,6 +7,10 @@
 //! (one token) multiply. Other types read f32 activations (matmul.wgsl, matmul_vec.wgsl). A group
 //! of mixed types gets both inputs.
 //!
+//! Q4_0 matrices multiply on tensor cores where the adapter has them (matmul_coop.wgsl,
+//! `WgpuOptions::coop`: f32 activations rounded to f16 in the kernel), in steps of every size:
+//! their layers take the batch plan for one token too.
+//!
 //! One-token steps use the decode kernels (matvec*.wgsl) with the batch kernels' reduction orders,
 //! so a token's bits do not depend on which list ran it (tests: `wgpu_layers_decode_equals_prefill_bitwise`,
 //! tests/batch_invariance.rs). Where gate|up rows are interleaved (upload.rs), SiLU·mul is the
@@ -27,8 +31,10 @@ use crate::gguf::GgmlType;
 pub(super) enum Step {
     /// `accumulate`: add into the destination (the residual stream) instead of writing; `wide`:
     /// the weight type where steps of `WgpuOptions::tile_wide` tokens and more run
-    /// matmul_wide.wgsl instead of matmul_tile.wgsl (the same bits; layers.rs picks per step).
-    MatMul { rows: usize, cols: usize, row_bytes: usize, y_stride: usize, y_off: usize, accumulate: bool, tile: bool, wide: Option<GgmlType> },
+    /// matmul_wide.wgsl instead of matmul_tile.wgsl, or with `coop` (matmul_coop.wgsl) where
+    /// steps of `WgpuOptions::coop_wide` tokens and more take its large tile (the same bits;
+    /// layers.rs picks per step).
+    MatMul { rows: usize, cols: usize, row_bytes: usize, y_stride: usize, y_off: usize, accumulate: bool, tile: bool, wide: Option<GgmlType>, coop: bool },
     /// One token's matmul (matmul_vec.wgsl); `eps` for a folded RMSNorm (mv_x_norm.wgsl,
     /// mvq_x_stage.wgsl).
     MatVec { rows: usize, cols: usize, row_bytes: usize, y_off: usize, accumulate: bool, eps: f32 },
@@ -49,6 +55,13 @@ pub(super) enum Step {
 /// Bytes of `n_tok` Q8 rows of `cols` values (q8_act.wgsl: 48 bytes per block of 32).
 pub(crate) fn q8_bytes(n_tok: usize, cols: usize) -> u64 {
     (n_tok * cols.div_ceil(32) * 48) as u64
+}
+
+/// Whether `w` multiplies on the tensor cores (matmul_coop.wgsl, built where
+/// `WgpuOptions::coop` applies): its type has the kernel and its rows fill the tiles. Such a
+/// matrix reads f32 activations, in steps of every size.
+pub(super) fn takes_coop(kern: &Kernels, w: &GpuMatrix) -> bool {
+    kern.matmul_coop.contains_key(&w.ty) && w.rows.is_multiple_of(super::coop::ROWS)
 }
 
 /// One dispatch of a layer's plan: (before attention, kernel, step, label, buffers of bindings 1..).
@@ -119,7 +132,7 @@ pub(super) struct PlanCtx<'a> {
 
 impl<'a> PlanCtx<'a> {
     fn uses_q8(&self, w: &GpuMatrix) -> bool {
-        self.q8 && packed(w.ty)
+        self.q8 && packed(w.ty) && !takes_coop(self.kern, w)
     }
 
     /// The norm dispatches before `ws` (f32 and / or Q8 output, as the matrices read).
@@ -187,9 +200,13 @@ impl<'a> PlanCtx<'a> {
 
     /// The batch matmul of `w` reading `x` (f32) or `a.xq` (Q8).
     fn matmul(&self, w: &'a GpuMatrix, x: &'a wgpu::Buffer, a: &Acts<'a>, y_stride: usize, accumulate: bool) -> Result<MatmulItem<'a>, WgpuError> {
+        if let Some([k, _]) = self.kern.matmul_coop.get(&w.ty).filter(|_| takes_coop(self.kern, w)) {
+            let step = Step::MatMul { rows: w.rows, cols: w.cols, row_bytes: w.row_bytes, y_stride, y_off: w.y_off, accumulate, tile: false, wide: Some(w.ty), coop: true };
+            return Ok((k, step, vec![&w.buf, x]));
+        }
         let q8 = self.uses_q8(w);
         let wide = (q8 && self.tile && w.rows >= WIDE_MIN_ROWS && w.cols < self.wide_cols && self.kern.matmul_wide.contains_key(&w.ty)).then_some(w.ty);
-        let step = Step::MatMul { rows: w.rows, cols: w.cols, row_bytes: w.row_bytes, y_stride, y_off: w.y_off, accumulate, tile: q8 && self.tile, wide };
+        let step = Step::MatMul { rows: w.rows, cols: w.cols, row_bytes: w.row_bytes, y_stride, y_off: w.y_off, accumulate, tile: q8 && self.tile, wide, coop: false };
         let (map, x) = match (q8, self.tile) {
             (true, true) => (&self.kern.matmul_tile, a.xq),
             (true, false) => (&self.kern.matmul_q8, a.xq),
@@ -246,6 +263,11 @@ pub(super) fn one_token_plan<'a>(pc: &PlanCtx<'a>, plan: DecodePlan, g: &'a GpuL
         Step::RmsNorm { eps, .. } => eps,
         _ => 0.0,
     };
+    // A layer with tensor-core matrices takes the batch plan for one token too: matmul_coop.wgsl
+    // is their only kernel, so a token's bits do not depend on its batch.
+    if g.qkv.iter().chain(&g.gate_up).chain([&g.wo, &g.w_down]).any(|w| takes_coop(kern, w)) {
+        return Ok(OneToken { list: Vec::new(), rope: None, o_merge: None });
+    }
     let any_q8 = g.qkv.iter().chain(&g.gate_up).chain([&g.wo, &g.w_down]).any(|w| pc.uses_q8(w));
     let plan = if plan == DecodePlan::Fused && any_q8 { DecodePlan::Unfused } else { plan };
     // q|k|v normalize and quantize their own input (mvq_x_stage.wgsl) where every matrix of the

@@ -60,6 +60,16 @@ pub(crate) fn contexts() -> &'static [Arc<WgpuContext>] {
         Ok(c) => {
             eprintln!("wgpu tests run on {:?}, {} matmul lanes, decode: {}", c.adapter(), c.matmul_lanes(), c.decode_kernels());
             let mut v = vec![c.clone()];
+            // Where the adapter offers tensor cores, Q4_0 on them too (`WgpuOptions::coop`)
+            if c.coop_offered() {
+                match WgpuContext::new(WgpuOptions { coop: true, ..test_options() }) {
+                    Ok(o) => {
+                        eprintln!("and with Q4_0 on tensor cores: {}", o.coop());
+                        v.push(o);
+                    }
+                    Err(e) => panic!("wgpu context with tensor cores: {e}"),
+                }
+            }
             // 32 lanes with the one-token kernels: the GPUs' default plan (one-token q|k|v with
             // RoPE + KV store), and with attention_one instead
             for one in [false, true] {
@@ -457,11 +467,22 @@ fn wgpu_split_attention_decode_equals_prefill() {
 /// time from the GPUs' default plan (32 lanes, one-token kernels on), leaves the layer runner's
 /// output bitwise as it was: prefill, then one-token steps (the first one recorded as it goes,
 /// in parts of `submit_layers`, the next ones recorded ahead), on a Q8 model and an f32-activation
-/// one (where the folded decode kernels apply).
+/// one (where the folded decode kernels apply); where the adapter has tensor cores, again with
+/// Q4_0 on them (`coop`: the 9-token prefill in the small tile, or in the large one with
+/// `coop_wide` 1).
 #[test]
 fn bit_neutral_options_keep_the_bits() {
     let _gpu = gpu_lock();
     let base = WgpuOptions { matmul_lanes: Some(32), ..test_options() };
+    let Some(first) = contexts().first() else { return eprintln!("skipped: no wgpu adapter") };
+    // and with Q4_0 on tensor cores where the adapter has them (`coop_wide` then changes tiles)
+    let coop = first.coop_offered().then_some(WgpuOptions { coop: true, ..base });
+    for base in [Some(base), coop].into_iter().flatten() {
+        options_keep_the_bits(base);
+    }
+}
+
+fn options_keep_the_bits(base: WgpuOptions) {
     let ctx_of = |o: WgpuOptions| match WgpuContext::new(o) {
         Ok(c) => Some(c),
         Err(e) if e.is_unavailable() => None,
@@ -482,7 +503,7 @@ fn bit_neutral_options_keep_the_bits() {
         for (name, ctx) in &ctxs {
             let out = run_chunks(ctx, &model, 0..2, KvPrecision::F16, &hidden, &chunks);
             let same = out.iter().zip(&reference).all(|(a, b)| a.to_bits() == b.to_bits());
-            assert!(same, "{ty:?}: option {name:?} ({}) changed the bits", ctx.decode_kernels());
+            assert!(same, "{ty:?}: option {name:?} ({}, tensor cores {}) changed the bits", ctx.decode_kernels(), ctx.coop());
         }
     }
 }
@@ -512,6 +533,8 @@ fn options_from_the_environment() {
         ("FORGE_WGPU_SUBMIT_LAYERS", "6"),
         ("FORGE_WGPU_SPIN_US", "0"),
         ("FORGE_WGPU_SHADER_CHECKS", "1"),
+        ("FORGE_WGPU_COOP", "0"),
+        ("FORGE_WGPU_COOP_WIDE", "128"),
     ]))
     .expect("all set");
     let want = WgpuOptions {
@@ -532,11 +555,31 @@ fn options_from_the_environment() {
         submit_layers: 6,
         spin_us: 0,
         shader_checks: true,
+        coop: false,
+        coop_wide: 128,
     };
     assert_eq!(o, want);
     for (k, v) in [("FORGE_WGPU_Q8", "no"), ("FORGE_WGPU_DECODE", "fast"), ("FORGE_WGPU_SPIN_US", "-1"), ("FORGE_WGPU_ATTN_KV", "all")] {
         let e = WgpuOptions::from_vars(vars(&[(k, v)])).expect_err("bad value");
         assert!(e.to_string().contains(k), "{e}");
+    }
+}
+
+/// With `WgpuOptions::coop`, where an adapter offers cooperative matrices (16 x 16 x 16, f16
+/// in, f32 out), Q4_0 runs on them: matmul_coop.wgsl compiled. A driver that offers them and
+/// fails to compile the kernel only logs a warning (the integer path serves), so a GPU machine
+/// sets `FORGE_EXPECT_COOP` to make that a failure (the H200's NVIDIA Vulkan driver offers
+/// them; lavapipe does not). Without the option, never.
+#[test]
+fn coop_matmuls_compile_where_offered() {
+    let _gpu = gpu_lock();
+    let Some(plain) = context() else { return eprintln!("skipped: no wgpu adapter") };
+    assert!(!plain.coop(), "coop off by default, yet the kernels were built");
+    let on = WgpuContext::new(WgpuOptions { coop: true, ..test_options() }).expect("adapter");
+    eprintln!("{:?}: offers tensor cores: {}, Q4_0 on them: {}", on.adapter(), on.coop_offered(), on.coop());
+    assert!(on.coop_offered() || !on.coop(), "built where not offered");
+    if std::env::var_os("FORGE_EXPECT_COOP").is_some() {
+        assert!(on.coop(), "FORGE_EXPECT_COOP is set, but {:?} runs no cooperative-matrix matmul", on.adapter());
     }
 }
 
