@@ -35,6 +35,9 @@
 //! take 9.5 ms for the 1.1B's 22 layers of matmuls against 25.7 for today's integer tiles:
 //! llama.cpp's own Vulkan rate. Two stage buffers gain nothing. The GPU drops to 345 MHz while
 //! the CPU prepares a shape, so the tiles are timed interleaved, round by round.
+//!
+//! `coop_chain_latency` (ignored too) times one subgroup's chain of dependent products, what an
+//! output's K steps are in a one-token step: 32-36 ns per product on the H200 (docs/perf.md).
 
 use super::coop_probe::{bind, coop_device, f16s, pipeline, read_f32, storage, time_passes};
 use std::fmt::Write;
@@ -420,4 +423,53 @@ fn coop_tile_full_k_speed_at_the_1_1b_shapes() {
     }
     let total: f64 = best_total.values().sum();
     println!("best tile per shape (any feed but Raw), x22 layers: {best_total:?}, total {total:.2} ms (today's dot4I8Packed tiles: 25.7 ms; 0.8x llama.cpp needs the whole step <= 14.7 ms)");
+}
+
+/// One subgroup's chain of dependent 16 x 16 x 16 products: `loads` fragments loaded from
+/// workgroup memory every step (else kept in registers), `chains` independent accumulators
+/// taking turns (1: one chain, as an output's K steps are). 132 workgroups of one subgroup (one
+/// per SM of an H200). What bounds a one-token step on tensor cores (docs/perf.md).
+fn chain_kernel(steps: u32, loads: bool, chains: u32) -> String {
+    let mut s = String::from("enable f16;\nenable wgpu_cooperative_matrix;\n@group(0) @binding(0) var<storage, read> W: array<f16>;\n@group(0) @binding(1) var<storage, read> X: array<f16>;\n@group(0) @binding(2) var<storage, read_write> Y: array<f32>;\nvar<workgroup> sa: array<f16, 1280>;\nvar<workgroup> sb: array<f16, 1280>;\n");
+    s += "@compute @workgroup_size(32)\nfn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec3<u32>) {\n";
+    s += "    for (var i = li; i < 1280u; i += 32u) { sa[i] = W[i % 64u]; sb[i] = X[i % 64u]; }\n    workgroupBarrier();\n";
+    for c in 0..chains {
+        let _ = writeln!(s, "    var c{c} = coop_mat16x16<f32, C>();");
+    }
+    s += "    var a = coopLoadT<coop_mat16x16<f16, A>>(&sa[0], 40u);\n    var b = coopLoad<coop_mat16x16<f16, B>>(&sb[0], 40u);\n";
+    let _ = writeln!(s, "    for (var i = 0u; i < {}u; i++) {{", steps / chains);
+    for c in 0..chains {
+        if loads {
+            let _ = writeln!(s, "        a = coopLoadT<coop_mat16x16<f16, A>>(&sa[((i + {c}u) % 2u) * 16u], 40u);\n        b = coopLoad<coop_mat16x16<f16, B>>(&sb[((i + {c}u) % 2u) * 16u], 40u);");
+        }
+        let _ = writeln!(s, "        c{c} = coopMultiplyAdd(a, b, c{c});");
+    }
+    s += "    }\n";
+    for c in 1..chains {
+        let _ = writeln!(s, "    c0 = c0 + c{c};");
+    }
+    s += "    coopStore(c0, &Y[wg.x * 256u], 16u);\n}\n";
+    s
+}
+
+#[test]
+#[ignore]
+fn coop_chain_latency() {
+    let (device, queue, name) = match coop_device() {
+        Ok(d) => d,
+        Err(e) => return eprintln!("skipped: {e}"),
+    };
+    println!("{name}");
+    let w = storage(&device, &queue, &f16s(&(0..64).map(|i| i % 3 - 1).collect::<Vec<_>>()), false);
+    let y = storage(&device, &queue, &vec![0u8; 132 * 256 * 4], true);
+    const STEPS: u32 = 4096;
+    for (loads, chains) in [(false, 1), (true, 1), (false, 4), (true, 4), (true, 8)] {
+        let p = pipeline(&device, &chain_kernel(STEPS, loads, chains), false);
+        let bg = bind(&device, &p, &[&w, &w, &y]);
+        time_passes(&device, &queue, &p, &bg, [132, 1, 1], 20, 1);
+        let mut sec = time_passes(&device, &queue, &p, &bg, [132, 1, 1], 5, 7);
+        sec.sort_by(f64::total_cmp);
+        let med = sec[sec.len() / 2];
+        println!("loads {loads:5} chains {chains}: {STEPS} products in {:.1} us, {:.1} ns per product", med * 1e6, med * 1e9 / f64::from(STEPS));
+    }
 }
