@@ -351,7 +351,9 @@ impl WgpuContext {
         let tile_wide = if opts.tile && lanes == 32 { opts.tile_wide } else { 0 };
         let mut kernels = build_kernels(&device, lanes, decode, subgroups, opts.tile.then_some(tile_wide > 0), opts.shader_checks)?;
         if coop {
-            match super::coop::kernels(&device, opts.shader_checks) {
+            let built: Result<HashMap<_, _>, _> =
+                super::coop::TYPES.into_iter().map(|ty| super::coop::kernels(&device, ty, &matmul_weight_source(ty), opts.shader_checks).map(|k| (ty, k))).collect();
+            match built {
                 Ok(k) => kernels.matmul_coop = k,
                 // An experimental feature: a driver that reports it and then fails to compile the
                 // kernel leaves the integer path in place, said once.

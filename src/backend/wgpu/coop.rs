@@ -3,14 +3,12 @@
 //! whose rows are a multiple of [`ROWS`] multiply on it in steps of every size, so that a
 //! token's bits do not depend on its batch (plan.rs).
 
-use std::collections::HashMap;
-
 use super::pipeline::{kernel, Kernel, B};
 use super::WgpuError;
 use crate::gguf::GgmlType;
 
-const PACKED: &str = include_str!("../../../kernels/wgsl/packed.wgsl");
-const Q4_0: &str = include_str!("../../../kernels/wgsl/packed_q4_0.wgsl");
+/// The weight types the kernel is built for (its dequantization is Q4_0's).
+pub(super) const TYPES: [GgmlType; 1] = [GgmlType::Q4_0];
 
 /// What matmul_coop.wgsl needs of a device.
 pub(super) const FEATURES: wgpu::Features = wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX.union(wgpu::Features::SHADER_F16);
@@ -39,19 +37,22 @@ pub(crate) const ROWS: usize = 128;
 /// since a tile writes all its tokens' rows.
 pub(crate) const TOKENS: usize = 64;
 
-/// matmul_coop.wgsl for the types it has (Q4_0), both tiles.
-pub(super) fn kernels(device: &wgpu::Device, checks: bool) -> Result<HashMap<GgmlType, [Kernel; 2]>, WgpuError> {
+/// matmul_coop.wgsl's two tiles for weights of type `ty` after `weights`, the type's
+/// `load_chunk` source (context.rs `matmul_weight_source`).
+pub(super) fn kernels(device: &wgpu::Device, ty: GgmlType, weights: &str, checks: bool) -> Result<[Kernel; 2], WgpuError> {
     let mm = [B::Uniform, B::Read, B::Read, B::Rw];
     let mm_io = include_str!("../../../kernels/wgsl/mm_io.wgsl");
     let src = include_str!("../../../kernels/wgsl/matmul_coop.wgsl");
-    debug_assert!(src.contains("const WGM: u32 = 4u;") && src.contains("const WGN: u32 = 2u;"), "matmul_coop.wgsl's tile lines");
-    let ty = GgmlType::Q4_0;
+    let (m_line, n_line) = ("const WGM: u32 = 4u;", "const WGN: u32 = 2u;");
     let [small, big] = TILES.map(|(wgm, wgn)| {
-        let tile = src.replace("const WGM: u32 = 4u;", &format!("const WGM: u32 = {wgm}u;")).replace("const WGN: u32 = 2u;", &format!("const WGN: u32 = {wgn}u;"));
-        let full = format!("enable f16;\nenable wgpu_cooperative_matrix;\n{PACKED}\n{Q4_0}\n{mm_io}\n{tile}");
-        kernel(device, &format!("matmul_coop_{}_{wgm}x{wgn}", ty.name()), &full, &mm, checks)
+        let name = format!("matmul_coop_{}_{wgm}x{wgn}", ty.name());
+        if !src.contains(m_line) || !src.contains(n_line) {
+            return Err(WgpuError::Shader { kernel: name, msg: "WGM / WGN lines not found".into() });
+        }
+        let tile = src.replace(m_line, &format!("const WGM: u32 = {wgm}u;")).replace(n_line, &format!("const WGN: u32 = {wgn}u;"));
+        kernel(device, &name, &format!("enable f16;\nenable wgpu_cooperative_matrix;\n{weights}\n{mm_io}\n{tile}"), &mm, checks)
     });
-    Ok(HashMap::from([(ty, [small?, big?])]))
+    Ok([small?, big?])
 }
 
 /// Workgroups of matmul_coop.wgsl (tile `wide`: the 128 x 64 one) for `rows` outputs of `n_tok` tokens.

@@ -118,20 +118,10 @@ pub(super) fn storage(device: &wgpu::Device, queue: &wgpu::Queue, bytes: &[u8], 
 }
 
 /// Compiles `src`; `checks`: with naga's injected index clamps (off: as the runner's kernels,
-/// `pipeline::kernel_on`).
+/// `pipeline::shader_module`).
 pub(super) fn pipeline(device: &wgpu::Device, src: &str, checks: bool) -> wgpu::ComputePipeline {
     let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
-    let desc = wgpu::ShaderModuleDescriptor { label: None, source: wgpu::ShaderSource::Wgsl(src.into()) };
-    let module = if checks {
-        device.create_shader_module(desc)
-    } else {
-        let mut c = wgpu::ShaderRuntimeChecks::checked();
-        c.bounds_checks = false;
-        // SAFETY: only naga's index clamps are dropped (the platform's robust buffer access and
-        // loop bounding stay); every index of the probe's kernels is within its buffers by
-        // construction (tile sizes divide the shapes, asserted by the caller).
-        unsafe { device.create_shader_module_trusted(desc, c) }
-    };
+    let module = super::pipeline::shader_module(device, None, src, checks);
     let p = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
         label: None,
         layout: None,

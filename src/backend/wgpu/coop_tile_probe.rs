@@ -348,7 +348,9 @@ fn coop_tile_full_k_speed_at_the_1_1b_shapes() {
     // ones; rows of an odd number of words and stores by rows do not pay; 64-value stages only
     // help `o`.)
     let tiles: Vec<Tile> = vec![
+        plain(Load::Raw, 4, 2, 2, 2, 32),
         plain(Load::RawLoads, 4, 2, 2, 2, 32),
+        plain(Load::StoreOnly, 4, 2, 2, 2, 32),
         Tile { checks: true, ..plain(Load::Q4, 4, 2, 2, 2, 32) },
         plain(Load::StageOnly, 4, 2, 2, 2, 32),
         plain(Load::Q4, 4, 2, 2, 2, 32),

@@ -290,7 +290,7 @@ impl GpuLayers {
         let qkvd = qd + 2 * kvd;
         // The tensor-core matmuls write whole tiles of tokens (matmul_coop.wgsl): the rows past
         // a step's tokens, up to the large tile's end, take values nobody reads.
-        let coop = self.gpu.iter().any(|g| g.qkv.iter().chain(&g.gate_up).chain([&g.wo, &g.w_down]).any(|w| takes_coop(&ctx.kernels, w)));
+        let coop = self.gpu.iter().any(|g| g.matrices().any(|w| takes_coop(&ctx.kernels, w)));
         let rows = if coop { max_tokens.next_multiple_of(super::coop::TOKENS) } else { max_tokens };
         let x = ctx.storage("x", f32s(rows * e))?;
         // `proj` only holds rows where the model has post-norms

@@ -52,23 +52,28 @@ pub(crate) fn kernel(device: &wgpu::Device, name: &str, src: &str, binds: &[B], 
     kernel_on(device, name, src, layout, matches!(binds.first(), Some(B::UniformDyn)), checks)
 }
 
+/// The shader module of `src`; `checks`: keep naga's bounds checks (else dropped, see the SAFETY
+/// note). Also the cooperative-matrix probes' (coop_probe.rs).
+pub(crate) fn shader_module(device: &wgpu::Device, label: Option<&str>, src: &str, checks: bool) -> wgpu::ShaderModule {
+    let desc = wgpu::ShaderModuleDescriptor { label, source: wgpu::ShaderSource::Wgsl(src.into()) };
+    if checks {
+        return device.create_shader_module(desc);
+    }
+    let mut checks = wgpu::ShaderRuntimeChecks::checked();
+    checks.bounds_checks = false;
+    // SAFETY: only naga's injected index clamps are dropped (the Vulkan / Metal / DX12 robust
+    // buffer access of the platform stays on, as does loop bounding). Every index in these
+    // kernels is derived from parameters the host validated against the buffer sizes, and
+    // every kernel is tested against the CPU reference on each adapter. The clamps cost ALU
+    // on every storage access of the matmul inner loops. `WgpuOptions::shader_checks` restores them.
+    unsafe { device.create_shader_module_trusted(desc, checks) }
+}
+
 /// Compiles kernel `name` on an existing bind group layout (a kernel that takes another's bind
 /// groups); `dynamic`: binding 0 takes a dynamic offset.
 pub(crate) fn kernel_on(device: &wgpu::Device, name: &str, src: &str, layout: wgpu::BindGroupLayout, dynamic: bool, checks: bool) -> Result<Kernel, WgpuError> {
     let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
-    let desc = wgpu::ShaderModuleDescriptor { label: Some(name), source: wgpu::ShaderSource::Wgsl(src.into()) };
-    let module = if checks {
-        device.create_shader_module(desc)
-    } else {
-        let mut checks = wgpu::ShaderRuntimeChecks::checked();
-        checks.bounds_checks = false;
-        // SAFETY: only naga's injected index clamps are dropped (the Vulkan / Metal / DX12 robust
-        // buffer access of the platform stays on, as does loop bounding). Every index in these
-        // kernels is derived from parameters the host validated against the buffer sizes, and
-        // every kernel is tested against the CPU reference on each adapter. The clamps cost ALU
-        // on every storage access of the matmul inner loops. `WgpuOptions::shader_checks` restores them.
-        unsafe { device.create_shader_module_trusted(desc, checks) }
-    };
+    let module = shader_module(device, Some(name), src, checks);
     let pl = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
         label: Some(name),
         bind_group_layouts: &[Some(&layout)],

@@ -200,7 +200,7 @@ impl<'a> PlanCtx<'a> {
 
     /// The batch matmul of `w` reading `x` (f32) or `a.xq` (Q8).
     fn matmul(&self, w: &'a GpuMatrix, x: &'a wgpu::Buffer, a: &Acts<'a>, y_stride: usize, accumulate: bool) -> Result<MatmulItem<'a>, WgpuError> {
-        if let Some([k, _]) = self.kern.matmul_coop.get(&w.ty).filter(|_| takes_coop(self.kern, w)) {
+        if let Some([k, _]) = self.kern.matmul_coop.get(&w.ty).filter(|_| w.rows.is_multiple_of(super::coop::ROWS)) {
             let step = Step::MatMul { rows: w.rows, cols: w.cols, row_bytes: w.row_bytes, y_stride, y_off: w.y_off, accumulate, tile: false, wide: Some(w.ty), coop: true };
             return Ok((k, step, vec![&w.buf, x]));
         }
@@ -265,10 +265,10 @@ pub(super) fn one_token_plan<'a>(pc: &PlanCtx<'a>, plan: DecodePlan, g: &'a GpuL
     };
     // A layer with tensor-core matrices takes the batch plan for one token too: matmul_coop.wgsl
     // is their only kernel, so a token's bits do not depend on its batch.
-    if g.qkv.iter().chain(&g.gate_up).chain([&g.wo, &g.w_down]).any(|w| takes_coop(kern, w)) {
+    if g.matrices().any(|w| takes_coop(kern, w)) {
         return Ok(OneToken { list: Vec::new(), rope: None, o_merge: None });
     }
-    let any_q8 = g.qkv.iter().chain(&g.gate_up).chain([&g.wo, &g.w_down]).any(|w| pc.uses_q8(w));
+    let any_q8 = g.matrices().any(|w| pc.uses_q8(w));
     let plan = if plan == DecodePlan::Fused && any_q8 { DecodePlan::Unfused } else { plan };
     // q|k|v normalize and quantize their own input (mvq_x_stage.wgsl) where every matrix of the
     // group reads Q8 and the row fits the workgroup's buffer: no rmsnorm_q8 dispatch before them.

@@ -53,7 +53,8 @@ pub(super) fn test_options() -> WgpuOptions {
 /// The shared test contexts: the default one, plus two with 32 matmul lanes and the folded
 /// decode kernels (software adapters default to 1 lane and the batch kernels for one token),
 /// without and with attention_one, so that both reduction layouts and the one-token paths are
-/// tested here. Empty, with a message, when there is no adapter.
+/// tested here; where the adapter offers tensor cores, one with Q4_0 on them (`WgpuOptions::coop`).
+/// Empty, with a message, when there is no adapter.
 pub(crate) fn contexts() -> &'static [Arc<WgpuContext>] {
     static CTX: OnceLock<Vec<Arc<WgpuContext>>> = OnceLock::new();
     CTX.get_or_init(|| match WgpuContext::new(test_options()) {

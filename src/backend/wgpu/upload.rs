@@ -34,6 +34,11 @@ pub(super) struct GpuLayer {
 }
 
 impl GpuLayer {
+    /// Every matrix of the layer: q|k|v, gate|up, o and down.
+    pub(super) fn matrices(&self) -> impl Iterator<Item = &GpuMatrix> {
+        self.qkv.iter().chain(&self.gate_up).chain([&self.wo, &self.w_down])
+    }
+
     /// Uploads layer `li`'s tensors `lw`.
     pub(super) fn upload(ctx: &WgpuContext, li: usize, lw: &LayerTensors<'_>) -> Result<GpuLayer, WgpuError> {
         let norm = |v: &[f32], name: &str| ctx.storage_init(&format!("blk.{li}.{name}"), bytemuck::cast_slice(v));
