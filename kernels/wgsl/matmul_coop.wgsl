@@ -1,9 +1,10 @@
 // matmul_coop.wgsl — the batch and one-token matmul of Q4_0 weights (repacked, pack.rs) against f32
 // activations on tensor cores (WGSL cooperative matrices, 16 x 16 x 16, f16 operands, f32
 // accumulators): Y[t, r] = sum_c W[r, c] * X[t, c]. Composed as the `enable` lines + packed.wgsl +
-// packed_q4_0.wgsl (load_chunk) + mm_io.wgsl (P, W, Y) + this file, with the `WGM` and `WGN` lines
-// replaced by the tile's (coop.rs `kernels`); the layer runner's `matmul_coop` pipelines
-// (WgpuOptions::coop), the only matmul of the matrices that take it, for steps of any size.
+// packed_q4_0.wgsl (load_chunk) + mm_io.wgsl (P, W, Y) + coop_q4_0.wgsl (dequant_word) + this
+// file, with the `WGM` and `WGN` lines replaced by the tile's (coop.rs `kernels`); the layer
+// runner's `matmul_coop` pipelines (WgpuOptions::coop) for steps of two tokens and more
+// (matvec_coop.wgsl, one token, gives the same bits).
 //   2 storage read  X: array<vec4<f32>>  [n_tok, cols] f32 activations in the chunk-major
 //                                        ("swizzled") layout of mm_x_f32.wgsl
 //
@@ -38,19 +39,6 @@ const_assert 2u * TM <= 2u * NT && 8u * TN <= 4u * NT;
 
 var<workgroup> sa: array<f16, TM * SS>;
 var<workgroup> sb: array<f16, TN * SS>;
-
-fn put4(o: u32, v: vec4<f16>) {
-    sa[o] = v.x; sa[o + 1u] = v.y; sa[o + 2u] = v.z; sa[o + 3u] = v.w;
-}
-
-// Word w of a chunk's quants: elements 4 of the low nibbles and 4 of the high (16 on) as f16,
-// d * (q - 8): 2^23 + q - (2^23 + 8) is q - 8 exactly, times d in f32, rounded once to f16.
-fn dequant_word(o: u32, w: u32, d: f32) {
-    let e = vec4<u32>(0x4B000000u);
-    let v = vec4<u32>(w);
-    put4(o, vec4<f16>((bitcast<vec4<f32>>(e | ((v >> vec4<u32>(0u, 8u, 16u, 24u)) & vec4<u32>(15u))) - 8388616.0) * d));
-    put4(o + 16u, vec4<f16>((bitcast<vec4<f32>>(e | ((v >> vec4<u32>(4u, 12u, 20u, 28u)) & vec4<u32>(15u))) - 8388616.0) * d));
-}
 
 // A half chunk as loaded for the next stage: its quant words and scale.
 struct Half {

@@ -90,9 +90,10 @@ pub(crate) struct Kernels {
     pub matmul_tile: HashMap<GgmlType, Kernel>,
     /// the same, wide tiles (matmul_wide.wgsl, same bits): empty unless `tile_wide` applies
     pub matmul_wide: HashMap<GgmlType, Kernel>,
-    /// tensor-core matmuls against f32 activations (matmul_coop.wgsl), 64 x 32 and 128 x 64
-    /// tiles (the same bits): empty unless [`WgpuOptions::coop`] applies on the adapter
-    pub matmul_coop: HashMap<GgmlType, [Kernel; 2]>,
+    /// tensor-core matmuls against f32 activations (matmul_coop.wgsl's 64 x 32 and 128 x 64
+    /// tiles, matvec_coop.wgsl for one token; the same bits): empty unless
+    /// [`WgpuOptions::coop`] applies on the adapter
+    pub matmul_coop: HashMap<GgmlType, super::coop::CoopKernels>,
     /// embedding lookup (embed.wgsl), per weight type
     pub embed: HashMap<GgmlType, Kernel>,
     /// RMSNorm (rmsnorm.wgsl)

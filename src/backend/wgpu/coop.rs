@@ -1,7 +1,8 @@
-//! The tensor-core (cooperative matrix) matmul of the layer runner: which adapters take it, its
-//! pipelines and its grid (kernels/wgsl/matmul_coop.wgsl; `WgpuOptions::coop`). Q4_0 matrices
-//! whose rows are a multiple of [`ROWS`] multiply on it in steps of every size, so that a
-//! token's bits do not depend on its batch (plan.rs).
+//! The tensor-core (cooperative matrix) matmuls of the layer runner: which adapters take them,
+//! their pipelines and grids (`WgpuOptions::coop`): kernels/wgsl/matmul_coop.wgsl for steps of
+//! several tokens, matvec_coop.wgsl for one, with the same bits. Q4_0 matrices whose rows are a
+//! multiple of [`ROWS`] multiply on them in steps of every size, so that a token's bits do not
+//! depend on its batch (plan.rs).
 
 use super::pipeline::{kernel, Kernel, B};
 use super::WgpuError;
@@ -30,18 +31,35 @@ pub(super) fn capable(adapter: &wgpu::Adapter) -> bool {
 /// below `WgpuOptions::coop_wide` tokens) and 128 x 64.
 pub(crate) const TILES: [(u32, u32); 2] = [(2, 1), (4, 2)];
 
-/// Rows of a matrix that matmul_coop.wgsl takes: a multiple of both tiles' rows.
+/// Rows of a matrix that the tensor-core matmuls take: a multiple of both tiles' rows and of
+/// [`ONE_TOKEN_ROWS`].
 pub(crate) const ROWS: usize = 128;
 
 /// Tokens of the large tile: the runner's activation rows are rounded up to a multiple of it,
 /// since a tile writes all its tokens' rows.
 pub(crate) const TOKENS: usize = 64;
 
-/// matmul_coop.wgsl's two tiles for weights of type `ty` after `weights`, the type's
-/// `load_chunk` source (context.rs `matmul_weight_source`).
-pub(super) fn kernels(device: &wgpu::Device, ty: GgmlType, weights: &str, checks: bool) -> Result<[Kernel; 2], WgpuError> {
+/// Rows per workgroup of matvec_coop.wgsl.
+pub(crate) const ONE_TOKEN_ROWS: usize = 16;
+
+/// The tensor-core kernels of one weight type.
+pub(crate) struct CoopKernels {
+    /// matmul_coop.wgsl's 64 x 32 and 128 x 64 tiles (steps of several tokens)
+    pub tiles: [Kernel; 2],
+    /// matvec_coop.wgsl (steps of one token)
+    pub one: Kernel,
+}
+
+/// The tensor-core kernels for weights of type `ty` after `weights`, the type's `load_chunk`
+/// source (context.rs `matmul_weight_source`).
+pub(super) fn kernels(device: &wgpu::Device, ty: GgmlType, weights: &str, checks: bool) -> Result<CoopKernels, WgpuError> {
     let mm = [B::Uniform, B::Read, B::Read, B::Rw];
-    let mm_io = include_str!("../../../kernels/wgsl/mm_io.wgsl");
+    let head = format!(
+        "enable f16;\nenable wgpu_cooperative_matrix;\n{weights}\n{}\n{}",
+        include_str!("../../../kernels/wgsl/mm_io.wgsl"),
+        include_str!("../../../kernels/wgsl/coop_q4_0.wgsl")
+    );
+    let one = kernel(device, &format!("matvec_coop_{}", ty.name()), &format!("{head}\n{}", include_str!("../../../kernels/wgsl/matvec_coop.wgsl")), &mm, checks)?;
     let src = include_str!("../../../kernels/wgsl/matmul_coop.wgsl");
     let (m_line, n_line) = ("const WGM: u32 = 4u;", "const WGN: u32 = 2u;");
     let [small, big] = TILES.map(|(wgm, wgn)| {
@@ -50,9 +68,9 @@ pub(super) fn kernels(device: &wgpu::Device, ty: GgmlType, weights: &str, checks
             return Err(WgpuError::Shader { kernel: name, msg: "WGM / WGN lines not found".into() });
         }
         let tile = src.replace(m_line, &format!("const WGM: u32 = {wgm}u;")).replace(n_line, &format!("const WGN: u32 = {wgn}u;"));
-        kernel(device, &name, &format!("enable f16;\nenable wgpu_cooperative_matrix;\n{weights}\n{mm_io}\n{tile}"), &mm, checks)
+        kernel(device, &name, &format!("{head}\n{tile}"), &mm, checks)
     });
-    Ok([small?, big?])
+    Ok(CoopKernels { tiles: [small?, big?], one })
 }
 
 /// Workgroups of matmul_coop.wgsl (tile `wide`: the 128 x 64 one) for `rows` outputs of `n_tok` tokens.
@@ -61,12 +79,17 @@ pub(crate) fn grid(rows: usize, n_tok: usize, wide: bool) -> (u32, u32) {
     ((rows / (32 * wgm as usize)) as u32, n_tok.div_ceil(32 * wgn as usize) as u32)
 }
 
+/// Workgroups of matvec_coop.wgsl for `rows` outputs of one token.
+pub(crate) fn one_token_grid(rows: usize) -> (u32, u32) {
+    ((rows / ONE_TOKEN_ROWS) as u32, 1)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     /// The constants the runner relies on agree with the tiles: every tile's rows divide
-    /// [`ROWS`], every tile's tokens divide [`TOKENS`], and the grid covers a step exactly.
+    /// [`ROWS`], every tile's tokens divide [`TOKENS`], and the grid covers a step exactly; the one-token kernel's rows divide [`ROWS`].
     #[test]
     fn tiles_fit_the_constants() {
         for (wgm, wgn) in TILES {
@@ -76,5 +99,7 @@ mod tests {
         assert_eq!(grid(2560, 512, true), (20, 8));
         assert_eq!(grid(2560, 1, false), (40, 1));
         assert_eq!(grid(128, 65, true), (1, 2));
+        assert_eq!(ROWS % ONE_TOKEN_ROWS, 0);
+        assert_eq!(one_token_grid(11264), (704, 1));
     }
 }

@@ -362,7 +362,7 @@ impl GpuLayers {
             let mut binds = vec![(&params, slot * slot_stride, Some(PARAM_WINDOW))];
             binds.extend(bufs.iter().map(|b| (*b, 0, None)));
             let wide = match step {
-                Step::MatMul { wide: Some(ty), coop: true, .. } => kern.matmul_coop.get(ty).map(|[_, k]| (k.pipeline.clone(), ctx.bind(k, &binds))),
+                Step::MatMul { wide: Some(ty), coop: true, .. } => kern.matmul_coop.get(ty).map(|c| (c.tiles[1].pipeline.clone(), ctx.bind(&c.tiles[1], &binds))),
                 Step::MatMul { wide: Some(ty), .. } => kern.matmul_wide.get(ty).map(|k| (k.pipeline.clone(), ctx.bind(k, &binds))),
                 _ => None,
             };
@@ -505,6 +505,7 @@ impl GpuLayers {
             Step::MatMul { rows, cols, row_bytes, y_stride, y_off, accumulate, .. } => {
                 [rows as u32, cols as u32, n32, row_bytes as u32, y_stride as u32, y_off as u32, accumulate as u32, 0]
             }
+            Step::CoopVec { rows, cols, row_bytes, y_off, accumulate } => [rows as u32, cols as u32, 1, row_bytes as u32, 0, y_off as u32, accumulate as u32, 0],
             Step::MatVec { rows, cols, row_bytes, y_off, accumulate, eps } => {
                 [rows as u32, cols as u32, 1, row_bytes as u32, 0, y_off as u32, accumulate as u32, eps.to_bits()]
             }
@@ -547,6 +548,7 @@ impl GpuLayers {
             Step::MatMul { rows, tile: true, .. } => self.ctx.tile_grid(rows, n, self.wide(step, n)),
             Step::MatMul { rows, .. } => self.ctx.matmul_grid(rows, n),
             Step::MatVec { rows, .. } => self.ctx.matmul_grid(rows, 1),
+            Step::CoopVec { rows, .. } => super::coop::one_token_grid(rows),
             // a workgroup per 256 vec4s of a token (rmsnorm.wgsl, rmsnorm_q8.wgsl)
             Step::RmsNorm { dim, .. } | Step::PostNorm { dim, .. } => (n as u32, dim.div_ceil(1024) as u32),
             Step::Quantize { cols, .. } => grid_1d(n * cols / 4),

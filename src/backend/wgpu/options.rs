@@ -128,10 +128,10 @@ pub struct WgpuOptions {
     pub shader_checks: bool,
     /// Where the adapter has cooperative matrices (tensor cores) with f16, Q4_0 matrices whose
     /// rows are a multiple of 128 multiply on them (matmul_coop.wgsl: f16 operands, f32 sums),
-    /// in steps of every size, one-token steps included (their layers take the batch plan), so
-    /// a token's bits stay the same at any batch size; other bits than the integer path (so not
-    /// "same bits"). Off by default: one-token steps through it are latency-bound (H200, 1.1B
-    /// Q4_0: pp512 23.2k against 15.1k t/s, tg128 132 against 880; docs/perf.md).
+    /// in steps of every size (one token: matvec_coop.wgsl, the same bits), so a token's bits
+    /// stay the same at any batch size; other bits than the integer path (so not "same bits").
+    /// Off by default: one-token steps through it are latency-bound (H200, 1.1B Q4_0: pp512
+    /// 23.9k against 15.3k t/s, tg128 297 against ~900; docs/perf.md).
     /// `$FORGE_WGPU_COOP=1`.
     pub coop: bool,
     /// Steps of at least this many tokens run the cooperative matmuls as 128 x 64 tiles, smaller

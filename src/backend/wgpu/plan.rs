@@ -7,9 +7,9 @@
 //! (one token) multiply. Other types read f32 activations (matmul.wgsl, matmul_vec.wgsl). A group
 //! of mixed types gets both inputs.
 //!
-//! Q4_0 matrices multiply on tensor cores where the adapter has them (matmul_coop.wgsl,
-//! `WgpuOptions::coop`: f32 activations rounded to f16 in the kernel), in steps of every size:
-//! their layers take the batch plan for one token too.
+//! Q4_0 matrices multiply on tensor cores where the adapter has them (`WgpuOptions::coop`: f32
+//! activations rounded to f16 in the kernel): matmul_coop.wgsl in batch steps, matvec_coop.wgsl
+//! (the same bits) for one token, whose plan is then the unfused one.
 //!
 //! One-token steps use the decode kernels (matvec*.wgsl) with the batch kernels' reduction orders,
 //! so a token's bits do not depend on which list ran it (tests: `wgpu_layers_decode_equals_prefill_bitwise`,
@@ -35,6 +35,9 @@ pub(super) enum Step {
     /// steps of `WgpuOptions::coop_wide` tokens and more take its large tile (the same bits;
     /// layers.rs picks per step).
     MatMul { rows: usize, cols: usize, row_bytes: usize, y_stride: usize, y_off: usize, accumulate: bool, tile: bool, wide: Option<GgmlType>, coop: bool },
+    /// One token's matmul on the tensor cores (matvec_coop.wgsl: matmul_coop.wgsl's bits) of a
+    /// matrix that [`takes_coop`]; `accumulate` as MatMul's.
+    CoopVec { rows: usize, cols: usize, row_bytes: usize, y_off: usize, accumulate: bool },
     /// One token's matmul (matmul_vec.wgsl); `eps` for a folded RMSNorm (mv_x_norm.wgsl,
     /// mvq_x_stage.wgsl).
     MatVec { rows: usize, cols: usize, row_bytes: usize, y_off: usize, accumulate: bool, eps: f32 },
@@ -164,7 +167,7 @@ impl<'a> PlanCtx<'a> {
                 p.push((false, k, s, label, b));
             }
             Some(w) => {
-                if let Step::MatMul { accumulate, .. } | Step::MatVec { accumulate, .. } = &mut s {
+                if let Step::MatMul { accumulate, .. } | Step::MatVec { accumulate, .. } | Step::CoopVec { accumulate, .. } = &mut s {
                     *accumulate = false;
                 }
                 b.push(a.proj);
@@ -200,7 +203,7 @@ impl<'a> PlanCtx<'a> {
 
     /// The batch matmul of `w` reading `x` (f32) or `a.xq` (Q8).
     fn matmul(&self, w: &'a GpuMatrix, x: &'a wgpu::Buffer, a: &Acts<'a>, y_stride: usize, accumulate: bool) -> Result<MatmulItem<'a>, WgpuError> {
-        if let Some([k, _]) = self.kern.matmul_coop.get(&w.ty).filter(|_| w.rows.is_multiple_of(super::coop::ROWS)) {
+        if let Some(k) = self.kern.matmul_coop.get(&w.ty).filter(|_| w.rows.is_multiple_of(super::coop::ROWS)).map(|c| &c.tiles[0]) {
             let step = Step::MatMul { rows: w.rows, cols: w.cols, row_bytes: w.row_bytes, y_stride, y_off: w.y_off, accumulate, tile: false, wide: Some(w.ty), coop: true };
             return Ok((k, step, vec![&w.buf, x]));
         }
@@ -263,13 +266,10 @@ pub(super) fn one_token_plan<'a>(pc: &PlanCtx<'a>, plan: DecodePlan, g: &'a GpuL
         Step::RmsNorm { eps, .. } => eps,
         _ => 0.0,
     };
-    // A layer with tensor-core matrices takes the batch plan for one token too: matmul_coop.wgsl
-    // is their only kernel, so a token's bits do not depend on its batch.
-    if g.matrices().any(|w| takes_coop(kern, w)) {
-        return Ok(OneToken { list: Vec::new(), rope: None, o_merge: None });
-    }
-    let any_q8 = g.matrices().any(|w| pc.uses_q8(w));
-    let plan = if plan == DecodePlan::Fused && any_q8 { DecodePlan::Unfused } else { plan };
+    // Tensor-core matrices (matvec_coop.wgsl) read normalized f32 rows, like Q8 ones read Q8
+    // rows: the norm is a dispatch of its own.
+    let norm_apart = g.matrices().any(|w| pc.uses_q8(w) || takes_coop(kern, w));
+    let plan = if plan == DecodePlan::Fused && norm_apart { DecodePlan::Unfused } else { plan };
     // q|k|v normalize and quantize their own input (mvq_x_stage.wgsl) where every matrix of the
     // group reads Q8 and the row fits the workgroup's buffer: no rmsnorm_q8 dispatch before them.
     // Only there: measured on the H100 (1.1B), the staged q|k|v took 0.249 ms per step against
@@ -293,13 +293,17 @@ pub(super) fn one_token_plan<'a>(pc: &PlanCtx<'a>, plan: DecodePlan, g: &'a GpuL
     };
     // (kernel, step, [weights, input]) of the decode matmul of `w`
     let mv = |w: &'a GpuMatrix, xs: XSrc, x: &'a wgpu::Buffer, accumulate: bool, staged: bool| -> Result<MatmulItem<'a>, WgpuError> {
+        if let Some(c) = kern.matmul_coop.get(&w.ty).filter(|_| takes_coop(kern, w)) {
+            let step = Step::CoopVec { rows: w.rows, cols: w.cols, row_bytes: w.row_bytes, y_off: w.y_off, accumulate };
+            return Ok((&c.one, step, vec![&w.buf, x]));
+        }
         let (xs, x) = pick(w, xs, x, staged);
         let k = kern.matvec.get(&(w.ty, xs)).ok_or_else(|| WgpuError::Unsupported(format!("decode matmul of {}", w.ty.name())))?;
         Ok((k, step_of(w, xs, accumulate), vec![&w.buf, x]))
     };
-    // gate|up with the SiLU·mul epilogue (rows interleaved at upload)
+    // gate|up with the SiLU·mul epilogue (rows interleaved at upload; not on the tensor cores)
     let gu_silu = |xs: XSrc, x: &'a wgpu::Buffer| -> Result<Option<MatmulItem<'a>>, WgpuError> {
-        let Some(w) = g.gate_up.first().filter(|w| w.pairs) else { return Ok(None) };
+        let Some(w) = g.gate_up.first().filter(|w| w.pairs && !takes_coop(kern, w)) else { return Ok(None) };
         let (xs, x) = pick(w, xs, x, false);
         let k = kern.matvec_silu.get(&(w.ty, xs)).ok_or_else(|| WgpuError::Unsupported(format!("decode gate|up + silu of {}", w.ty.name())))?;
         Ok(Some((k, step_of(w, xs, false), vec![&w.buf, x])))
@@ -357,7 +361,8 @@ pub(super) fn one_token_plan<'a>(pc: &PlanCtx<'a>, plan: DecodePlan, g: &'a GpuL
                     let (k, s, b) = mv(w, XSrc::Plain, a.xn, false, false)?;
                     p.push((false, k, s, "matvec gate_up", with(b, &[a.gu])));
                 }
-                pc.silu_mul(&mut p, false, &g.w_down, a);
+                // (interleaved rows here only on the tensor cores)
+                pc.silu_mul(&mut p, g.gate_up.iter().any(|w| w.pairs), &g.w_down, a);
             }
             pc.residual(&mut p, mv(&g.w_down, XSrc::Plain, a.act, true, false)?, "matvec down + add", g.post_ffn_norm.as_ref(), a);
         }
