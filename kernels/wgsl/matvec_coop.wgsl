@@ -40,10 +40,8 @@ const CS: u32 = KS / 32u;
 // row stride of `sa` in f16s: the stage and 8 of padding (16-byte aligned rows); one buffer
 const SA: u32 = KS + 8u;
 const SAB: u32 = 16u * SA;
-// weight chunks of a stage (main holds two per invocation, the second past them where they fit
-// in one) and vec4s of the token (at most one per invocation)
-const TASKS: u32 = 16u * CS;
-const_assert TASKS <= 2u * NT && KS / 4u <= NT;
+// (main holds one weight chunk of a stage per invocation, and at most one vec4 of the token)
+const_assert 16u * CS == NT && KS / 4u <= NT;
 
 // two stages' weights, row-major (coop_q4_0.wgsl writes them)
 var<workgroup> sa: array<f16, 2u * SAB>;
@@ -56,8 +54,7 @@ var<workgroup> sc: array<f32, 256u * SG>;
 
 // The weights and token values of a stage in registers.
 struct Regs {
-    w0: Raw,
-    w1: Raw,
+    w: Raw,
     x: vec4<f32>,
 }
 
@@ -65,7 +62,7 @@ struct Regs {
 // row's chunks: zeros, never multiplied).
 fn fetch_w(task: u32, r0: u32, s: u32, nc: u32) -> Raw {
     let c = s * CS + task % CS;
-    if (task < TASKS && c < nc) {
+    if (c < nc) {
         return load_chunk((r0 + task / CS) * p.row_bytes + c);
     }
     return Raw(vec4<u32>(0u), vec4<u32>(0u), 0u);
@@ -81,14 +78,11 @@ fn fetch_x(i: u32, s: u32, nc: u32) -> vec4<f32> {
 }
 
 fn fetch(li: u32, r0: u32, s: u32, nc: u32) -> Regs {
-    return Regs(fetch_w(li, r0, s, nc), fetch_w(li + NT, r0, s, nc), fetch_x(li, s, nc));
+    return Regs(fetch_w(li, r0, s, nc), fetch_x(li, s, nc));
 }
 
 // A weight task into buffer `ab` of `sa`: its 32 values at row task / CS, column 32 * (task % CS).
 fn stage_w(ab: u32, task: u32, r: Raw) {
-    if (task >= TASKS) {
-        return;
-    }
     let o = ab + (task / CS) * SA + 32u * (task % CS);
     let d = unpack2x16float(r.s).x;
     dequant_word(o, r.q.x, d);
@@ -108,8 +102,7 @@ fn stage_x(xb: u32, i: u32, x: vec4<f32>) {
 
 // A stage from registers into buffer `b` (0 or 1).
 fn stage(b: u32, li: u32, r: Regs) {
-    stage_w(b * SAB, li, r.w0);
-    stage_w(b * SAB, li + NT, r.w1);
+    stage_w(b * SAB, li, r.w);
     stage_x(b * KS, li, r.x);
 }
 

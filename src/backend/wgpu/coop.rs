@@ -89,7 +89,8 @@ mod tests {
     use super::*;
 
     /// The constants the runner relies on agree with the tiles: every tile's rows divide
-    /// [`ROWS`], every tile's tokens divide [`TOKENS`], and the grid covers a step exactly; the one-token kernel's rows divide [`ROWS`].
+    /// [`ROWS`], every tile's tokens divide [`TOKENS`], and the grid covers a step exactly; the
+    /// one-token kernel's rows divide [`ROWS`].
     #[test]
     fn tiles_fit_the_constants() {
         for (wgm, wgn) in TILES {

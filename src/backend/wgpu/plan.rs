@@ -64,7 +64,12 @@ pub(crate) fn q8_bytes(n_tok: usize, cols: usize) -> u64 {
 /// `WgpuOptions::coop` applies): its type has the kernel and its rows fill the tiles. Such a
 /// matrix reads f32 activations, in steps of every size.
 pub(super) fn takes_coop(kern: &Kernels, w: &GpuMatrix) -> bool {
-    kern.matmul_coop.contains_key(&w.ty) && w.rows.is_multiple_of(super::coop::ROWS)
+    coop_kernels(kern, w).is_some()
+}
+
+/// The tensor-core kernels of `w` where it [`takes_coop`].
+fn coop_kernels<'k>(kern: &'k Kernels, w: &GpuMatrix) -> Option<&'k super::coop::CoopKernels> {
+    kern.matmul_coop.get(&w.ty).filter(|_| w.rows.is_multiple_of(super::coop::ROWS))
 }
 
 /// One dispatch of a layer's plan: (before attention, kernel, step, label, buffers of bindings 1..).
@@ -203,7 +208,7 @@ impl<'a> PlanCtx<'a> {
 
     /// The batch matmul of `w` reading `x` (f32) or `a.xq` (Q8).
     fn matmul(&self, w: &'a GpuMatrix, x: &'a wgpu::Buffer, a: &Acts<'a>, y_stride: usize, accumulate: bool) -> Result<MatmulItem<'a>, WgpuError> {
-        if let Some(k) = self.kern.matmul_coop.get(&w.ty).filter(|_| w.rows.is_multiple_of(super::coop::ROWS)).map(|c| &c.tiles[0]) {
+        if let Some(k) = coop_kernels(self.kern, w).map(|c| &c.tiles[0]) {
             let step = Step::MatMul { rows: w.rows, cols: w.cols, row_bytes: w.row_bytes, y_stride, y_off: w.y_off, accumulate, tile: false, wide: Some(w.ty), coop: true };
             return Ok((k, step, vec![&w.buf, x]));
         }
@@ -293,7 +298,7 @@ pub(super) fn one_token_plan<'a>(pc: &PlanCtx<'a>, plan: DecodePlan, g: &'a GpuL
     };
     // (kernel, step, [weights, input]) of the decode matmul of `w`
     let mv = |w: &'a GpuMatrix, xs: XSrc, x: &'a wgpu::Buffer, accumulate: bool, staged: bool| -> Result<MatmulItem<'a>, WgpuError> {
-        if let Some(c) = kern.matmul_coop.get(&w.ty).filter(|_| takes_coop(kern, w)) {
+        if let Some(c) = coop_kernels(kern, w) {
             let step = Step::CoopVec { rows: w.rows, cols: w.cols, row_bytes: w.row_bytes, y_off: w.y_off, accumulate };
             return Ok((&c.one, step, vec![&w.buf, x]));
         }
