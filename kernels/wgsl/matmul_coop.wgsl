@@ -19,16 +19,23 @@
 // chunk dequantized to f16 as d * (q - 8) (rounded once, to f16), a token's 32 values rounded to
 // f16; then two 16-deep products per accumulator, while the next stage's loads are in flight.
 //
-// Batch invariance: an output (row, token) is the accumulator's start (0, or Y's value where
-// P.accumulate) followed by the products of its K steps 0, 16, 32, ... in that order, each one
-// coopMultiplyAdd of the same f16 operands: nothing depends on the tile, its place in it or the
-// other tokens of the step, so a token has the same bits alone, in any batch and with either tile.
-// (Other bits than the integer path: f16 operands and the tensor core's own summation.)
+// Batch invariance: K is cut into ranges of KR values (0 .. KR, KR .. 2 KR, ..., the last one
+// shorter where KR does not divide P.cols). An output (row, token) is the accumulator's start (0,
+// or Y's value where P.accumulate), plus the first range's partial, plus the second's, and so on,
+// each partial the products of its range's K steps in order (coopMultiplyAdd of the same f16
+// operands) from zero. Nothing depends on the tile, its place in it or the other tokens of the
+// step, so a token has the same bits alone, in any batch and with either tile; matvec_coop.wgsl
+// computes the ranges' partials side by side and adds them in the same order. (Other bits than
+// the integer path: f16 operands and the tensor core's own summation.) The ranges cost the tile
+// ~5% (the partials' registers; H200, docs/perf.md) and buy the one-token kernel its parallel
+// chains.
 
 @group(0) @binding(2) var<storage, read> X: array<vec4<f32>>;
 
 const WGM: u32 = 4u;
 const WGN: u32 = 2u;
+// values of K per range (coop.rs `K_RANGE`, replaced there with this line; a multiple of 32)
+const KR: u32 = 128u;
 const TM: u32 = 32u * WGM;
 const TN: u32 = 32u * WGN;
 const NT: u32 = 32u * WGM * WGN;
@@ -109,6 +116,11 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec
     var c01 = start(r0 + rs, t0 + ts + 16u, ys);
     var c10 = start(r0 + rs + 16u, t0 + ts, ys);
     var c11 = start(r0 + rs + 16u, t0 + ts + 16u, ys);
+    // the current range's partials
+    var p00 = coop_mat16x16<f32, C>();
+    var p01 = coop_mat16x16<f32, C>();
+    var p10 = coop_mat16x16<f32, C>();
+    var p11 = coop_mat16x16<f32, C>();
     // The next stage in registers (loaded while this stage's products run), written out for
     // the tiles' task counts: A 2 * TM half chunks (at most 2 per invocation), B 8 * TN vec4s
     // (at most 4); tasks past a tile's count do nothing.
@@ -140,10 +152,21 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec
             let a1 = coopLoadT<coop_mat16x16<f16, A>>(&sa[(rs + 16u) * SS + kk], SS);
             let b0 = coopLoad<coop_mat16x16<f16, B>>(&sb[ts * SS + kk], SS);
             let b1 = coopLoad<coop_mat16x16<f16, B>>(&sb[(ts + 16u) * SS + kk], SS);
-            c00 = coopMultiplyAdd(a0, b0, c00);
-            c01 = coopMultiplyAdd(a0, b1, c01);
-            c10 = coopMultiplyAdd(a1, b0, c10);
-            c11 = coopMultiplyAdd(a1, b1, c11);
+            p00 = coopMultiplyAdd(a0, b0, p00);
+            p01 = coopMultiplyAdd(a0, b1, p01);
+            p10 = coopMultiplyAdd(a1, b0, p10);
+            p11 = coopMultiplyAdd(a1, b1, p11);
+        }
+        // a range ends: its partials join the sums, in range order
+        if ((c + 1u) % (KR / 32u) == 0u || c + 1u == nc) {
+            c00 = c00 + p00;
+            c01 = c01 + p01;
+            c10 = c10 + p10;
+            c11 = c11 + p11;
+            p00 = coop_mat16x16<f32, C>();
+            p01 = coop_mat16x16<f32, C>();
+            p10 = coop_mat16x16<f32, C>();
+            p11 = coop_mat16x16<f32, C>();
         }
     }
     let y = (t0 + ts) * ys + p.y_off + r0 + rs;

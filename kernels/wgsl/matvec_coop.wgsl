@@ -9,81 +9,79 @@
 // Dispatch: (rows / 16, 1, 1) workgroups of SG subgroups of 32 invocations; workgroup w writes
 // rows 16 w .. 16 w + 15 of token 0 (Y[P.y_off + r]). Rows must be a multiple of 16, cols of 32.
 //
-// A token's step is a chain: every product of an output's K steps 0, 16, 32, ... waits for the
-// one before. Each product takes 16 x 16 weights, which the workgroup dequantizes into
-// workgroup memory: for one subgroup alone that is 8 weights per invocation per product, more
-// instructions than the product's latency hides (measured: ~220 ns per product, against 36 for
-// the bare chain). So SG subgroups share the dequantization of the workgroup's 16 rows, and
-// since cooperative-matrix operations need workgroup-uniform control flow, every one of them
-// runs the same chain (subgroup 0's result is stored). Stages of KS values of K go through two
-// buffers of workgroup memory: while the products of stage s run on one, stage s + 1 (loaded
-// into registers during stage s - 1) is dequantized into the other and stage s + 2's loads are
-// issued; the operands of each product are loaded while the product before runs.
+// matmul_coop.wgsl cuts K into ranges of KR values and adds the ranges' partial sums in order.
+// Here the SG subgroups compute SG ranges' partials side by side: round j stages ranges
+// j SG .. j SG + SG - 1 of the workgroup's 16 rows (dequantized to f16, coop_q4_0.wgsl) and of the
+// token into workgroup memory, subgroup g runs range j SG + g's chain of KR / 16 products, and
+// invocations 0 .. 15 add the partials' column 0 to their row's sum in range order. The next
+// round's loads are in flight while a round's products run. (A chain's products wait for each
+// other: one chain per subgroup, SG of them at once, instead of one chain over all of K.)
 //
-// Batch invariance: the accumulator starts as matmul_coop.wgsl's (0, or Y's value where
-// P.accumulate), and each product is coopMultiplyAdd of the same f16 operands in the same K
-// order: A the weights as coop_q4_0.wgsl rounds them, B's column 0 the token's values rounded to
-// f16. B's other columns hold whatever follows in `sx` (the next chunks, or zeros): an output of
-// column 0 depends only on its row of A, column 0 of B and its accumulator, so the row's output
-// in column 0 has the bits it has as any token of matmul_coop.wgsl's tiles.
+// Batch invariance: the sum starts as matmul_coop.wgsl's accumulator (0, or Y's value where
+// P.accumulate) and adds the same partials in the same order; a partial is coopMultiplyAdd of
+// the same f16 operands in the same K order, from zero: A the weights as coop_q4_0.wgsl rounds
+// them, B's column 0 the token's values rounded to f16. B's other columns hold whatever follows
+// in `sx`: an output of column 0 depends only on its row of A, column 0 of B and its
+// accumulator. Past the last chunk (a last range shorter than KR, the rounds' spare ranges),
+// weights are staged as Q4_0 zeros (-0 in f16) and the token as zeros: a shorter range's extra
+// products are zeros, which leave its partial as it was (but for the sign of a partial that is
+// exactly zero); spare ranges are never added. (Scalar f32 additions here, the cooperative
+// matrices' elementwise `+` in the tile: both IEEE f32 adds, the same bits on the H200.)
 
 @group(0) @binding(2) var<storage, read> X: array<vec4<f32>>;
 
-// subgroups per workgroup (each runs the 16 rows' chain), invocations, values of K per stage,
-// chunks of 32 of a stage's row. Chosen on the H200 (1.1B Q4_0, tg128 with every matmul here,
-// docs/perf.md): SG x KS 4 x 256 297 t/s; 2 x 256 277, 1 x 256 230, 4 x 128 245, 2 x 128 253,
-// 4 x 512 255, 8 x 512 232.
-const SG: u32 = 4u;
+// subgroups per workgroup, each one range per round (coop.rs `ONE_TOKEN_SUBGROUPS`, replaced
+// there with this line); invocations. With KR, chosen on the H200 (1.1B Q4_0, tg128 with every
+// matmul here, docs/perf.md): KR x SG 128 x 8 365-366 t/s; 256 x 4 301-304, 64 x 8 315-316 (the
+// kernel before the ranges, one chain over all of K: 293-294).
+const SG: u32 = 8u;
 const NT: u32 = 32u * SG;
-const KS: u32 = 256u;
-const CS: u32 = KS / 32u;
-// row stride of `sa` in f16s: the stage and 8 of padding (16-byte aligned rows); one buffer
-const SA: u32 = KS + 8u;
+// values of K per range (coop.rs `K_RANGE`, replaced there with this line; a multiple of 32);
+// chunks of 32 per range
+const KR: u32 = 128u;
+const CR: u32 = KR / 32u;
+// row stride of a range's weights in `sa` in f16s (16-byte aligned rows); one range's 16 rows
+const SA: u32 = KR + 8u;
 const SAB: u32 = 16u * SA;
-// (main holds one weight chunk of a stage per invocation, and at most one vec4 of the token)
-const_assert 16u * CS == NT && KS / 4u <= NT;
+// weight chunks of a round per invocation; the token's vec4s of a round per invocation
+const CI: u32 = 16u * CR * SG / NT;
+const XI: u32 = (SG * KR / 4u + NT - 1u) / NT;
+// (main holds at most 4 weight chunks and 2 of the token's vec4s per invocation, written out:
+// arrays indexed in loops were measured to cost a third of the speed)
+const_assert CI * NT == 16u * CR * SG && CI <= 4u && XI <= 2u;
 
-// two stages' weights, row-major (coop_q4_0.wgsl writes them)
-var<workgroup> sa: array<f16, 2u * SAB>;
-// two stages' values of the token, then 256 values that stay 0 (B of chunk kk reads
-// sx[kk + 16 j + i] for its column j)
-var<workgroup> sx: array<f16, 2u * KS + 256u>;
-// the accumulator, column-major: column 0 in (Y's values or 0) and out (each subgroup's copy),
-// columns 1 .. 15 as they come
+// a round's weights: range g's rows at g * SAB (coop_q4_0.wgsl writes them)
+var<workgroup> sa: array<f16, SG * SAB>;
+// a round's values of the token, range g's at g * KR, then 256 that stay 0 (B of range g at kk
+// reads sx[g KR + kk + 16 j + i] for its column j)
+var<workgroup> sx: array<f16, SG * KR + 256u>;
+// the subgroups' partials, column-major (column 0: the 16 rows' values)
 var<workgroup> sc: array<f32, 256u * SG>;
 
-// The weights and token values of a stage in registers.
-struct Regs {
-    w: Raw,
-    x: vec4<f32>,
-}
-
-// Weight task `task` of stage `s`: chunk s * CS + task % CS of row r0 + task / CS (past the
-// row's chunks: zeros, never multiplied).
-fn fetch_w(task: u32, r0: u32, s: u32, nc: u32) -> Raw {
-    let c = s * CS + task % CS;
+// Weight task `t` of round `j`: chunk j SG CR + t % (SG CR) of row r0 + t / (SG CR) (past the
+// row's chunks: zeros).
+fn fetch_w(t: u32, r0: u32, j: u32, nc: u32) -> Raw {
+    let c = j * SG * CR + t % (SG * CR);
     if (c < nc) {
-        return load_chunk((r0 + task / CS) * p.row_bytes + c);
+        return load_chunk((r0 + t / (SG * CR)) * p.row_bytes + c);
     }
     return Raw(vec4<u32>(0u), vec4<u32>(0u), 0u);
 }
 
-// The token's vec4 `i` of stage `s`: vec4 i % 8 of chunk s * CS + i / 8.
-fn fetch_x(i: u32, s: u32, nc: u32) -> vec4<f32> {
-    let c = s * CS + i / 8u;
-    if (i < KS / 4u && c < nc) {
+// The token's vec4 `i` of round `j`: vec4 i % 8 of chunk j SG CR + i / 8.
+fn fetch_x(i: u32, j: u32, nc: u32) -> vec4<f32> {
+    let c = j * SG * CR + i / 8u;
+    if (i < SG * KR / 4u && c < nc) {
         return X[(i % 8u) * nc + c];
     }
     return vec4<f32>(0.0);
 }
 
-fn fetch(li: u32, r0: u32, s: u32, nc: u32) -> Regs {
-    return Regs(fetch_w(li, r0, s, nc), fetch_x(li, s, nc));
-}
-
-// A weight task into buffer `ab` of `sa`: its 32 values at row task / CS, column 32 * (task % CS).
-fn stage_w(ab: u32, task: u32, r: Raw) {
-    let o = ab + (task / CS) * SA + 32u * (task % CS);
+// Weight task `t` into `sa`: its 32 values in range (t % (SG CR)) / CR's region, row t / (SG CR),
+// column 32 * (t % CR).
+fn stage_w(t: u32, r: Raw) {
+    let cc = t % (SG * CR);
+    let o = (cc / CR) * SAB + (t / (SG * CR)) * SA + 32u * (cc % CR);
     let d = unpack2x16float(r.s).x;
     dequant_word(o, r.q.x, d);
     dequant_word(o + 4u, r.q.y, d);
@@ -91,24 +89,13 @@ fn stage_w(ab: u32, task: u32, r: Raw) {
     dequant_word(o + 12u, r.q.w, d);
 }
 
-// The token's vec4 `i` into buffer `xb` of `sx`, rounded to f16.
-fn stage_x(xb: u32, i: u32, x: vec4<f32>) {
-    if (i < KS / 4u) {
+// The token's vec4 `i` into `sx`, rounded to f16.
+fn stage_x(i: u32, x: vec4<f32>) {
+    if (i < SG * KR / 4u) {
         let v = vec4<f16>(x);
-        let o = xb + (i / 8u) * 32u + 4u * (i % 8u);
+        let o = (i / 8u) * 32u + 4u * (i % 8u);
         sx[o] = v.x; sx[o + 1u] = v.y; sx[o + 2u] = v.z; sx[o + 3u] = v.w;
     }
-}
-
-// A stage from registers into buffer `b` (0 or 1).
-fn stage(b: u32, li: u32, r: Regs) {
-    stage_w(b * SAB, li, r.w);
-    stage_x(b * KS, li, r.x);
-}
-
-// The accumulator's start (the stride as an argument: see matmul_coop.wgsl `start`).
-fn start(at: u32, ss: u32) -> coop_mat16x16<f32, C> {
-    return coopLoad<coop_mat16x16<f32, C>>(&sc[at], ss);
 }
 
 @compute @workgroup_size(NT)
@@ -116,43 +103,56 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec
     let g = li / 32u;
     let r0 = wg.x * 16u;
     let nc = p.cols / 32u;
-    let ns = (nc + CS - 1u) / CS;
+    // ranges, rounds
+    let nr = (nc + CR - 1u) / CR;
+    let nj = (nr + SG - 1u) / SG;
+    var sum = 0.0;
     if (li < 16u && p.accumulate != 0u) {
-        sc[li] = Y[p.y_off + r0 + li];
+        sum = Y[p.y_off + r0 + li];
     }
-    var r = fetch(li, r0, 0u, nc);
-    stage(0u, li, r);
-    if (ns > 1u) {
-        r = fetch(li, r0, 1u, nc);
-    }
-    workgroupBarrier();
-    var acc = start(0u, 16u);
-    for (var s = 0u; s < ns; s++) {
-        if (s + 1u < ns) {
-            stage((s + 1u) % 2u, li, r);
-            if (s + 2u < ns) {
-                r = fetch(li, r0, s + 2u, nc);
-            }
+    // the next round in registers (slots past CI and XI are constant-false branches)
+    var w0 = fetch_w(li, r0, 0u, nc);
+    var w1: Raw; var w2: Raw; var w3: Raw;
+    if (CI > 1u) { w1 = fetch_w(li + NT, r0, 0u, nc); }
+    if (CI > 2u) { w2 = fetch_w(li + 2u * NT, r0, 0u, nc); w3 = fetch_w(li + 3u * NT, r0, 0u, nc); }
+    var x0 = fetch_x(li, 0u, nc);
+    var x1: vec4<f32>;
+    if (XI > 1u) { x1 = fetch_x(li + NT, 0u, nc); }
+    for (var j = 0u; j < nj; j++) {
+        stage_w(li, w0);
+        if (CI > 1u) { stage_w(li + NT, w1); }
+        if (CI > 2u) { stage_w(li + 2u * NT, w2); stage_w(li + 3u * NT, w3); }
+        stage_x(li, x0);
+        if (XI > 1u) { stage_x(li + NT, x1); }
+        workgroupBarrier();
+        if (j + 1u < nj) {
+            let n = j + 1u;
+            w0 = fetch_w(li, r0, n, nc);
+            if (CI > 1u) { w1 = fetch_w(li + NT, r0, n, nc); }
+            if (CI > 2u) { w2 = fetch_w(li + 2u * NT, r0, n, nc); w3 = fetch_w(li + 3u * NT, r0, n, nc); }
+            x0 = fetch_x(li, n, nc);
+            if (XI > 1u) { x1 = fetch_x(li + NT, n, nc); }
         }
-        let ab = (s % 2u) * SAB;
-        let xb = (s % 2u) * KS;
-        let kn = min(KS, p.cols - s * KS);
-        var a = coopLoadT<coop_mat16x16<f16, A>>(&sa[ab], SA);
-        var b = coopLoad<coop_mat16x16<f16, B>>(&sx[xb], 16u);
-        for (var kk = 16u; kk < kn; kk += 16u) {
-            let an = coopLoadT<coop_mat16x16<f16, A>>(&sa[ab + kk], SA);
-            let bn = coopLoad<coop_mat16x16<f16, B>>(&sx[xb + kk], 16u);
-            acc = coopMultiplyAdd(a, b, acc);
+        var part = coop_mat16x16<f32, C>();
+        var a = coopLoadT<coop_mat16x16<f16, A>>(&sa[g * SAB], SA);
+        var b = coopLoad<coop_mat16x16<f16, B>>(&sx[g * KR], 16u);
+        for (var kk = 16u; kk < KR; kk += 16u) {
+            let an = coopLoadT<coop_mat16x16<f16, A>>(&sa[g * SAB + kk], SA);
+            let bn = coopLoad<coop_mat16x16<f16, B>>(&sx[g * KR + kk], 16u);
+            part = coopMultiplyAdd(a, b, part);
             a = an;
             b = bn;
         }
-        acc = coopMultiplyAdd(a, b, acc);
+        part = coopMultiplyAdd(a, b, part);
+        coopStore(part, &sc[256u * g], 16u);
         workgroupBarrier();
+        if (li < 16u) {
+            for (var s = 0u; s < SG && j * SG + s < nr; s++) {
+                sum += sc[256u * s + li];
+            }
+        }
     }
-    // (each subgroup its own copy: the same values)
-    coopStore(acc, &sc[256u * g], 16u);
-    workgroupBarrier();
     if (li < 16u) {
-        Y[p.y_off + r0 + li] = sc[li];
+        Y[p.y_off + r0 + li] = sum;
     }
 }

@@ -42,6 +42,25 @@ pub(crate) const TOKENS: usize = 64;
 /// Rows per workgroup of matvec_coop.wgsl.
 pub(crate) const ONE_TOKEN_ROWS: usize = 16;
 
+/// Values of K per range: both kernels sum each range's products apart, from zero, and add the
+/// ranges' partial sums in order (matmul_coop.wgsl's header), so that matvec_coop.wgsl can run
+/// the ranges of one token side by side. A multiple of 32 (it sets the bits). Chosen with
+/// [`ONE_TOKEN_SUBGROUPS`] on the H200 (docs/perf.md).
+pub(crate) const K_RANGE: u32 = 128;
+
+/// Subgroups of matvec_coop.wgsl, each one range at a time (the same bits for any count).
+pub(crate) const ONE_TOKEN_SUBGROUPS: u32 = 8;
+
+/// `src` with the line `const {name}: u32 = ..;` as written there (`old`) set to `value`, or the
+/// kernel's error if the line is missing.
+fn set_const(src: &str, kernel: &str, name: &str, old: u32, value: u32) -> Result<String, WgpuError> {
+    let line = format!("const {name}: u32 = {old}u;");
+    if !src.contains(&line) {
+        return Err(WgpuError::Shader { kernel: kernel.into(), msg: format!("{line:?} not found") });
+    }
+    Ok(src.replace(&line, &format!("const {name}: u32 = {value}u;")))
+}
+
 /// The tensor-core kernels of one weight type.
 pub(crate) struct CoopKernels {
     /// matmul_coop.wgsl's 64 x 32 and 128 x 64 tiles (steps of several tokens)
@@ -59,15 +78,16 @@ pub(super) fn kernels(device: &wgpu::Device, ty: GgmlType, weights: &str, checks
         include_str!("../../../kernels/wgsl/mm_io.wgsl"),
         include_str!("../../../kernels/wgsl/coop_q4_0.wgsl")
     );
-    let one = kernel(device, &format!("matvec_coop_{}", ty.name()), &format!("{head}\n{}", include_str!("../../../kernels/wgsl/matvec_coop.wgsl")), &mm, checks)?;
+    let name = format!("matvec_coop_{}", ty.name());
+    let src = set_const(include_str!("../../../kernels/wgsl/matvec_coop.wgsl"), &name, "KR", 128, K_RANGE)?;
+    let src = set_const(&src, &name, "SG", 8, ONE_TOKEN_SUBGROUPS)?;
+    let one = kernel(device, &name, &format!("{head}\n{src}"), &mm, checks)?;
     let src = include_str!("../../../kernels/wgsl/matmul_coop.wgsl");
-    let (m_line, n_line) = ("const WGM: u32 = 4u;", "const WGN: u32 = 2u;");
     let [small, big] = TILES.map(|(wgm, wgn)| {
         let name = format!("matmul_coop_{}_{wgm}x{wgn}", ty.name());
-        if !src.contains(m_line) || !src.contains(n_line) {
-            return Err(WgpuError::Shader { kernel: name, msg: "WGM / WGN lines not found".into() });
-        }
-        let tile = src.replace(m_line, &format!("const WGM: u32 = {wgm}u;")).replace(n_line, &format!("const WGN: u32 = {wgn}u;"));
+        let tile = set_const(src, &name, "WGM", 4, wgm)?;
+        let tile = set_const(&tile, &name, "WGN", 2, wgn)?;
+        let tile = set_const(&tile, &name, "KR", 128, K_RANGE)?;
         kernel(device, &name, &format!("{head}\n{tile}"), &mm, checks)
     });
     Ok(CoopKernels { tiles: [small?, big?], one })
@@ -101,6 +121,9 @@ mod tests {
         assert_eq!(grid(2560, 1, false), (40, 1));
         assert_eq!(grid(128, 65, true), (1, 2));
         assert_eq!(ROWS % ONE_TOKEN_ROWS, 0);
+        // matvec_coop.wgsl's register slots: K_RANGE / 64 weight chunks and K_RANGE / 128 token
+        // vec4s per invocation, at most 4 and 2 (its const_assert, checked here without a GPU)
+        assert!(K_RANGE % 64 == 0 && K_RANGE / 64 <= 4 && K_RANGE.div_ceil(128) <= 2);
         assert_eq!(one_token_grid(11264), (704, 1));
     }
 }

@@ -391,6 +391,43 @@ fn wgpu_wide_tile_decode_equals_prefill() {
     }
 }
 
+/// Where the adapter has tensor cores (`WgpuOptions::coop`), Q4_0 rows of 1280 and 1472 columns
+/// (10 and 11.5 ranges of `coop::K_RANGE`: more than matvec_coop.wgsl's subgroups, so two rounds
+/// with spare ranges, and a last range shorter than the others): a 36-token prefill in the small
+/// tile (`coop_wide` 0), in the large one (1), in chunks of 12 and 24, and 36 one-token steps,
+/// bitwise.
+#[test]
+fn wgpu_coop_decode_equals_prefill_across_ranges() {
+    let _gpu = gpu_lock();
+    let Some(first) = context() else { return eprintln!("skipped: no wgpu adapter") };
+    if !first.coop_offered() {
+        return eprintln!("skipped: {:?} has no cooperative matrices", first.adapter());
+    }
+    let (kr, sg) = (super::coop::K_RANGE as usize, super::coop::ONE_TOKEN_SUBGROUPS as usize);
+    assert!(1280 / kr > sg && 1472 % kr != 0, "the shape no longer spans two rounds and a short range");
+    let shape = crate::gguf::synth::SynthShape { n_embd: 1280, n_layer: 1, n_head: 20, n_head_kv: 4, n_ff: 1472, ..tiny_shape() };
+    let n = 36;
+    let f = tempfile::NamedTempFile::new().expect("tmp");
+    write_synth_model(&shape, GgmlType::Q4_0, 11, None, f.path(), |_| {}).expect("synth");
+    let model = crate::engine::Model::load(f.path(), Arc::new(CpuBackend::new(1).expect("pool"))).expect("load");
+    let hidden = uniform(37, n * model.config.n_embd);
+    let mut reference: Option<Vec<f32>> = None;
+    for coop_wide in [0, 1] {
+        let ctx = WgpuContext::new(WgpuOptions { coop: true, coop_wide, ..test_options() }).expect("adapter");
+        assert!(ctx.coop(), "offered, yet not built");
+        let prefill = run_chunks(&ctx, &model, 0..1, KvPrecision::F16, &hidden, &[n]);
+        assert!(prefill.iter().all(|v| v.is_finite()) && prefill != hidden);
+        for chunks in [vec![1; n], vec![12, 24]] {
+            let out = run_chunks(&ctx, &model, 0..1, KvPrecision::F16, &hidden, &chunks);
+            assert!(out.iter().zip(&prefill).all(|(a, b)| a.to_bits() == b.to_bits()), "coop_wide {coop_wide}: chunks {:?} differ from the prefill", &chunks[..2]);
+        }
+        if let Some(r) = &reference {
+            assert!(r.iter().zip(&prefill).all(|(a, b)| a.to_bits() == b.to_bits()), "the two tiles differ");
+        }
+        reference = Some(prefill);
+    }
+}
+
 /// The default choice of tile (wide from `WIDE_FROM_TOKENS` tokens on matrices of fewer than
 /// `WIDE_MAX_COLS` columns) on a SmolLM2-like layer (576 columns; q|k|v 960 and gate|up 3072
 /// rows wide, o and down narrow), Q4_1 and Q4_0: a 260-token prefill (wide), one of 4 + 256
