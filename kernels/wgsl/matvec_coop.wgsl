@@ -58,12 +58,23 @@ var<workgroup> sx: array<f16, SG * KR + 256u>;
 // the subgroups' partials, column-major (column 0: the 16 rows' values)
 var<workgroup> sc: array<f32, 256u * SG>;
 
-// Weight task `t` of round `j`: chunk j SG CR + t % (SG CR) of row r0 + t / (SG CR) (past the
+// Weight task `t` of a round: (range, row, chunk of the range). The 32 lanes of a subgroup take
+// 32 / CR rows x CR chunks of one range (8 x 4): their stores into `sa` fall on 8 of the 32 banks, and each
+// row's chunks are adjacent in W. (Rows of the 8 ranges in a subgroup, as first written, put
+// them on 2 banks: tg128 365-370 against 421-428 here; 16 rows x 2 chunks, 408-416, reads less
+// adjacent chunks; rows of 130 or 132 f16, which spread the stores further, slow the
+// cooperative loads: 375-400. H200, 1.1B Q4_0, docs/perf.md.)
+fn task(t: u32) -> vec3<u32> {
+    return vec3<u32>(t / (16u * CR), (t / CR) % 16u, t % CR);
+}
+
+// Weight task `t` of round `j`: chunk j SG CR + range * CR + chunk of row r0 + row (past the
 // row's chunks: zeros).
 fn fetch_w(t: u32, r0: u32, j: u32, nc: u32) -> Raw {
-    let c = j * SG * CR + t % (SG * CR);
+    let k = task(t);
+    let c = j * SG * CR + k.x * CR + k.z;
     if (c < nc) {
-        return load_chunk((r0 + t / (SG * CR)) * p.row_bytes + c);
+        return load_chunk((r0 + k.y) * p.row_bytes + c);
     }
     return Raw(vec4<u32>(0u), vec4<u32>(0u), 0u);
 }
@@ -77,11 +88,10 @@ fn fetch_x(i: u32, j: u32, nc: u32) -> vec4<f32> {
     return vec4<f32>(0.0);
 }
 
-// Weight task `t` into `sa`: its 32 values in range (t % (SG CR)) / CR's region, row t / (SG CR),
-// column 32 * (t % CR).
+// Weight task `t` into `sa`: its 32 values at its range's region, row, column 32 * chunk.
 fn stage_w(t: u32, r: Raw) {
-    let cc = t % (SG * CR);
-    let o = (cc / CR) * SAB + (t / (SG * CR)) * SA + 32u * (cc % CR);
+    let k = task(t);
+    let o = k.x * SAB + k.y * SA + 32u * k.z;
     let d = unpack2x16float(r.s).x;
     dequant_word(o, r.q.x, d);
     dequant_word(o + 4u, r.q.y, d);
