@@ -253,7 +253,7 @@ fn chunk_src(ty: GgmlType) -> &'static str {
 
 /// The `dequant_chunk` source of the matmul kernels for `ty`: packed_<type>.wgsl for the types
 /// repacked at upload (pack.rs), else bytes.wgsl + the raw block decoder.
-fn matmul_weight_source(ty: GgmlType) -> String {
+pub(super) fn matmul_weight_source(ty: GgmlType) -> String {
     let packed = match ty {
         GgmlType::Q4_0 => include_str!("../../../kernels/wgsl/packed_q4_0.wgsl"),
         GgmlType::Q4_1 => include_str!("../../../kernels/wgsl/packed_q4_1.wgsl"),

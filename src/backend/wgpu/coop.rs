@@ -73,6 +73,17 @@ pub(crate) struct CoopKernels {
 /// source (context.rs `matmul_weight_source`).
 pub(super) fn kernels(device: &wgpu::Device, ty: GgmlType, weights: &str, checks: bool) -> Result<CoopKernels, WgpuError> {
     let mm = [B::Uniform, B::Read, B::Read, B::Rw];
+    let [(one_name, one_src), (small_name, small_src), (big_name, big_src)] = sources(ty, weights)?;
+    Ok(CoopKernels {
+        tiles: [kernel(device, &small_name, &small_src, &mm, checks)?, kernel(device, &big_name, &big_src, &mm, checks)?],
+        one: kernel(device, &one_name, &one_src, &mm, checks)?,
+    })
+}
+
+/// The names and composed WGSL of matvec_coop.wgsl and of matmul_coop.wgsl's two tiles (in
+/// [`TILES`] order) for weights of type `ty` after `weights`: the `enable` lines, the weights'
+/// source, mm_io.wgsl, coop_q4_0.wgsl and the kernel with its constants set.
+fn sources(ty: GgmlType, weights: &str) -> Result<[(String, String); 3], WgpuError> {
     let head = format!(
         "enable f16;\nenable wgpu_cooperative_matrix;\n{weights}\n{}\n{}",
         include_str!("../../../kernels/wgsl/mm_io.wgsl"),
@@ -81,16 +92,16 @@ pub(super) fn kernels(device: &wgpu::Device, ty: GgmlType, weights: &str, checks
     let name = format!("matvec_coop_{}", ty.name());
     let src = set_const(include_str!("../../../kernels/wgsl/matvec_coop.wgsl"), &name, "KR", 128, K_RANGE)?;
     let src = set_const(&src, &name, "SG", 8, ONE_TOKEN_SUBGROUPS)?;
-    let one = kernel(device, &name, &format!("{head}\n{src}"), &mm, checks)?;
+    let one = (name, format!("{head}\n{src}"));
     let src = include_str!("../../../kernels/wgsl/matmul_coop.wgsl");
     let [small, big] = TILES.map(|(wgm, wgn)| {
         let name = format!("matmul_coop_{}_{wgm}x{wgn}", ty.name());
         let tile = set_const(src, &name, "WGM", 4, wgm)?;
         let tile = set_const(&tile, &name, "WGN", 2, wgn)?;
         let tile = set_const(&tile, &name, "KR", 128, K_RANGE)?;
-        kernel(device, &name, &format!("{head}\n{tile}"), &mm, checks)
+        Ok((name, format!("{head}\n{tile}")))
     });
-    Ok(CoopKernels { tiles: [small?, big?], one })
+    Ok([one, small?, big?])
 }
 
 /// Workgroups of matmul_coop.wgsl (tile `wide`: the 128 x 64 one) for `rows` outputs of `n_tok` tokens.
@@ -121,9 +132,25 @@ mod tests {
         assert_eq!(grid(2560, 1, false), (40, 1));
         assert_eq!(grid(128, 65, true), (1, 2));
         assert_eq!(ROWS % ONE_TOKEN_ROWS, 0);
-        // matvec_coop.wgsl's register slots: K_RANGE / 64 weight chunks and K_RANGE / 128 token
-        // vec4s per invocation, at most 4 and 2 (its const_assert, checked here without a GPU)
-        assert!(K_RANGE % 64 == 0 && K_RANGE / 64 <= 4 && K_RANGE.div_ceil(128) <= 2);
         assert_eq!(one_token_grid(11264), (704, 1));
+    }
+
+    /// The tensor-core kernels as the runner composes them parse and validate (naga, with the
+    /// cooperative-matrix and f16 capabilities): their `const_assert`s hold for the constants set
+    /// here (matvec_coop.wgsl's register slots among them), and their cooperative-matrix
+    /// operations sit in uniform control flow. Runs without a GPU: CI's lavapipe has no
+    /// cooperative matrices, so the kernels are never built there.
+    #[test]
+    fn kernels_validate_without_a_gpu() {
+        use wgpu::naga;
+        for ty in TYPES {
+            for (name, src) in sources(ty, &super::super::context::matmul_weight_source(ty)).expect("constants found") {
+                let module = naga::front::wgsl::parse_str(&src).unwrap_or_else(|e| panic!("{name}: {}", e.emit_to_string(&src)));
+                let caps = naga::valid::Capabilities::COOPERATIVE_MATRIX | naga::valid::Capabilities::SHADER_FLOAT16 | naga::valid::Capabilities::SHADER_FLOAT16_IN_FLOAT32;
+                naga::valid::Validator::new(naga::valid::ValidationFlags::all(), caps).validate(&module).unwrap_or_else(|e| panic!("{name}: {e:?}"));
+            }
+        }
+        // a constant line that is not there is an error, not a silent no-op
+        assert!(set_const("const KR: u32 = 128u;", "k", "KR", 256, 64).is_err());
     }
 }
