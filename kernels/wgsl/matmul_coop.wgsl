@@ -27,7 +27,7 @@
 // step, so a token has the same bits alone, in any batch and with either tile; matvec_coop.wgsl
 // computes the ranges' partials side by side and adds them in the same order. (Other bits than
 // the integer path: f16 operands and the tensor core's own summation.) The ranges cost the tile
-// ~5% (the partials' registers; H200, docs/perf.md) and buy the one-token kernel its parallel
+// 2-4% (the partials' registers; H200, docs/perf.md) and buy the one-token kernel its parallel
 // chains.
 
 @group(0) @binding(2) var<storage, read> X: array<vec4<f32>>;

@@ -59,10 +59,10 @@ var<workgroup> sx: array<f16, SG * KR + 256u>;
 var<workgroup> sc: array<f32, 256u * SG>;
 
 // Weight task `t` of a round: (range, row, chunk of the range). The 32 lanes of a subgroup take
-// 32 / CR rows x CR chunks of one range (8 x 4): their stores into `sa` fall on 8 of the 32 banks, and each
-// row's chunks are adjacent in W. (Rows of the 8 ranges in a subgroup, as first written, put
-// them on 2 banks: tg128 365-370 against 421-428 here; 16 rows x 2 chunks, 408-416, reads less
-// adjacent chunks; rows of 130 or 132 f16, which spread the stores further, slow the
+// 32 / CR rows x CR chunks of one range (8 x 4): their stores into `sa` fall on 8 of the 32
+// banks, and each row's chunks are adjacent in W. (Rows of the 8 ranges in a subgroup, as first
+// written, put them on 2 banks: tg128 365-370 against 421-428 here; 16 rows x 2 chunks, 408-416,
+// reads less adjacent chunks; rows of 130 or 132 f16, which spread the stores further, slow the
 // cooperative loads: 375-400. H200, 1.1B Q4_0, docs/perf.md.)
 fn task(t: u32) -> vec3<u32> {
     return vec3<u32>(t / (16u * CR), (t / CR) % 16u, t % CR);
@@ -139,7 +139,10 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec
             let n = j + 1u;
             w0 = fetch_w(li, r0, n, nc);
             if (CI > 1u) { w1 = fetch_w(li + NT, r0, n, nc); }
-            if (CI > 2u) { w2 = fetch_w(li + 2u * NT, r0, n, nc); w3 = fetch_w(li + 3u * NT, r0, n, nc); }
+            if (CI > 2u) {
+                w2 = fetch_w(li + 2u * NT, r0, n, nc);
+                w3 = fetch_w(li + 3u * NT, r0, n, nc);
+            }
             x0 = fetch_x(li, n, nc);
             if (XI > 1u) { x1 = fetch_x(li + NT, n, nc); }
         }

@@ -51,14 +51,15 @@ pub(crate) const K_RANGE: u32 = 128;
 /// Subgroups of matvec_coop.wgsl, each one range at a time (the same bits for any count).
 pub(crate) const ONE_TOKEN_SUBGROUPS: u32 = 8;
 
-/// `src` with the line `const {name}: u32 = ..;` as written there (`old`) set to `value`, or the
-/// kernel's error if the line is missing.
-fn set_const(src: &str, kernel: &str, name: &str, old: u32, value: u32) -> Result<String, WgpuError> {
-    let line = format!("const {name}: u32 = {old}u;");
-    if !src.contains(&line) {
-        return Err(WgpuError::Shader { kernel: kernel.into(), msg: format!("{line:?} not found") });
-    }
-    Ok(src.replace(&line, &format!("const {name}: u32 = {value}u;")))
+/// `src` with its line `const {name}: u32 = ..;` set to `value`, or the kernel's error if the
+/// line is missing.
+fn set_const(src: &str, kernel: &str, name: &str, value: u32) -> Result<String, WgpuError> {
+    let head = format!("const {name}: u32 = ");
+    let missing = || WgpuError::Shader { kernel: kernel.into(), msg: format!("no line {head:?}..;") };
+    // (at a line's start: a comment naming the constant is not its line)
+    let at = src.match_indices(&head).map(|(i, _)| i).find(|&i| i == 0 || src[..i].ends_with('\n')).ok_or_else(missing)? + head.len();
+    let end = at + src[at..].find(';').ok_or_else(missing)?;
+    Ok(format!("{}{value}u{}", &src[..at], &src[end..]))
 }
 
 /// The tensor-core kernels of one weight type.
@@ -90,15 +91,15 @@ fn sources(ty: GgmlType, weights: &str) -> Result<[(String, String); 3], WgpuErr
         include_str!("../../../kernels/wgsl/coop_q4_0.wgsl")
     );
     let name = format!("matvec_coop_{}", ty.name());
-    let src = set_const(include_str!("../../../kernels/wgsl/matvec_coop.wgsl"), &name, "KR", 128, K_RANGE)?;
-    let src = set_const(&src, &name, "SG", 8, ONE_TOKEN_SUBGROUPS)?;
+    let src = set_const(include_str!("../../../kernels/wgsl/matvec_coop.wgsl"), &name, "KR", K_RANGE)?;
+    let src = set_const(&src, &name, "SG", ONE_TOKEN_SUBGROUPS)?;
     let one = (name, format!("{head}\n{src}"));
     let src = include_str!("../../../kernels/wgsl/matmul_coop.wgsl");
     let [small, big] = TILES.map(|(wgm, wgn)| {
         let name = format!("matmul_coop_{}_{wgm}x{wgn}", ty.name());
-        let tile = set_const(src, &name, "WGM", 4, wgm)?;
-        let tile = set_const(&tile, &name, "WGN", 2, wgn)?;
-        let tile = set_const(&tile, &name, "KR", 128, K_RANGE)?;
+        let tile = set_const(src, &name, "WGM", wgm)?;
+        let tile = set_const(&tile, &name, "WGN", wgn)?;
+        let tile = set_const(&tile, &name, "KR", K_RANGE)?;
         Ok((name, format!("{head}\n{tile}")))
     });
     Ok([one, small?, big?])
@@ -151,6 +152,8 @@ mod tests {
             }
         }
         // a constant line that is not there is an error, not a silent no-op
-        assert!(set_const("const KR: u32 = 128u;", "k", "KR", 256, 64).is_err());
+        assert_eq!(set_const("const KR: u32 = 128u;\nconst X: u32 = 1u;", "k", "KR", 64).expect("set"), "const KR: u32 = 64u;\nconst X: u32 = 1u;");
+        assert!(set_const("const KR: u32 = 128u;", "k", "SG", 64).is_err());
+        assert!(set_const("// const SG: u32 = 8u;", "k", "SG", 64).is_err());
     }
 }
