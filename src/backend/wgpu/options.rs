@@ -130,8 +130,8 @@ pub struct WgpuOptions {
     /// rows are a multiple of 128 multiply on them (matmul_coop.wgsl: f16 operands, f32 sums),
     /// in steps of every size (one token: matvec_coop.wgsl, the same bits), so a token's bits
     /// stay the same at any batch size; other bits than the integer path (so not "same bits").
-    /// Off by default: one-token steps through it are latency-bound (H200, 1.1B Q4_0: pp512
-    /// 23.9k against 15.3k t/s, tg128 297 against ~900; docs/perf.md).
+    /// Off by default: one-token steps through it are slow (H200, 1.1B Q4_0, 2026-11-29: pp512
+    /// 22.8-23.3k against 15.1-15.3k t/s, tg128 419-436 against 864-902; docs/perf.md).
     /// `$FORGE_WGPU_COOP=1`.
     pub coop: bool,
     /// Steps of at least this many tokens run the cooperative matmuls as 128 x 64 tiles, smaller
